@@ -1,0 +1,157 @@
+"""Real identities and objects on a running devcluster: nodes, service accounts, namespaces, pods.
+
+No controller-manager or kubelet runs here, so nothing creates ServiceAccounts for a namespace and
+pods stay Pending once bound to a node. That is all NodeRestriction needs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from devcluster import pki
+from devcluster.cluster import Paths, cert_creds, kubeconfig, load_ca, read_state
+
+
+def api_client(kubeconfig_path: Path) -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(kubeconfig_path))
+
+
+def admin_client(root: Path) -> client.ApiClient:
+    return api_client(Paths(root.resolve()).admin_kubeconfig)
+
+
+def _server(paths: Paths) -> str:
+    state = read_state(paths)
+    if state is None:
+        raise RuntimeError(f"no devcluster is running under {paths.root}")
+    return state.server
+
+
+def ensure_node(api: client.ApiClient, node: str) -> Any:
+    core = client.CoreV1Api(api)
+    try:
+        return core.read_node(node)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    body = client.V1Node(metadata=client.V1ObjectMeta(name=node, labels={"podcert.dev/dev": "1"}))
+    try:
+        return core.create_node(body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        return core.read_node(node)
+
+
+def node_kubeconfig(root: Path, node: str) -> Path:
+    """Create Node `node` if missing and write a kubeconfig that authenticates as that node."""
+    paths = Paths(root.resolve())
+    with admin_client(paths.root) as api:
+        ensure_node(api, node)
+    pair = pki.issue(
+        load_ca(paths),
+        f"system:node:{node}",
+        dt.datetime.now(dt.UTC),
+        organizations=("system:nodes",),
+    )
+    out = paths.node_kubeconfig(node)
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    text = kubeconfig(_server(paths), load_ca(paths).cert_pem, f"system:node:{node}", cert_creds(pair))
+    pki.write_private(out, text.encode())
+    return out
+
+
+def ensure_namespace(api: client.ApiClient, name: str) -> None:
+    try:
+        client.CoreV1Api(api).create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
+        )
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+
+def ensure_service_account(api: client.ApiClient, namespace: str, name: str) -> Any:
+    core = client.CoreV1Api(api)
+    try:
+        return core.create_namespaced_service_account(
+            namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name))
+        )
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        return core.read_namespaced_service_account(name, namespace)
+
+
+def service_account_kubeconfig(
+    root: Path, namespace: str, name: str, seconds: int = 24 * 3600
+) -> Path:
+    """A kubeconfig holding a bound token for the ServiceAccount (TokenRequest API)."""
+    paths = Paths(root.resolve())
+    with admin_client(paths.root) as api:
+        ensure_service_account(api, namespace, name)
+        token = client.CoreV1Api(api).create_namespaced_service_account_token(
+            name,
+            namespace,
+            client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
+            ),
+        )
+    out = paths.root / "serviceaccounts" / f"{namespace}.{name}.kubeconfig"
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    user = f"system:serviceaccount:{namespace}:{name}"
+    text = kubeconfig(
+        _server(paths), load_ca(paths).cert_pem, user, {"token": token.status.token}
+    )
+    pki.write_private(out, text.encode())
+    return out
+
+
+def user_kubeconfig(root: Path, user: str, groups: tuple[str, ...] = ()) -> Path:
+    """A kubeconfig for an ordinary (non-node) user authenticated by client certificate."""
+    paths = Paths(root.resolve())
+    pair = pki.issue(load_ca(paths), user, dt.datetime.now(dt.UTC), organizations=groups)
+    out = paths.root / "users" / f"{user.replace(':', '_')}.kubeconfig"
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    text = kubeconfig(_server(paths), load_ca(paths).cert_pem, user, cert_creds(pair))
+    pki.write_private(out, text.encode())
+    return out
+
+
+def create_pod(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    node: str,
+    service_account: str = "default",
+    labels: dict[str, str] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Any:
+    """A pod already bound to `node` (no scheduler or kubelet runs: it stays Pending)."""
+    ensure_service_account(api, namespace, service_account)
+    mounts = [{"name": v["name"], "mountPath": f"/var/run/{v['name']}"} for v in volumes or []]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels or {},
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": service_account,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "app", "image": "registry.invalid/app:1", "volumeMounts": mounts}],
+            "volumes": volumes or [],
+        },
+    }
+    return client.CoreV1Api(api).create_namespaced_pod(namespace, body)

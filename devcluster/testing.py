@@ -1,0 +1,68 @@
+"""What tests need from a running devcluster: one handle with the admin client and real identities.
+
+Used by the pytest session fixture in tests/conftest.py and by the benchmarks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client
+
+from devcluster import kube
+from devcluster.cluster import State
+
+T = TypeVar("T")
+
+_counter = itertools.count()
+
+
+@dataclass
+class DevCluster:
+    root: Path
+    state: State
+    admin: client.ApiClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.admin = kube.admin_client(self.root)
+
+    def node(self, name: str) -> client.ApiClient:
+        """An API client that authenticates as system:node:<name> (the Node object is created)."""
+        return kube.api_client(kube.node_kubeconfig(self.root, name))
+
+    def node_kubeconfig(self, name: str) -> Path:
+        return kube.node_kubeconfig(self.root, name)
+
+    def user(self, name: str, groups: tuple[str, ...] = ()) -> client.ApiClient:
+        return kube.api_client(kube.user_kubeconfig(self.root, name, groups))
+
+    def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
+        return kube.service_account_kubeconfig(self.root, namespace, name)
+
+    def namespace(self, prefix: str = "t") -> str:
+        name = f"{prefix}-{next(_counter)}-{int(time.time() * 1000) % 100000}"
+        kube.ensure_namespace(self.admin, name)
+        return name
+
+    def pod(self, namespace: str, name: str, *, node: str, **kwargs: Any) -> Any:
+        kube.ensure_node(self.admin, node)
+        return kube.create_pod(self.admin, namespace, name, node=node, **kwargs)
+
+
+def eventually(
+    probe: Callable[[], T | None], *, timeout: float = 10.0, interval: float = 0.05, what: str = ""
+) -> T:
+    """Poll `probe` until it returns something other than None/False, or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last is not None and last is not False:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or probe!r} (last: {last!r})")

@@ -1,0 +1,1 @@
+"""The node agent: the kubelet's half of Pod Certificates (keys, requests, atomic projection)."""

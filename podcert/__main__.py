@@ -1,0 +1,5 @@
+import sys
+
+from podcert.cli import main
+
+sys.exit(main())

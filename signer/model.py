@@ -1,0 +1,149 @@
+"""The values the signer decides with: a request, the live facts about it, and the outcomes.
+
+Pure data. Nothing here imports `kubernetes` or `aiohttp`; the controller translates API objects
+into these at the edge, and the decision (`signer.decide`) is a function of them and `now`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric.types import (
+    CertificateIssuerPrivateKeyTypes,
+    CertificatePublicKeyTypes,
+)
+
+# Denied reasons: each one a distinct thing a human can act on.
+UNSUPPORTED_KEY_TYPE: Final = "UnsupportedKeyType"  # fixed by the API for this case
+INVALID_REQUEST: Final = "InvalidRequest"  # the stub CSR / public key cannot be used
+POD_NOT_FOUND: Final = "PodNotFound"
+POD_UID_MISMATCH: Final = "PodUIDMismatch"
+POD_NOT_ON_NODE: Final = "PodNotOnNode"
+POD_NOT_RUNNABLE: Final = "PodNotRunnable"  # finished (Succeeded/Failed) or being deleted
+NODE_NOT_FOUND: Final = "NodeNotFound"
+NODE_UID_MISMATCH: Final = "NodeUIDMismatch"
+SERVICE_ACCOUNT_MISMATCH: Final = "ServiceAccountMismatch"
+UNKNOWN_ANNOTATION: Final = "UnknownAnnotation"
+INVALID_ANNOTATION: Final = "InvalidAnnotation"
+DNS_NAME_NOT_ALLOWED: Final = "DNSNameNotAllowed"
+POLICY_DENIED: Final = "PolicyDenied"  # no allow rule matches this namespace/service account
+
+# Failed reasons: permanent faults on the signer's side only.
+SIGNER_MISCONFIGURED: Final = "SignerMisconfigured"
+
+
+@dataclass(frozen=True)
+class Request:
+    """A PodCertificateRequest as the signer sees it (spec fields are immutable after creation)."""
+
+    namespace: str
+    name: str
+    uid: str
+    signer_name: str
+    pod_name: str
+    pod_uid: str
+    service_account_name: str
+    service_account_uid: str
+    node_name: str
+    node_uid: str
+    max_expiration_seconds: int
+    # DER PKCS#10 made by the node with the subject key (v1, and v1beta1 from 1.36). Empty when
+    # absent; then a v1beta1 object carries the key as DER SubjectPublicKeyInfo instead.
+    stub_csr: bytes = b""
+    pkix_public_key: bytes = b""
+    user_annotations: Mapping[str, str] = field(default_factory=dict)
+    created: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    service_account_name: str
+    phase: str = "Pending"
+    deleting: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class ServiceAccount:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class IssuingCA:
+    """The CA that signs leaves now: an intermediate, its key, and the root it chains to."""
+
+    certificate: x509.Certificate
+    key: CertificateIssuerPrivateKeyTypes = field(repr=False)
+    root: x509.Certificate
+
+    @property
+    def not_after(self) -> dt.datetime:
+        return self.certificate.not_valid_after_utc
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Live cluster state read for one request. None means: looked up, does not exist."""
+
+    pod: Pod | None
+    node: Node | None
+    service_account: ServiceAccount | None
+    # DNS names the pod is entitled to through the Services that select it.
+    service_dns_names: frozenset[str] = frozenset()
+    ca: IssuingCA | None = None
+
+
+@dataclass(frozen=True)
+class LeafPlan:
+    """Everything the certificate will say, decided before anything is signed."""
+
+    public_key: CertificatePublicKeyTypes
+    spiffe_id: str
+    dns_names: tuple[str, ...]
+    not_before: dt.datetime
+    not_after: dt.datetime
+    begin_refresh_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Issue:
+    plan: LeafPlan
+
+
+@dataclass(frozen=True)
+class Deny:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Not now: decide again after `after` (transient; never becomes Failed)."""
+
+    after: dt.timedelta
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str
+    message: str
+
+
+Decision = Issue | Deny | Retry | Fail
