@@ -1,1 +1,1 @@
-"""A real local control plane (etcd + kube-apiserver built from Go modules) for tests and the demo."""
+"""A real local control plane (etcd + kube-apiserver built from Go modules) for tests and demo."""

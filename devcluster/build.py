@@ -40,7 +40,12 @@ class Component:
     # Version every replaced module is pinned to: staging modules of Kubernetes are published
     # as v0.<minor>.<patch>, etcd's own submodules share the server's version.
     replace_version: str
+    # -X settings: without them the binary reports v0.0.0-master from /version.
+    stamps: tuple[str, ...] = ()
 
+
+# Part of every cache key: bump it when the way a binary is built changes.
+RECIPE = "r1"
 
 KUBE_APISERVER = Component(
     binary="kube-apiserver",
@@ -48,6 +53,16 @@ KUBE_APISERVER = Component(
     version=KUBERNETES_VERSION,
     package="k8s.io/kubernetes/cmd/kube-apiserver",
     replace_version="v0" + KUBERNETES_VERSION[2:],
+    stamps=tuple(
+        f"k8s.io/{pkg}.{var}={value}"
+        for pkg in ("component-base/version", "client-go/pkg/version")
+        for var, value in (
+            ("gitVersion", KUBERNETES_VERSION),
+            ("gitMajor", KUBERNETES_VERSION[1:].split(".")[0]),
+            ("gitMinor", KUBERNETES_VERSION.split(".")[1]),
+            ("gitTreeState", "clean"),
+        )
+    ),
 )
 ETCD = Component(
     binary="etcd",
@@ -122,7 +137,16 @@ def _go_env() -> dict[str, str]:
     return env
 
 
-def _run_go(args: list[str], cwd: Path, component: Component, progress: Progress) -> str:
+def _run_go(
+    args: list[str],
+    cwd: Path,
+    component: Component,
+    progress: Progress,
+    *,
+    every: int = 1,
+) -> str:
+    """Run go, relaying its output; with `every` > 1 only each every-th line (`go build -v`
+    names each package it compiles: thousands of lines, a count is progress enough)."""
     go = shutil.which("go")
     if go is None:
         raise BuildError(
@@ -142,7 +166,8 @@ def _run_go(args: list[str], cwd: Path, component: Component, progress: Progress
     lines: list[str] = []
     for line in proc.stdout:
         lines.append(line.rstrip())
-        progress("    " + line.rstrip())
+        if len(lines) % every == 0:
+            progress(f"    [{len(lines)}] {line.rstrip()}" if every > 1 else "    " + line.rstrip())
     if proc.wait() != 0:
         tail = "\n".join(lines[-40:])
         raise BuildError(
@@ -177,11 +202,13 @@ def build_component(component: Component, dest: Path, progress: Progress) -> Pat
     _run_go(["mod", "tidy"], work, component, progress)
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
+    ldflags = " ".join(["-s", "-w", *(f"-X {stamp}" for stamp in component.stamps)])
     _run_go(
-        ["build", "-trimpath", "-ldflags=-s -w", "-o", str(partial), component.package],
+        ["build", "-v", "-trimpath", f"-ldflags={ldflags}", "-o", str(partial), component.package],
         work,
         component,
         progress,
+        every=100,
     )
     partial.replace(dest)
     return dest
@@ -207,7 +234,7 @@ def ensure_binaries(progress: Progress | None = None) -> Binaries:
     bin_dir = cache_root() / "bin"
     paths: dict[str, Path] = {}
     for component in (ETCD, KUBE_APISERVER):
-        dest = bin_dir / f"{component.binary}-{component.version}"
+        dest = bin_dir / f"{component.binary}-{component.version}-{RECIPE}"
         if not dest.is_file():
             say(
                 f"{component.binary} {component.version} is not cached yet; building it once "

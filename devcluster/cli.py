@@ -42,7 +42,9 @@ def _status(args: argparse.Namespace) -> int:
     if state is None:
         print("not running")
         return 1
-    print(f"running: {state.server} (etcd pid {state.etcd_pid}, apiserver pid {state.apiserver_pid})")
+    print(
+        f"running: {state.server} (etcd pid {state.etcd_pid}, apiserver pid {state.apiserver_pid})"
+    )
     return 0
 
 
@@ -68,15 +70,28 @@ def register(subparsers: Any) -> None:
 
     def add(name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
-        p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="state folder (default: %(default)s)")
+        p.add_argument(
+            "--dir", type=Path, default=DEFAULT_DIR, help="state folder (default: %(default)s)"
+        )
         p.set_defaults(run=run)
         return p
 
     up = add("up", "build (once) and start etcd + kube-apiserver; wait for /readyz", _up)
-    up.add_argument("--timeout", type=float, default=cluster.READY_TIMEOUT, help="seconds to wait for /readyz (default: %(default)s)")
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=cluster.READY_TIMEOUT,
+        help="seconds to wait for /readyz (default: %(default)s)",
+    )
     add("down", "stop everything `up` started", _down)
     add("status", "say whether the devcluster runs", _status)
-    node = add("node-kubeconfig", "create a Node and write a kubeconfig that authenticates as it", _node_kubeconfig)
+    node = add(
+        "node-kubeconfig",
+        "create a Node and write a kubeconfig that authenticates as it",
+        _node_kubeconfig,
+    )
     node.add_argument("node", help="node name")
-    b = sub.add_parser("build", help="build kube-apiserver and etcd into the cache, print their paths")
+    b = sub.add_parser(
+        "build", help="build kube-apiserver and etcd into the cache, print their paths"
+    )
     b.set_defaults(run=_build)

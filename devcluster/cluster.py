@@ -137,7 +137,9 @@ def _write_pki(paths: Paths, now: dt.datetime) -> None:
     pki.write_private(paths.pki / "ca.key", ca.key_pem)
     pki.write_private(paths.pki / "apiserver.key", serving.key_pem)
     pki.write_private(paths.pki / "admin.key", admin.key_pem)
-    pki.write_private(paths.pki / "sa.key", pki.service_account_key())
+    sa_private, sa_public = pki.service_account_key()
+    pki.write_private(paths.pki / "sa.key", sa_private)
+    (paths.pki / "sa.pub").write_bytes(sa_public)
     (paths.pki / "apiserver.crt").write_bytes(serving.cert_pem)
     (paths.pki / "admin.crt").write_bytes(admin.cert_pem)
     (paths.pki / "ca.crt").write_bytes(ca.cert_pem)
@@ -172,13 +174,15 @@ def apiserver_args(binary: Path, paths: Paths, etcd_port: int, port: int) -> lis
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
+        # Loopback cannot back the kubernetes Service endpoints; nothing here needs them.
+        "--endpoint-reconciler-type=none",
         f"--secure-port={port}",
         f"--cert-dir={p}",
         f"--tls-cert-file={p / 'apiserver.crt'}",
         f"--tls-private-key-file={p / 'apiserver.key'}",
         f"--client-ca-file={p / 'ca.crt'}",
         f"--service-account-issuer={ISSUER}",
-        f"--service-account-key-file={p / 'sa.key'}",
+        f"--service-account-key-file={p / 'sa.pub'}",
         f"--service-account-signing-key-file={p / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=Node,RBAC",
@@ -191,17 +195,25 @@ def apiserver_args(binary: Path, paths: Paths, etcd_port: int, port: int) -> lis
     ]
 
 
-def _spawn(args: list[str], log: Path) -> int:
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # detached: survives the caller, has its own process group
         )
-    return proc.pid
+
+
+def _exited(proc: subprocess.Popen[bytes], log: Path) -> Callable[[], str | None]:
+    """A `failed` probe for wait_until: the process ended, with its log tail as the reason."""
+    return lambda: (
+        None
+        if proc.poll() is None
+        else (f"exited with code {proc.returncode}; log tail:\n{_log_tail(log)}")
+    )
 
 
 def _alive(pid: int, binary: str) -> bool:
@@ -298,8 +310,8 @@ def up(
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     etcd_log, api_log = paths.logs / "etcd.log", paths.logs / "kube-apiserver.log"
     progress(f"starting etcd on 127.0.0.1:{etcd_port}")
-    etcd_pid = _spawn(etcd_args(bins.etcd, paths, etcd_port, peer_port), etcd_log)
-    state = State(etcd_pid, 0, etcd_port, api_port, str(bins.etcd), str(bins.kube_apiserver))
+    etcd = _spawn(etcd_args(bins.etcd, paths, etcd_port, peer_port), etcd_log)
+    state = State(etcd.pid, 0, etcd_port, api_port, str(bins.etcd), str(bins.kube_apiserver))
     paths.state.write_text(json.dumps(asdict(state)))
     deadline = time.monotonic() + timeout
     try:
@@ -307,14 +319,12 @@ def up(
             lambda: _get_ok(f"http://127.0.0.1:{etcd_port}/health"),
             deadline,
             "etcd",
-            failed=lambda: None
-            if _alive(etcd_pid, str(bins.etcd))
-            else f"exited; log tail:\n{_log_tail(etcd_log)}",
+            failed=_exited(etcd, etcd_log),
         )
         progress(f"starting kube-apiserver on 127.0.0.1:{api_port}")
-        api_pid = _spawn(apiserver_args(bins.kube_apiserver, paths, etcd_port, api_port), api_log)
+        api = _spawn(apiserver_args(bins.kube_apiserver, paths, etcd_port, api_port), api_log)
         state = State(
-            etcd_pid, api_pid, etcd_port, api_port, str(bins.etcd), str(bins.kube_apiserver)
+            etcd.pid, api.pid, etcd_port, api_port, str(bins.etcd), str(bins.kube_apiserver)
         )
         paths.state.write_text(json.dumps(asdict(state)))
         ctx = _admin_ssl(paths)
@@ -323,9 +333,7 @@ def up(
             deadline,
             "kube-apiserver",
             interval=0.25,
-            failed=lambda: None
-            if _alive(api_pid, str(bins.kube_apiserver))
-            else f"exited; log tail:\n{_log_tail(api_log)}",
+            failed=_exited(api, api_log),
         )
     except BaseException:
         down(paths.root)
@@ -378,9 +386,11 @@ def restart_apiserver(root: Path, timeout: float = READY_TIMEOUT) -> State:
         raise ClusterError(f"no devcluster state under {paths.root}")
     _stop(state.apiserver_pid, state.apiserver_binary, 10.0)
     log = paths.logs / "kube-apiserver.log"
-    args = apiserver_args(Path(state.apiserver_binary), paths, state.etcd_port, state.apiserver_port)
-    pid = _spawn(args, log)
-    state = State(**{**asdict(state), "apiserver_pid": pid})
+    args = apiserver_args(
+        Path(state.apiserver_binary), paths, state.etcd_port, state.apiserver_port
+    )
+    proc = _spawn(args, log)
+    state = State(**{**asdict(state), "apiserver_pid": proc.pid})
     paths.state.write_text(json.dumps(asdict(state)))
     ctx = _admin_ssl(paths)
     wait_until(
@@ -388,9 +398,7 @@ def restart_apiserver(root: Path, timeout: float = READY_TIMEOUT) -> State:
         time.monotonic() + timeout,
         "kube-apiserver",
         interval=0.25,
-        failed=lambda: None
-        if _alive(pid, state.apiserver_binary)
-        else f"exited; log tail:\n{_log_tail(log)}",
+        failed=_exited(proc, log),
     )
     return state
 

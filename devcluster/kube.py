@@ -11,14 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 
 from devcluster import pki
 from devcluster.cluster import Paths, cert_creds, kubeconfig, load_ca, read_state
 
 
 def api_client(kubeconfig_path: Path) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(kubeconfig_path))
+    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig_path), persist_config=False
+    )
+    return api
 
 
 def admin_client(root: Path) -> client.ApiClient:
@@ -61,7 +64,9 @@ def node_kubeconfig(root: Path, node: str) -> Path:
     )
     out = paths.node_kubeconfig(node)
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    text = kubeconfig(_server(paths), load_ca(paths).cert_pem, f"system:node:{node}", cert_creds(pair))
+    text = kubeconfig(
+        _server(paths), load_ca(paths).cert_pem, f"system:node:{node}", cert_creds(pair)
+    )
     pki.write_private(out, text.encode())
     return out
 
@@ -105,9 +110,9 @@ def service_account_kubeconfig(
     out = paths.root / "serviceaccounts" / f"{namespace}.{name}.kubeconfig"
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     user = f"system:serviceaccount:{namespace}:{name}"
-    text = kubeconfig(
-        _server(paths), load_ca(paths).cert_pem, user, {"token": token.status.token}
-    )
+    if token.status is None or not token.status.token:
+        raise RuntimeError(f"TokenRequest for {namespace}/{name} returned no token")
+    text = kubeconfig(_server(paths), load_ca(paths).cert_pem, user, {"token": token.status.token})
     pki.write_private(out, text.encode())
     return out
 
@@ -121,6 +126,12 @@ def user_kubeconfig(root: Path, user: str, groups: tuple[str, ...] = ()) -> Path
     text = kubeconfig(_server(paths), load_ca(paths).cert_pem, user, cert_creds(pair))
     pki.write_private(out, text.encode())
     return out
+
+
+def _pod(body: dict[str, Any]) -> client.V1Pod:
+    pod = client.V1Pod.from_dict(body)
+    assert pod is not None
+    return pod
 
 
 def create_pod(
@@ -150,8 +161,44 @@ def create_pod(
             "nodeName": node,
             "serviceAccountName": service_account,
             "automountServiceAccountToken": False,
-            "containers": [{"name": "app", "image": "registry.invalid/app:1", "volumeMounts": mounts}],
+            "containers": [
+                {"name": "app", "image": "registry.invalid/app:1", "volumeMounts": mounts}
+            ],
             "volumes": volumes or [],
         },
     }
-    return client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+    return client.CoreV1Api(api).create_namespaced_pod(namespace, _pod(body))
+
+
+def pod_certificate_volume(
+    signer_name: str,
+    *,
+    name: str = "identity",
+    key_type: str = "ECDSAP256",
+    max_expiration_seconds: int | None = None,
+    trust_bundle_signer: bool = False,
+    user_annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A projected volume with a podCertificate source (NodeRestriction in 1.37 refuses a node's
+    request for a pod that mounts none for that signer), optionally with the signer's roots."""
+    cert: dict[str, Any] = {
+        "signerName": signer_name,
+        "keyType": key_type,
+        "credentialBundlePath": "credentialbundle.pem",
+    }
+    if max_expiration_seconds is not None:
+        cert["maxExpirationSeconds"] = max_expiration_seconds
+    if user_annotations:
+        cert["userAnnotations"] = user_annotations
+    sources: list[dict[str, Any]] = [{"podCertificate": cert}]
+    if trust_bundle_signer:
+        sources.append(
+            {
+                "clusterTrustBundle": {
+                    "signerName": signer_name,
+                    "labelSelector": {},
+                    "path": "trust-bundle.pem",
+                }
+            }
+        )
+    return {"name": name, "projected": {"sources": sources}}

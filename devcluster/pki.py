@@ -119,9 +119,22 @@ def issue(
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-def service_account_key() -> bytes:
-    """PKCS#8 PEM of the key that signs service-account tokens (ES256)."""
-    return _key_pem(_key())
+def service_account_key() -> tuple[bytes, bytes]:
+    """(private, public) PEM of the key that signs service-account tokens (ES256).
+
+    kube-apiserver reads the signing key as SEC1 "EC PRIVATE KEY" and the verifying key as
+    "PUBLIC KEY"; it does not take PKCS#8 for the latter.
+    """
+    key = _key()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return private, public
 
 
 def write_private(path: Path, data: bytes) -> None:

@@ -65,4 +65,6 @@ def eventually(
         if last is not None and last is not False:
             return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or probe!r} (last: {last!r})")
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what or probe!r} (last: {last!r})"
+    )

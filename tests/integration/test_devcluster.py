@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from devcluster import cluster
+from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster
 from kubelet_shim import keys
 
@@ -49,7 +51,7 @@ def create_pcr(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> A
 @pytest.fixture
 def pod_on_node_a(devcluster: DevCluster) -> tuple[str, Any, Any, Any]:
     ns = devcluster.namespace("dc")
-    pod = devcluster.pod(ns, "web", node="node-a")
+    pod = devcluster.pod(ns, "web", node="node-a", volumes=[pod_certificate_volume(SIGNER)])
     core = client.CoreV1Api(devcluster.admin)
     return ns, pod, core.read_node("node-a"), core.read_namespaced_service_account("default", ns)
 
@@ -148,7 +150,11 @@ def _grant(devcluster: DevCluster, user: str, rules: list[dict[str, Any]], name:
     rbac.create_cluster_role_binding(
         {
             "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
             "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
         }
     )
@@ -206,7 +212,12 @@ def test_writing_a_certificate_needs_sign_on_the_signer_name(
     without_sign = client.CertificatesV1Api(devcluster.user("status-writer"))
     with pytest.raises(ApiException) as forbidden:
         without_sign.patch_namespaced_pod_certificate_request_status(name, ns, status)
-    assert forbidden.value.status == 403
+    # The API server answers 422 Invalid with a FieldValueForbidden cause on spec.signerName.
+    assert forbidden.value.status == 422, forbidden.value.body
+    causes = json.loads(forbidden.value.body)["details"]["causes"]
+    assert causes[0]["reason"] == "FieldValueForbidden"
+    assert causes[0]["field"] == "spec.signerName"
+    assert '"sign"' in causes[0]["message"]
 
     signer = client.CertificatesV1Api(devcluster.user("real-signer"))
     issued = signer.patch_namespaced_pod_certificate_request_status(name, ns, status)
