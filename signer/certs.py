@@ -1,0 +1,209 @@
+"""Leaf certificates: the validity window, the refresh point, and the signing itself.
+
+Everything the leaf says is fixed beforehand in a `model.LeafPlan` by the decision; this module
+only turns a plan into DER and PEM, so what is issued can be reviewed by reading `decide`. Times
+are arguments and randomness is injectable: no clock reads here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import random
+import secrets
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import (
+    CertificateIssuerPrivateKeyTypes,
+    CertificateIssuerPublicKeyTypes,
+)
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from signer import model
+
+# The API server requires beginRefreshAt in [notBefore + 10 min, notAfter - 10 min].
+REFRESH_MARGIN = dt.timedelta(minutes=10)
+
+
+def sign_leaf(plan: model.LeafPlan, ca: model.IssuingCA, serial: int) -> str:
+    """The PEM chain for `plan` signed by `ca`: the leaf, then the intermediate.
+
+    The root is never included (clients get it from the trust bundle), so when the issuing CA
+    is itself the root the chain is the leaf alone.
+    """
+    _check_plan(plan, ca)
+    issuer = ca.certificate
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(plan.spiffe_id)]
+    sans += [x509.DNSName(name) for name in plan.dns_names]
+    leaf = (
+        x509.CertificateBuilder()
+        # Identity lives in the SAN alone; an empty subject makes that unambiguous.
+        .subject_name(x509.Name([]))
+        .issuer_name(issuer.subject)
+        .public_key(plan.public_key)
+        .serial_number(serial)
+        .not_valid_before(plan.not_before)
+        .not_valid_after(plan.not_after)
+        # The SPIFFE ID and DNS names; critical because the subject is empty (RFC 5280 4.2.1.6).
+        .add_extension(x509.SubjectAlternativeName(sans), critical=True)
+        # An end entity: it may not sign other certificates.
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        # TLS handshakes only; RSA keys may also be used for RSA key exchange.
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=isinstance(plan.public_key, rsa.RSAPublicKey),
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        # Workloads are both clients and servers in mutual TLS.
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
+            ),
+            critical=False,
+        )
+        # Names the leaf's key, so tools can match certificate and key files.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(plan.public_key), critical=False)
+        # Lets path builders find the issuer quickly, even across CA rotations.
+        .add_extension(_authority_key_identifier(issuer), critical=False)
+        .sign(ca.key, signature_hash(ca.key))
+    )
+    chain = [leaf] if _same_certificate(issuer, ca.root) else [leaf, issuer]
+    return "".join(c.public_bytes(serialization.Encoding.PEM).decode("ascii") for c in chain)
+
+
+def signature_hash(
+    key: CertificateIssuerPrivateKeyTypes,
+) -> hashes.SHA256 | hashes.SHA384 | hashes.SHA512 | None:
+    """The digest to sign with for an issuer key: matched to the key's strength."""
+    if isinstance(key, ed25519.Ed25519PrivateKey | ed448.Ed448PrivateKey):
+        return None  # EdDSA hashes internally
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        if key.curve.key_size >= 521:
+            return hashes.SHA512()
+        if key.curve.key_size >= 384:
+            return hashes.SHA384()
+    return hashes.SHA256()
+
+
+def random_serial(rng: random.Random | None = None) -> int:
+    """A positive 128-bit serial number; from `secrets` unless an RNG is injected (tests)."""
+    while True:
+        serial = rng.getrandbits(128) if rng is not None else secrets.randbits(128)
+        if serial > 0:
+            return serial
+
+
+def truncate_to_second(moment: dt.datetime) -> dt.datetime:
+    """`moment` without its microseconds: certificate times are whole seconds."""
+    return moment.replace(microsecond=0)
+
+
+def lifetime_window(
+    now: dt.datetime,
+    *,
+    backdate: dt.timedelta,
+    max_lifetime: dt.timedelta,
+    issuer_not_after: dt.datetime,
+) -> tuple[dt.datetime, dt.datetime]:
+    """(notBefore, notAfter) for a leaf issued at `now`, in whole seconds.
+
+    notBefore is backdated to absorb clock skew between the signer, the API server and peers;
+    notAfter is the earlier of notBefore + `max_lifetime` and the issuer's own expiry, since a
+    leaf must never outlive the CA that vouches for it. The result may be shorter than the API
+    minimum of 1 h (or even empty) when the issuer is about to expire; callers check.
+    """
+    not_before = truncate_to_second(now - backdate)
+    not_after = truncate_to_second(min(not_before + max_lifetime, issuer_not_after))
+    return not_before, max(not_after, not_before)
+
+
+def begin_refresh_at(
+    request_uid: str,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+    fraction: float = 0.5,
+    jitter_fraction: float = 0.1,
+) -> dt.datetime:
+    """When the node should start replacing this leaf.
+
+    At `fraction` of the lifetime, moved by up to +/- `jitter_fraction` of the lifetime so pods
+    started together do not all refresh together. The jitter comes from sha256(request_uid), so
+    the same request always gets the same answer (replicas and retries agree). Clamped into the
+    window the API server accepts, [notBefore + 10 min, notAfter - 10 min], in whole seconds.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be within [0, 1], got {fraction}")
+    if not 0.0 <= jitter_fraction <= 1.0:
+        raise ValueError(f"jitter_fraction must be within [0, 1], got {jitter_fraction}")
+    # Whole seconds inside the margins: round the lower bound up and the upper bound down.
+    earliest = _ceil_to_second(not_before + REFRESH_MARGIN)
+    latest = truncate_to_second(not_after - REFRESH_MARGIN)
+    if earliest > latest:
+        raise ValueError(
+            f"lifetime {not_after - not_before} is too short for a refresh point "
+            f"{REFRESH_MARGIN} inside each end"
+        )
+    # UIDs come from API objects; surrogatepass keeps a hostile, unencodable one hashable.
+    digest = hashlib.sha256(request_uid.encode("utf-8", "surrogatepass")).digest()
+    unit = int.from_bytes(digest[:8], "big") / 2**64  # uniform in [0, 1)
+    jitter = (2.0 * unit - 1.0) * jitter_fraction  # uniform in [-jitter, +jitter)
+    lifetime = not_after - not_before
+    target = truncate_to_second(not_before + lifetime * (fraction + jitter))
+    return min(max(target, earliest), latest)
+
+
+def _ceil_to_second(moment: dt.datetime) -> dt.datetime:
+    whole = truncate_to_second(moment)
+    return whole if whole == moment else whole + dt.timedelta(seconds=1)
+
+
+def _authority_key_identifier(issuer: x509.Certificate) -> x509.AuthorityKeyIdentifier:
+    # Copy the issuer's own SKI when it has one, so the two always match byte for byte.
+    try:
+        ski = issuer.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(_issuer_public_key(issuer))
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+
+
+def _issuer_public_key(issuer: x509.Certificate) -> CertificateIssuerPublicKeyTypes:
+    key = issuer.public_key()
+    if isinstance(
+        key,
+        rsa.RSAPublicKey
+        | ec.EllipticCurvePublicKey
+        | ed25519.Ed25519PublicKey
+        | ed448.Ed448PublicKey,
+    ):
+        return key
+    raise ValueError(f"issuer key {type(key).__name__} cannot sign certificates")
+
+
+def _same_certificate(a: x509.Certificate, b: x509.Certificate) -> bool:
+    return a.public_bytes(serialization.Encoding.DER) == b.public_bytes(serialization.Encoding.DER)
+
+
+def _check_plan(plan: model.LeafPlan, ca: model.IssuingCA) -> None:
+    """Refuse plans `decide` would never make: these are bugs, not hostile input."""
+    for name, moment in (("not_before", plan.not_before), ("not_after", plan.not_after)):
+        if moment.tzinfo is None:
+            raise ValueError(f"plan.{name} must be timezone-aware, got {moment}")
+        if moment.microsecond:
+            raise ValueError(f"plan.{name} must be whole seconds, got {moment}")
+    if plan.not_after <= plan.not_before:
+        raise ValueError(f"plan ends ({plan.not_after}) before it starts ({plan.not_before})")
+    if plan.not_after > ca.not_after:
+        raise ValueError(
+            f"plan.not_after {plan.not_after} is past the issuing CA's expiry {ca.not_after}"
+        )

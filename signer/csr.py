@@ -1,0 +1,144 @@
+"""The subject public key of a PodCertificateRequest, taken out of hostile bytes safely.
+
+The node sends its key as a stub PKCS#10 request (v1) or, on old v1beta1 objects, as a bare DER
+SubjectPublicKeyInfo. Anyone with `create` on podcertificaterequests controls these bytes, so this
+module turns every failure of the parser into one typed `CSRError` carrying the Denied reason;
+the decision turns that into a Deny. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
+
+from signer import model
+
+KeyType = Literal["RSA3072", "RSA4096", "ECDSAP256", "ECDSAP384", "ECDSAP521", "ED25519"]
+# The key types the Pod Certificates API defines, in the API's order.
+KEY_TYPES: Final[tuple[KeyType, ...]] = get_args(KeyType)
+
+_CURVES: Final[dict[str, KeyType]] = {
+    "secp256r1": "ECDSAP256",
+    "secp384r1": "ECDSAP384",
+    "secp521r1": "ECDSAP521",
+}
+_RSA_SIZES: Final[dict[int, KeyType]] = {3072: "RSA3072", 4096: "RSA4096"}
+_SUPPORTED: Final = ", ".join(KEY_TYPES)
+
+
+class CSRError(Exception):
+    """The request's key cannot be used; `reason` is the Denied reason to report."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    public_key: CertificatePublicKeyTypes
+    key_type: KeyType
+
+
+def parse_public_key(request: model.Request) -> ParsedKey:
+    """The subject key of `request`, from its stub CSR or else its PKIX public key.
+
+    Raises CSRError, and nothing else, whatever the bytes are.
+    """
+    if request.stub_csr:
+        return _from_csr(request.stub_csr)
+    if request.pkix_public_key:
+        return _from_spki(request.pkix_public_key)
+    raise CSRError(
+        model.INVALID_REQUEST,
+        "The request carries neither a stub PKCS#10 request nor a PKIX public key.",
+    )
+
+
+def key_type_of(public_key: object) -> KeyType | None:
+    """The API key type name of `public_key`, or None when the API does not define it."""
+    if isinstance(public_key, rsa.RSAPublicKey):
+        return _RSA_SIZES.get(public_key.key_size)
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return _CURVES.get(public_key.curve.name)
+    if isinstance(public_key, ed25519.Ed25519PublicKey):
+        return "ED25519"
+    return None
+
+
+def _from_csr(der: bytes) -> ParsedKey:
+    # cryptography reports bad input as ValueError, UnsupportedAlgorithm, or (from its Rust
+    # core) other exception types; any of them means the same thing here: unusable bytes.
+    try:
+        csr = x509.load_der_x509_csr(der)
+        public_key = csr.public_key()
+    except Exception as exc:
+        raise CSRError(
+            model.INVALID_REQUEST,
+            f"The stub PKCS#10 request is not a valid DER certificate request ({_why(exc)}).",
+        ) from exc
+    parsed = _classify(public_key, "stub PKCS#10 request")
+    # The API server verified this signature at admission; checking again costs little and
+    # keeps the signer safe if it ever reads objects that bypassed admission.
+    try:
+        valid = csr.is_signature_valid
+    except Exception as exc:
+        raise CSRError(
+            model.INVALID_REQUEST,
+            f"The stub PKCS#10 request's signature cannot be checked ({_why(exc)}).",
+        ) from exc
+    if not valid:
+        raise CSRError(
+            model.INVALID_REQUEST,
+            "The stub PKCS#10 request's signature does not verify with the key it carries; "
+            "it must be signed by the subject key.",
+        )
+    return parsed
+
+
+def _from_spki(der: bytes) -> ParsedKey:
+    try:
+        public_key = serialization.load_der_public_key(der)
+    except Exception as exc:
+        raise CSRError(
+            model.INVALID_REQUEST,
+            f"The PKIX public key is not a valid DER SubjectPublicKeyInfo ({_why(exc)}).",
+        ) from exc
+    return _classify(public_key, "PKIX public key")
+
+
+def _classify(public_key: object, where: str) -> ParsedKey:
+    if isinstance(
+        public_key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
+    ):
+        key_type = key_type_of(public_key)
+        if key_type is not None:
+            return ParsedKey(public_key=public_key, key_type=key_type)
+    raise CSRError(
+        model.UNSUPPORTED_KEY_TYPE,
+        f"The {where} holds {_describe(public_key)}, which this signer does not support; "
+        f"supported key types are {_SUPPORTED}.",
+    )
+
+
+def _describe(public_key: object) -> str:
+    """A short human name for a key, for messages (never the key material)."""
+    if isinstance(public_key, rsa.RSAPublicKey):
+        return f"an RSA {public_key.key_size}-bit key"
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return f"an ECDSA key on curve {public_key.curve.name}"
+    name = type(public_key).__name__.removeprefix("_").removesuffix("PublicKey")
+    return f"a {name} key"
+
+
+def _why(exc: Exception) -> str:
+    # Parser messages are short and describe the DER structure, not key material; still cap
+    # them so a message never grows with the input.
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."

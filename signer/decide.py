@@ -1,0 +1,230 @@
+"""The signer's decision: issue, deny, or try again later, for one PodCertificateRequest.
+
+A purely computational function of the request, the live facts the controller read for it, the
+signer's policy and `now`; the controller applies the outcome with one status write. Every
+hostile or malformed input ends in a typed `Deny` whose message a human can act on. Transient
+trouble on our side (no CA loaded yet, CA about to expire) is a `Retry`, never a terminal outcome
+for the pod.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Final
+
+from signer import certs, csr, model
+from signer.policy import (
+    MAX_LIFETIME_SECONDS,
+    MIN_LIFETIME_SECONDS,
+    SignerPolicy,
+    is_dns_name,
+    parse_annotations,
+    show,
+)
+
+# Retry reasons (for logs and metrics; the request stays pending).
+CA_NOT_LOADED: Final = "CANotLoaded"
+CA_NOT_YET_VALID: Final = "CANotYetValid"
+CA_TOO_SHORT: Final = "CATooShort"
+
+MIN_LIFETIME: Final = dt.timedelta(seconds=MIN_LIFETIME_SECONDS)
+# The key types to suggest when a request's type is refused, best first.
+_PREFERRED_KEY_TYPES: Final[tuple[csr.KeyType, ...]] = (
+    "ECDSAP256",
+    "ED25519",
+    "ECDSAP384",
+    "ECDSAP521",
+    "RSA3072",
+    "RSA4096",
+)
+_DNS_LABEL: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def decide(
+    request: model.Request,
+    facts: model.Facts,
+    policy: SignerPolicy,
+    now: dt.datetime,
+    *,
+    backdate: dt.timedelta = dt.timedelta(seconds=60),
+    refresh_fraction: float = 0.5,
+) -> model.Decision:
+    """What to do with `request`, given `facts` read just now and the signer's `policy`."""
+    if request.signer_name != policy.name:
+        raise ValueError(f"policy for {policy.name} applied to a request for {request.signer_name}")
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+
+    # 1. The request itself: well-formed spec and a usable key.
+    denial = _check_spec(request)
+    if denial is not None:
+        return denial
+    try:
+        key = csr.parse_public_key(request)
+    except csr.CSRError as exc:
+        message = exc.message
+        if exc.reason == model.UNSUPPORTED_KEY_TYPE:
+            message += f" Use {_suggest(policy)}."
+        return model.Deny(exc.reason, message)
+
+    # 2. Node restriction: the request must describe a live pod on the node that asked.
+    denial = _check_binding(request, facts)
+    if denial is not None:
+        return denial
+
+    # 3. Policy: key type, who may have certificates at all, and which names.
+    if key.key_type not in policy.key_types:
+        return model.Deny(
+            model.UNSUPPORTED_KEY_TYPE,
+            f"Key type {key.key_type} is not accepted by signer {policy.name} (it accepts "
+            f"{_allowed(policy)}); use {_suggest(policy)}.",
+        )
+    if not policy.allows(request.namespace, request.service_account_name):
+        return model.Deny(
+            model.POLICY_DENIED,
+            f"Signer {policy.name} issues no certificates to service account "
+            f"{request.service_account_name!r} in namespace {request.namespace!r}: no allow "
+            "rule of its policy matches them.",
+        )
+    requested = parse_annotations(request.user_annotations, policy)
+    if isinstance(requested, model.Deny):
+        return requested
+    for name in requested.dns_names:
+        if name not in facts.service_dns_names:
+            return model.Deny(
+                model.DNS_NAME_NOT_ALLOWED,
+                f"Pod {request.pod_name!r} is not entitled to DNS name {show(name)}: no Service "
+                f"in namespace {request.namespace!r} selecting it has that name.",
+            )
+    issued = facts.service_dns_names if policy.dns.services else frozenset()
+    dns_names = tuple(sorted(issued | set(requested.dns_names)))
+
+    # 4. Our side: a CA that can vouch for at least the API's minimum lifetime.
+    ca = facts.ca
+    if ca is None:
+        return model.Retry(after=dt.timedelta(seconds=5), reason=CA_NOT_LOADED)
+    ca_not_before = ca.certificate.not_valid_before_utc
+    if ca_not_before > now:
+        wait = min(max(ca_not_before - now, dt.timedelta(seconds=1)), dt.timedelta(seconds=60))
+        return model.Retry(after=wait, reason=CA_NOT_YET_VALID)
+    not_before, not_after = certs.lifetime_window(
+        now,
+        backdate=backdate,
+        max_lifetime=min(policy.max_lifetime, dt.timedelta(seconds=request.max_expiration_seconds)),
+        issuer_not_after=ca.not_after,
+    )
+    if not_after - not_before < MIN_LIFETIME:
+        # The CA expires within the hour: rotation will bring a new one; never fail the pod.
+        return model.Retry(after=dt.timedelta(seconds=60), reason=CA_TOO_SHORT)
+
+    return model.Issue(
+        model.LeafPlan(
+            public_key=key.public_key,
+            spiffe_id=(
+                f"spiffe://{policy.trust_domain}/ns/{request.namespace}"
+                f"/sa/{request.service_account_name}"
+            ),
+            dns_names=dns_names,
+            not_before=not_before,
+            not_after=not_after,
+            begin_refresh_at=certs.begin_refresh_at(
+                request.uid, not_before, not_after, fraction=refresh_fraction
+            ),
+        )
+    )
+
+
+def _check_spec(request: model.Request) -> model.Deny | None:
+    """Fields the API server normally guarantees; checked again because they reach the SAN."""
+    seconds = request.max_expiration_seconds
+    if not MIN_LIFETIME_SECONDS <= seconds <= MAX_LIFETIME_SECONDS:
+        return _invalid(
+            f"maxExpirationSeconds is {seconds}; it must be between {MIN_LIFETIME_SECONDS} "
+            f"and {MAX_LIFETIME_SECONDS}."
+        )
+    for field_name, value in (
+        ("podUID", request.pod_uid),
+        ("nodeUID", request.node_uid),
+        ("serviceAccountUID", request.service_account_uid),
+    ):
+        if not value:
+            return _invalid(f"spec.{field_name} is empty.")
+    # Names reach messages, and namespace and service account the SPIFFE ID's path: they must
+    # be the names Kubernetes allows (a DNS label, and DNS subdomains).
+    if not _DNS_LABEL.fullmatch(request.namespace):
+        return _invalid(f"Namespace {show(request.namespace)} is not a valid namespace name.")
+    for field_name, value in (
+        ("serviceAccountName", request.service_account_name),
+        ("podName", request.pod_name),
+        ("nodeName", request.node_name),
+    ):
+        if not is_dns_name(value):
+            return _invalid(f"spec.{field_name} {show(value)} is not a valid Kubernetes name.")
+    return None
+
+
+def _check_binding(request: model.Request, facts: model.Facts) -> model.Deny | None:
+    """The NodeRestriction checks, against live state: stops anyone but the pod's own node
+    (or a stale request) from obtaining the pod's identity."""
+    pod = facts.pod
+    pod_ref = f"{request.namespace}/{request.pod_name}"
+    if pod is None:
+        return model.Deny(model.POD_NOT_FOUND, f"Pod {pod_ref} does not exist.")
+    if pod.uid != request.pod_uid:
+        return model.Deny(
+            model.POD_UID_MISMATCH,
+            f"Pod {pod_ref} has UID {pod.uid}, not {show(request.pod_uid)} as the request says; "
+            "the pod was replaced, so request again for the new pod.",
+        )
+    if pod.node_name != request.node_name:
+        return model.Deny(
+            model.POD_NOT_ON_NODE,
+            f"Pod {pod_ref} runs on node {pod.node_name!r}, not on {request.node_name!r} "
+            "where the request comes from.",
+        )
+    if pod.deleting or pod.phase in ("Succeeded", "Failed"):
+        state = "being deleted" if pod.deleting else f"finished (phase {pod.phase})"
+        return model.Deny(
+            model.POD_NOT_RUNNABLE, f"Pod {pod_ref} is {state} and gets no new certificates."
+        )
+    node = facts.node
+    if node is None:
+        return model.Deny(model.NODE_NOT_FOUND, f"Node {request.node_name!r} does not exist.")
+    if node.uid != request.node_uid:
+        return model.Deny(
+            model.NODE_UID_MISMATCH,
+            f"Node {node.name!r} has UID {node.uid}, not {show(request.node_uid)} as the request "
+            "says; the node was re-registered.",
+        )
+    if pod.service_account_name != request.service_account_name:
+        return model.Deny(
+            model.SERVICE_ACCOUNT_MISMATCH,
+            f"Pod {pod_ref} runs as service account {pod.service_account_name!r}, not "
+            f"{show(request.service_account_name)} as the request says.",
+        )
+    account = facts.service_account
+    sa_ref = f"{request.namespace}/{request.service_account_name}"
+    if account is None:
+        return model.Deny(
+            model.SERVICE_ACCOUNT_MISMATCH, f"Service account {sa_ref} does not exist."
+        )
+    if account.uid != request.service_account_uid:
+        return model.Deny(
+            model.SERVICE_ACCOUNT_MISMATCH,
+            f"Service account {sa_ref} has UID {account.uid}, not "
+            f"{show(request.service_account_uid)} as the request says; it was re-created.",
+        )
+    return None
+
+
+def _invalid(message: str) -> model.Deny:
+    return model.Deny(model.INVALID_REQUEST, message)
+
+
+def _allowed(policy: SignerPolicy) -> str:
+    return ", ".join(k for k in csr.KEY_TYPES if k in policy.key_types)
+
+
+def _suggest(policy: SignerPolicy) -> str:
+    return next((k for k in _PREFERRED_KEY_TYPES if k in policy.key_types), "ECDSAP256")

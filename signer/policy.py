@@ -1,0 +1,452 @@
+"""The signer's policy: who may get a certificate, for how long, and with which names.
+
+Loaded once at start-up from a YAML file and validated strictly, so a typo stops the signer with
+a message naming the file, the line and the field instead of silently widening or narrowing what
+is issued. Pure: `load_policy` works on text; `load_policy_file` is the thin edge that reads it.
+
+File shape (every key optional unless marked; unknown keys are errors)::
+
+    signers:
+      - name: example.com/podcert        # required; must be a signer name this process serves
+        trustDomain: cluster.local        # SPIFFE trust domain; default: --trust-domain
+        maxLifetimeSeconds: 86400         # leaf lifetime cap, 3600..7862400; default 86400
+        keyTypes: [ECDSAP256, ED25519]    # accepted subject key types; default: all six
+        dnsNames:
+          services: false                 # issue <svc>.<ns>.svc and <svc>.<ns>.svc.<clusterDomain>
+                                          #   for every Service selecting the pod; default false
+          clusterDomain: cluster.local    # default cluster.local
+          allowRequested: false           # honour the podcert.dev/dns-names annotation, for names
+                                          #   the pod is entitled to only; default false
+        allow:                            # default: one rule matching everything
+          - namespaces: ["prod-*", web]   # fnmatch globs; default ["*"]
+            serviceAccounts: ["*"]        # fnmatch globs; default ["*"]
+
+A request is allowed when any rule matches both its namespace and its service account;
+`allow: []` denies everything. Signers that are served but not listed get every default.
+
+The request annotations the signer understands (`parse_annotations`) live here too, because
+what they may ask for is policy: only `podcert.dev/dns-names`, a comma-separated list of DNS names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import fnmatch
+import re
+import types
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from signer import model
+from signer.csr import KEY_TYPES, KeyType
+
+DEFAULT_MAX_LIFETIME: Final = dt.timedelta(seconds=86400)
+# The API's bounds on maxExpirationSeconds; a policy outside them could never be honoured.
+MIN_LIFETIME_SECONDS: Final = 3600
+MAX_LIFETIME_SECONDS: Final = 7862400
+DEFAULT_CLUSTER_DOMAIN: Final = "cluster.local"
+
+DNS_NAMES_ANNOTATION: Final = "podcert.dev/dns-names"
+KNOWN_ANNOTATIONS: Final = frozenset({DNS_NAMES_ANNOTATION})
+MAX_REQUESTED_DNS_NAMES: Final = 100
+
+_TRUST_DOMAIN = re.compile(r"[a-z0-9._-]{1,255}")
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+# Globs over Kubernetes names: lowercase name characters plus fnmatch's * ? [ ] !.
+_NAME_GLOB = re.compile(r"[a-z0-9.*?\[\]!-]+")
+
+
+class PolicyError(Exception):
+    """The policy file is unusable; the message reads `<file>:<line>: <field>: <problem>`."""
+
+
+@dataclass(frozen=True)
+class AllowRule:
+    namespaces: tuple[str, ...] = ("*",)
+    service_accounts: tuple[str, ...] = ("*",)
+
+    def matches(self, namespace: str, service_account: str) -> bool:
+        return _any_glob(self.namespaces, namespace) and _any_glob(
+            self.service_accounts, service_account
+        )
+
+
+@dataclass(frozen=True)
+class DNSPolicy:
+    services: bool = False
+    cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
+    allow_requested: bool = False
+
+
+@dataclass(frozen=True)
+class SignerPolicy:
+    name: str
+    trust_domain: str
+    max_lifetime: dt.timedelta = DEFAULT_MAX_LIFETIME
+    key_types: frozenset[KeyType] = frozenset(KEY_TYPES)
+    dns: DNSPolicy = field(default_factory=DNSPolicy)
+    allow: tuple[AllowRule, ...] = (AllowRule(),)
+
+    def allows(self, namespace: str, service_account: str) -> bool:
+        return any(rule.matches(namespace, service_account) for rule in self.allow)
+
+
+@dataclass(frozen=True)
+class Policy:
+    signers: Mapping[str, SignerPolicy]
+
+    def for_signer(self, signer_name: str) -> SignerPolicy:
+        return self.signers[signer_name]
+
+
+@dataclass(frozen=True)
+class RequestedNames:
+    """What the request's annotations ask for: syntax checked, entitlement not yet."""
+
+    dns_names: tuple[str, ...] = ()
+
+
+def is_dns_name(name: str) -> bool:
+    """An RFC 1123 subdomain in Kubernetes' lowercase form (no wildcards, no trailing dot)."""
+    return len(name) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def trust_domain_problem(trust_domain: str) -> str | None:
+    """Why `trust_domain` is not a SPIFFE trust domain name, or None when it is one."""
+    if "://" in trust_domain:
+        return "must be a bare trust domain name, without a scheme such as spiffe://"
+    if ":" in trust_domain:
+        return "must not carry a port"
+    if not _TRUST_DOMAIN.fullmatch(trust_domain):
+        return (
+            "must be 1 to 255 characters of lowercase letters, digits, dots, dashes and underscores"
+        )
+    return None
+
+
+def default_policy(signer_names: Sequence[str], trust_domain: str) -> Policy:
+    """Every served signer with the defaults: allow everything, all key types, no DNS names."""
+    _check_default_trust_domain(trust_domain)
+    return Policy(
+        types.MappingProxyType(
+            {name: SignerPolicy(name=name, trust_domain=trust_domain) for name in signer_names}
+        )
+    )
+
+
+def load_policy(text: str, source: str, served: Sequence[str], default_trust_domain: str) -> Policy:
+    """Parse and validate a policy file's `text`; `source` names it in error messages."""
+    _check_default_trust_domain(default_trust_domain)
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f"{mark.line + 1}:" if mark is not None else ""
+        raise PolicyError(f"{source}:{line} not valid YAML: {exc.problem or exc}") from exc
+    except yaml.YAMLError as exc:  # e.g. a forbidden character, reported without a line
+        raise PolicyError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+    except RecursionError as exc:  # PyYAML composes recursively
+        raise PolicyError(f"{source}: not valid YAML: nested too deeply") from exc
+    signers: dict[str, SignerPolicy] = {}
+    if root is not None:  # an empty file is the default policy
+        reader = _Reader(source)
+        top = reader.mapping(root, "", {"signers"})
+        if "signers" in top:
+            _, value = top["signers"]
+            for index, item in enumerate(reader.sequence(value, "signers")):
+                signer = reader.signer(item, f"signers[{index}]", served, default_trust_domain)
+                if signer.name in signers:
+                    raise reader.error(
+                        item, f"signers[{index}].name", f"{signer.name!r} is listed twice"
+                    )
+                signers[signer.name] = signer
+    for name in served:
+        signers.setdefault(name, SignerPolicy(name=name, trust_domain=default_trust_domain))
+    return Policy(types.MappingProxyType(signers))
+
+
+def load_policy_file(path: Path, served: Sequence[str], default_trust_domain: str) -> Policy:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: cannot read the policy file: {exc}") from exc
+    return load_policy(text, str(path), served, default_trust_domain)
+
+
+def parse_annotations(
+    annotations: Mapping[str, str], policy: SignerPolicy
+) -> RequestedNames | model.Deny:
+    """The names a request's unverifiedUserAnnotations ask for, or the Deny they deserve.
+
+    Unknown keys are denied rather than ignored: a key we do not understand may be a request
+    the user believes is honoured.
+    """
+    unknown = sorted(key for key in annotations if key not in KNOWN_ANNOTATIONS)
+    if unknown:
+        others = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        return model.Deny(
+            model.UNKNOWN_ANNOTATION,
+            f"Annotation {show(unknown[0])}{others} is not understood by signer {policy.name}; "
+            f"the only supported annotation is {DNS_NAMES_ANNOTATION}.",
+        )
+    value = annotations.get(DNS_NAMES_ANNOTATION)
+    if value is None:
+        return RequestedNames()
+    entries = [entry.strip() for entry in value.split(",")]
+    if len(entries) > MAX_REQUESTED_DNS_NAMES:
+        return model.Deny(
+            model.INVALID_ANNOTATION,
+            f"Annotation {DNS_NAMES_ANNOTATION} lists {len(entries)} names; "
+            f"at most {MAX_REQUESTED_DNS_NAMES} are allowed.",
+        )
+    if "" in entries:
+        return model.Deny(
+            model.INVALID_ANNOTATION,
+            f"Annotation {DNS_NAMES_ANNOTATION} has an empty entry in {show(value)}; "
+            "give a comma-separated list of DNS names.",
+        )
+    for entry in entries:
+        if not is_dns_name(entry):
+            return model.Deny(
+                model.INVALID_ANNOTATION,
+                f"Annotation {DNS_NAMES_ANNOTATION} holds {show(entry)}, which is not a valid "
+                "DNS name (lowercase RFC 1123 labels joined by dots, no wildcards).",
+            )
+    if not policy.dns.allow_requested:
+        return model.Deny(
+            model.DNS_NAME_NOT_ALLOWED,
+            f"Signer {policy.name} does not issue requested DNS names; remove the "
+            f"{DNS_NAMES_ANNOTATION} annotation or ask for dnsNames.allowRequested in its policy.",
+        )
+    return RequestedNames(dns_names=tuple(dict.fromkeys(entries)))  # de-duplicated, in order
+
+
+def show(text: str, limit: int = 100) -> str:
+    """`text` quoted for a message: control characters escaped, absurd lengths cut."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def _any_glob(patterns: Collection[str], name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _check_default_trust_domain(trust_domain: str) -> None:
+    problem = trust_domain_problem(trust_domain)
+    if problem is not None:
+        raise PolicyError(f"default trust domain (--trust-domain) {show(trust_domain)}: {problem}")
+
+
+class _Reader:
+    """Walks composed YAML nodes, so every error can point at a line of the file."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._constructor = SafeConstructor()
+
+    def error(self, node: Node, path: str, message: str) -> PolicyError:
+        return PolicyError(f"{self.source}:{node.start_mark.line + 1}: {path}: {message}")
+
+    def signer(
+        self, node: Node, path: str, served: Sequence[str], default_trust_domain: str
+    ) -> SignerPolicy:
+        keys = self.mapping(
+            node,
+            path,
+            {"name", "trustDomain", "maxLifetimeSeconds", "keyTypes", "dnsNames", "allow"},
+        )
+        if "name" not in keys:
+            raise self.error(node, f"{path}.name", "required: the signer name this entry is for")
+        name_node = keys["name"][1]
+        name = self.string(name_node, f"{path}.name")
+        if name not in served:
+            raise self.error(
+                name_node,
+                f"{path}.name",
+                f"{name!r} is not served by this signer; served: {', '.join(served) or 'none'}",
+            )
+        policy = SignerPolicy(name=name, trust_domain=default_trust_domain)
+        if "trustDomain" in keys:
+            value = keys["trustDomain"][1]
+            trust_domain = self.string(value, f"{path}.trustDomain")
+            problem = trust_domain_problem(trust_domain)
+            if problem is not None:
+                raise self.error(value, f"{path}.trustDomain", problem)
+            policy = dataclasses.replace(policy, trust_domain=trust_domain)
+        if "maxLifetimeSeconds" in keys:
+            value = keys["maxLifetimeSeconds"][1]
+            seconds = self.integer(value, f"{path}.maxLifetimeSeconds")
+            if not MIN_LIFETIME_SECONDS <= seconds <= MAX_LIFETIME_SECONDS:
+                raise self.error(
+                    value,
+                    f"{path}.maxLifetimeSeconds",
+                    f"{seconds} is out of range; expected {MIN_LIFETIME_SECONDS} (1 h) to "
+                    f"{MAX_LIFETIME_SECONDS} (91 d)",
+                )
+            policy = dataclasses.replace(policy, max_lifetime=dt.timedelta(seconds=seconds))
+        if "keyTypes" in keys:
+            policy = dataclasses.replace(
+                policy, key_types=self.key_types(keys["keyTypes"][1], path)
+            )
+        if "dnsNames" in keys:
+            policy = dataclasses.replace(
+                policy, dns=self.dns(keys["dnsNames"][1], f"{path}.dnsNames")
+            )
+        if "allow" in keys:
+            value = keys["allow"][1]
+            rules = tuple(
+                self.rule(item, f"{path}.allow[{index}]")
+                for index, item in enumerate(self.sequence(value, f"{path}.allow"))
+            )
+            policy = dataclasses.replace(policy, allow=rules)
+        return policy
+
+    def key_types(self, node: Node, signer_path: str) -> frozenset[KeyType]:
+        path = f"{signer_path}.keyTypes"
+        found: set[KeyType] = set()
+        for index, item in enumerate(self.sequence(node, path)):
+            name = self.string(item, f"{path}[{index}]")
+            key_type = next((k for k in KEY_TYPES if k == name), None)
+            if key_type is None:
+                raise self.error(
+                    item,
+                    f"{path}[{index}]",
+                    f"unknown key type {name!r}; expected one of {', '.join(KEY_TYPES)}",
+                )
+            found.add(key_type)
+        if not found:
+            raise self.error(node, path, "must list at least one key type")
+        return frozenset(found)
+
+    def dns(self, node: Node, path: str) -> DNSPolicy:
+        keys = self.mapping(node, path, {"services", "clusterDomain", "allowRequested"})
+        policy = DNSPolicy()
+        if "services" in keys:
+            policy = dataclasses.replace(
+                policy, services=self.boolean(keys["services"][1], f"{path}.services")
+            )
+        if "allowRequested" in keys:
+            allow = self.boolean(keys["allowRequested"][1], f"{path}.allowRequested")
+            policy = dataclasses.replace(policy, allow_requested=allow)
+        if "clusterDomain" in keys:
+            value = keys["clusterDomain"][1]
+            domain = self.string(value, f"{path}.clusterDomain")
+            if not is_dns_name(domain):
+                raise self.error(
+                    value, f"{path}.clusterDomain", f"{domain!r} is not a lowercase DNS name"
+                )
+            policy = dataclasses.replace(policy, cluster_domain=domain)
+        return policy
+
+    def rule(self, node: Node, path: str) -> AllowRule:
+        keys = self.mapping(node, path, {"namespaces", "serviceAccounts"})
+        rule = AllowRule()
+        if "namespaces" in keys:
+            rule = dataclasses.replace(
+                rule, namespaces=self.globs(keys["namespaces"][1], f"{path}.namespaces")
+            )
+        if "serviceAccounts" in keys:
+            globs = self.globs(keys["serviceAccounts"][1], f"{path}.serviceAccounts")
+            rule = dataclasses.replace(rule, service_accounts=globs)
+        return rule
+
+    def globs(self, node: Node, path: str) -> tuple[str, ...]:
+        if not isinstance(node, SequenceNode):
+            raise self.error(node, path, "expected a list of strings")
+        patterns: list[str] = []
+        for index, item in enumerate(node.value):
+            value = self.scalar(item, f"{path}[{index}]")
+            if not isinstance(value, str):
+                raise self.error(item, path, "expected a list of strings")
+            if not _NAME_GLOB.fullmatch(value):
+                raise self.error(
+                    item,
+                    f"{path}[{index}]",
+                    f"{value!r} is not a glob over Kubernetes names (lowercase letters, digits, "
+                    "'-', '.', and the wildcards * ? [...])",
+                )
+            patterns.append(value)
+        if not patterns:
+            raise self.error(
+                node, path, "an empty list matches nothing; omit the key to match everything"
+            )
+        return tuple(patterns)
+
+    def mapping(
+        self, node: Node, path: str, allowed: Collection[str]
+    ) -> dict[str, tuple[Node, Node]]:
+        if not isinstance(node, MappingNode):
+            raise self.error(node, path or "(top level)", "expected a mapping")
+        keys: dict[str, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            key = self.scalar(key_node, path or "(top level)")
+            if not isinstance(key, str):
+                raise self.error(
+                    key_node, path or "(top level)", f"keys must be strings, got {_yaml_type(key)}"
+                )
+            key_path = f"{path}.{key}" if path else key
+            if key not in allowed:
+                raise self.error(
+                    key_node,
+                    key_path,
+                    f"unknown key; expected one of {', '.join(sorted(allowed))}",
+                )
+            if key in keys:
+                raise self.error(key_node, key_path, "duplicate key")
+            keys[key] = (key_node, value_node)
+        return keys
+
+    def sequence(self, node: Node, path: str) -> list[Node]:
+        if not isinstance(node, SequenceNode):
+            raise self.error(node, path, "expected a list")
+        return list(node.value)
+
+    def string(self, node: Node, path: str) -> str:
+        value = self.scalar(node, path)
+        if not isinstance(value, str):
+            raise self.error(node, path, f"expected a string, got {_yaml_type(value)}")
+        return value
+
+    def integer(self, node: Node, path: str) -> int:
+        value = self.scalar(node, path)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(node, path, f"expected an integer, got {_yaml_type(value)}")
+        return value
+
+    def boolean(self, node: Node, path: str) -> bool:
+        value = self.scalar(node, path)
+        if not isinstance(value, bool):
+            raise self.error(node, path, f"expected true or false, got {_yaml_type(value)}")
+        return value
+
+    def scalar(self, node: Node, path: str) -> object:
+        """The Python value of a scalar node (YAML's own typing), or the node when not a scalar."""
+        if not isinstance(node, ScalarNode):
+            return node
+        try:
+            return self._constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:  # e.g. an unknown tag such as !!python/object
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise self.error(node, path, problem) from exc
+
+
+def _yaml_type(value: object) -> str:
+    if isinstance(value, MappingNode):
+        return "a mapping"
+    if isinstance(value, SequenceNode):
+        return "a list"
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, str):
+        return f"a string ({show(value, 40)})"
+    return f"{type(value).__name__} ({value!r})"

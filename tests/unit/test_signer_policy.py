@@ -1,0 +1,396 @@
+"""signer.policy: the file is checked strictly, and errors point at file, line and field."""
+
+from __future__ import annotations
+
+import datetime as dt
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from signer import csr, model, policy
+
+SERVED = ("example.com/podcert", "example.com/other")
+NAME = SERVED[0]
+EXAMPLE = """\
+signers:
+  - name: example.com/podcert
+    trustDomain: prod.example.com
+    maxLifetimeSeconds: 7200
+    keyTypes: [ECDSAP256, ED25519]
+    dnsNames:
+      services: true
+      clusterDomain: corp.local
+      allowRequested: true
+    allow:
+      - namespaces: ["prod-*", web]
+        serviceAccounts: ["*"]
+      - namespaces: [ops]
+        serviceAccounts: [deployer]
+"""
+
+
+def load(text: str) -> policy.Policy:
+    return policy.load_policy(textwrap.dedent(text), "policy.yaml", SERVED, "cluster.local")
+
+
+def test_default_policy_allows_everything_with_all_key_types_and_no_dns_names() -> None:
+    signer = policy.default_policy([NAME], "cluster.local").for_signer(NAME)
+    assert signer == policy.SignerPolicy(name=NAME, trust_domain="cluster.local")
+    assert signer.max_lifetime == dt.timedelta(days=1)
+    assert signer.key_types == frozenset(csr.KEY_TYPES)
+    assert signer.dns == policy.DNSPolicy(
+        services=False, cluster_domain="cluster.local", allow_requested=False
+    )
+    assert signer.allows("any-namespace", "any-account")
+
+
+def test_full_example_loads_into_the_documented_types() -> None:
+    signer = load(EXAMPLE).for_signer(NAME)
+    assert signer == policy.SignerPolicy(
+        name=NAME,
+        trust_domain="prod.example.com",
+        max_lifetime=dt.timedelta(hours=2),
+        key_types=frozenset({"ECDSAP256", "ED25519"}),
+        dns=policy.DNSPolicy(services=True, cluster_domain="corp.local", allow_requested=True),
+        allow=(
+            policy.AllowRule(namespaces=("prod-*", "web"), service_accounts=("*",)),
+            policy.AllowRule(namespaces=("ops",), service_accounts=("deployer",)),
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("namespace", "account", "allowed"),
+    [
+        pytest.param("prod-eu", "anything", True, id="glob on namespace matches"),
+        pytest.param("web", "frontend", True, id="exact namespace matches"),
+        pytest.param("ops", "deployer", True, id="second rule matches"),
+        pytest.param("ops", "intruder", False, id="second rule needs its service account"),
+        pytest.param("prod", "frontend", False, id="glob needs its dash"),
+        pytest.param("PROD-eu", "frontend", False, id="globs are case-sensitive"),
+    ],
+)
+def test_allow_rules_match_namespace_and_service_account(
+    namespace: str, account: str, allowed: bool
+) -> None:
+    assert load(EXAMPLE).for_signer(NAME).allows(namespace, account) is allowed
+
+
+def test_served_signers_missing_from_the_file_get_defaults() -> None:
+    loaded = load(EXAMPLE)
+    assert set(loaded.signers) == set(SERVED)
+    assert loaded.for_signer("example.com/other") == policy.SignerPolicy(
+        name="example.com/other", trust_domain="cluster.local"
+    )
+
+
+@pytest.mark.parametrize("text", ["", "# nothing here\n", "signers: []\n"])
+def test_empty_file_is_the_default_policy(text: str) -> None:
+    assert load(text) == policy.default_policy(SERVED, "cluster.local")
+
+
+def test_explicit_empty_allow_list_denies_everyone() -> None:
+    signer = load(f"signers:\n  - name: {NAME}\n    allow: []\n").for_signer(NAME)
+    assert not signer.allows("web", "default")
+
+
+def test_rule_with_only_namespaces_matches_every_service_account() -> None:
+    signer = load(f"signers:\n  - name: {NAME}\n    allow: [{{namespaces: [web]}}]\n")
+    assert signer.for_signer(NAME).allows("web", "whatever")
+
+
+def signer_yaml(body: str) -> str:
+    """A one-signer file whose entry body starts on line 3."""
+    return f"signers:\n  - name: {NAME}\n" + textwrap.indent(textwrap.dedent(body), "    ")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param(
+            "signer: []\n",
+            "policy.yaml:1: signer: unknown key; expected one of signers",
+            id="unknown top-level key",
+        ),
+        pytest.param("- a\n", "policy.yaml:1: (top level): expected a mapping", id="top is a list"),
+        pytest.param("signers: {}\n", "policy.yaml:1: signers: expected a list", id="signers map"),
+        pytest.param(
+            signer_yaml("maxLifetime: 3600\n"),
+            "policy.yaml:3: signers[0].maxLifetime: unknown key; expected one of allow, dnsNames",
+            id="unknown signer key (typo)",
+        ),
+        pytest.param(
+            "signers:\n  - trustDomain: a\n",
+            "policy.yaml:2: signers[0].name: required",
+            id="signer without a name",
+        ),
+        pytest.param(
+            "signers:\n  - name: example.com/nope\n",
+            "policy.yaml:2: signers[0].name: 'example.com/nope' is not served by this signer; "
+            "served: example.com/podcert, example.com/other",
+            id="signer name not served",
+        ),
+        pytest.param(
+            f"signers:\n  - name: {NAME}\n  - name: {NAME}\n",
+            "policy.yaml:3: signers[1].name: 'example.com/podcert' is listed twice",
+            id="signer listed twice",
+        ),
+        pytest.param(
+            signer_yaml("trustDomain: spiffe://cluster.local\n"),
+            "policy.yaml:3: signers[0].trustDomain: must be a bare trust domain name, without a "
+            "scheme",
+            id="trust domain with scheme",
+        ),
+        pytest.param(
+            signer_yaml("trustDomain: cluster.local:8443\n"),
+            "policy.yaml:3: signers[0].trustDomain: must not carry a port",
+            id="trust domain with port",
+        ),
+        pytest.param(
+            signer_yaml("trustDomain: Cluster.Local\n"),
+            "policy.yaml:3: signers[0].trustDomain: must be 1 to 255 characters of lowercase",
+            id="trust domain with uppercase",
+        ),
+        pytest.param(
+            signer_yaml("trustDomain: 42\n"),
+            "policy.yaml:3: signers[0].trustDomain: expected a string, got int (42)",
+            id="trust domain not a string",
+        ),
+        pytest.param(
+            signer_yaml("maxLifetimeSeconds: 3599\n"),
+            "policy.yaml:3: signers[0].maxLifetimeSeconds: 3599 is out of range; expected 3600",
+            id="lifetime below one hour",
+        ),
+        pytest.param(
+            signer_yaml("maxLifetimeSeconds: 7862401\n"),
+            "policy.yaml:3: signers[0].maxLifetimeSeconds: 7862401 is out of range",
+            id="lifetime above the API maximum",
+        ),
+        pytest.param(
+            signer_yaml("maxLifetimeSeconds: 1d\n"),
+            "policy.yaml:3: signers[0].maxLifetimeSeconds: expected an integer, "
+            "got a string ('1d')",
+            id="lifetime with a unit",
+        ),
+        pytest.param(
+            signer_yaml("maxLifetimeSeconds: true\n"),
+            "policy.yaml:3: signers[0].maxLifetimeSeconds: expected an integer, got a boolean",
+            id="lifetime as boolean",
+        ),
+        pytest.param(
+            signer_yaml("keyTypes: [ECDSAP256, RSA2048]\n"),
+            "policy.yaml:3: signers[0].keyTypes[1]: unknown key type 'RSA2048'; expected one of "
+            "RSA3072, RSA4096, ECDSAP256, ECDSAP384, ECDSAP521, ED25519",
+            id="unknown key type",
+        ),
+        pytest.param(
+            signer_yaml("keyTypes: []\n"),
+            "policy.yaml:3: signers[0].keyTypes: must list at least one key type",
+            id="no key types",
+        ),
+        pytest.param(
+            signer_yaml("keyTypes: ECDSAP256\n"),
+            "policy.yaml:3: signers[0].keyTypes: expected a list",
+            id="key types not a list",
+        ),
+        pytest.param(
+            signer_yaml("dnsNames:\n  services: yes please\n"),
+            "policy.yaml:4: signers[0].dnsNames.services: expected true or false, got a string",
+            id="services not a boolean",
+        ),
+        pytest.param(
+            signer_yaml("dnsNames:\n  allowRequested: 1\n"),
+            "policy.yaml:4: signers[0].dnsNames.allowRequested: expected true or false, got int",
+            id="allowRequested not a boolean",
+        ),
+        pytest.param(
+            signer_yaml("dnsNames:\n  clusterDomain: -bad-.local\n"),
+            "policy.yaml:4: signers[0].dnsNames.clusterDomain: '-bad-.local' is not a lowercase "
+            "DNS name",
+            id="bad cluster domain",
+        ),
+        pytest.param(
+            signer_yaml("dnsNames:\n  service: true\n"),
+            "policy.yaml:4: signers[0].dnsNames.service: unknown key; expected one of "
+            "allowRequested, clusterDomain, services",
+            id="unknown dnsNames key",
+        ),
+        pytest.param(
+            signer_yaml("allow:\n  namespaces: [web]\n"),
+            "policy.yaml:4: signers[0].allow: expected a list",
+            id="allow is a mapping, not a list",
+        ),
+        pytest.param(
+            signer_yaml("allow:\n  - namespaces: web\n"),
+            "policy.yaml:4: signers[0].allow[0].namespaces: expected a list of strings",
+            id="namespaces not a list",
+        ),
+        pytest.param(
+            signer_yaml("allow:\n  - serviceAccounts: [default]\n  - namespaces: [a, 7]\n"),
+            "policy.yaml:5: signers[0].allow[1].namespaces: expected a list of strings",
+            id="namespace entry not a string",
+        ),
+        pytest.param(
+            signer_yaml("allow:\n  - namespaces: []\n"),
+            "policy.yaml:4: signers[0].allow[0].namespaces: an empty list matches nothing",
+            id="empty namespaces list",
+        ),
+        pytest.param(
+            signer_yaml("allow:\n  - serviceAccounts: [Default]\n"),
+            "policy.yaml:4: signers[0].allow[0].serviceAccounts[0]: 'Default' is not a glob over "
+            "Kubernetes names",
+            id="uppercase glob never matches",
+        ),
+        pytest.param(
+            signer_yaml("allow:\n  - namespace: [web]\n"),
+            "policy.yaml:4: signers[0].allow[0].namespace: unknown key; expected one of "
+            "namespaces, serviceAccounts",
+            id="unknown rule key",
+        ),
+        pytest.param(
+            signer_yaml("maxLifetimeSeconds: 3600\nmaxLifetimeSeconds: 7200\n"),
+            "policy.yaml:4: signers[0].maxLifetimeSeconds: duplicate key",
+            id="duplicate key",
+        ),
+        pytest.param(
+            "signers:\n  - name: [unclosed\n",
+            "policy.yaml:3: not valid YAML",
+            id="YAML syntax error",
+        ),
+        pytest.param("a: 1\n---\nb: 2\n", "policy.yaml:2: not valid YAML", id="two documents"),
+        pytest.param(
+            "[" * 5000, "policy.yaml: not valid YAML: nested too deeply", id="deep nesting"
+        ),
+        pytest.param(
+            "\x00", "policy.yaml: not valid YAML: unacceptable character", id="NUL character"
+        ),
+        pytest.param(
+            "signers:\n  - name: !!python/object:os.system x\n",
+            "policy.yaml:2: signers[0].name: could not determine a constructor",
+            id="python object tag is refused",
+        ),
+    ],
+)
+def test_bad_files_are_rejected_naming_file_line_and_field(text: str, message: str) -> None:
+    with pytest.raises(policy.PolicyError) as caught:
+        load(text)
+    assert str(caught.value).startswith(message)
+
+
+def test_bad_default_trust_domain_is_rejected() -> None:
+    with pytest.raises(policy.PolicyError, match="--trust-domain"):
+        policy.load_policy("", "policy.yaml", SERVED, "spiffe://x")
+    with pytest.raises(policy.PolicyError, match="--trust-domain"):
+        policy.default_policy(SERVED, "")
+
+
+def test_load_policy_file_reads_and_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(EXAMPLE + "    bogus: 1\n")
+    with pytest.raises(policy.PolicyError) as caught:
+        policy.load_policy_file(path, SERVED, "cluster.local")
+    assert str(caught.value).startswith(f"{path}:15: signers[0].bogus: unknown key")
+    path.write_text(EXAMPLE)
+    assert policy.load_policy_file(path, SERVED, "cluster.local") == load(EXAMPLE)
+
+
+def test_missing_policy_file_is_a_policy_error(tmp_path: Path) -> None:
+    with pytest.raises(policy.PolicyError, match="cannot read the policy file"):
+        policy.load_policy_file(tmp_path / "absent.yaml", SERVED, "cluster.local")
+
+
+# Annotations ----------------------------------------------------------------------------------
+
+OPEN = load(signer_yaml("dnsNames: {allowRequested: true}\n")).for_signer(NAME)
+CLOSED = policy.default_policy(SERVED, "cluster.local").for_signer(NAME)
+KEY = policy.DNS_NAMES_ANNOTATION
+
+
+def test_no_annotations_request_nothing() -> None:
+    assert policy.parse_annotations({}, CLOSED) == policy.RequestedNames(())
+
+
+def test_requested_names_are_trimmed_and_deduplicated_in_order() -> None:
+    parsed = policy.parse_annotations({KEY: " b.web.svc,\n  a.web.svc ,b.web.svc\n"}, OPEN)
+    assert parsed == policy.RequestedNames(("b.web.svc", "a.web.svc"))
+
+
+@pytest.mark.parametrize(
+    ("annotations", "reason", "fragment"),
+    [
+        pytest.param(
+            {"example.com/color": "blue"},
+            model.UNKNOWN_ANNOTATION,
+            "'example.com/color'",
+            id="unknown domain-prefixed key",
+        ),
+        pytest.param(
+            {"dns-names": "a.svc"},
+            model.UNKNOWN_ANNOTATION,
+            "'dns-names'",
+            id="key without the podcert.dev prefix",
+        ),
+        pytest.param(
+            {"z.example/a": "", "a.example/b": "", KEY: "x.svc"},
+            model.UNKNOWN_ANNOTATION,
+            "'a.example/b' (and 1 more)",
+            id="several unknown keys name the first and count the rest",
+        ),
+        pytest.param(
+            {"x" * 5000: "v"},
+            model.UNKNOWN_ANNOTATION,
+            "'" + "x" * 100 + "'... (5000 characters)",
+            id="absurdly long key is cut in the message",
+        ),
+        pytest.param({KEY: ""}, model.INVALID_ANNOTATION, "empty entry", id="empty value"),
+        pytest.param(
+            {KEY: "a.svc,,b.svc"}, model.INVALID_ANNOTATION, "empty entry", id="double comma"
+        ),
+        pytest.param({KEY: "a.svc,"}, model.INVALID_ANNOTATION, "empty entry", id="trailing comma"),
+        pytest.param(
+            {KEY: "*.web.svc"}, model.INVALID_ANNOTATION, "'*.web.svc'", id="wildcard name"
+        ),
+        pytest.param({KEY: "Web.svc"}, model.INVALID_ANNOTATION, "'Web.svc'", id="uppercase name"),
+        pytest.param(
+            {KEY: "a" * 64 + ".svc"}, model.INVALID_ANNOTATION, "not a valid DNS", id="long label"
+        ),
+        pytest.param(
+            {KEY: "a.svc."}, model.INVALID_ANNOTATION, "not a valid DNS", id="trailing dot"
+        ),
+        pytest.param(
+            {KEY: "ok.svc,evil\n.svc"},
+            model.INVALID_ANNOTATION,
+            r"'evil\n.svc'",
+            id="newline escaped",
+        ),
+        pytest.param(
+            {KEY: ",".join(f"n{i}.svc" for i in range(101))},
+            model.INVALID_ANNOTATION,
+            "lists 101 names; at most 100",
+            id="more than 100 names",
+        ),
+    ],
+)
+def test_bad_annotations_are_denied_with_the_offending_value(
+    annotations: dict[str, str], reason: str, fragment: str
+) -> None:
+    denial = policy.parse_annotations(annotations, OPEN)
+    assert isinstance(denial, model.Deny)
+    assert denial.reason == reason
+    assert fragment in denial.message
+    assert len(denial.message) < 500
+
+
+def test_requested_names_are_denied_when_policy_does_not_allow_requests() -> None:
+    denial = policy.parse_annotations({KEY: "a.web.svc"}, CLOSED)
+    assert isinstance(denial, model.Deny)
+    assert denial.reason == model.DNS_NAME_NOT_ALLOWED
+    assert "allowRequested" in denial.message
+
+
+def test_exactly_100_names_are_fine() -> None:
+    names = [f"n{i}.svc" for i in range(100)]
+    assert policy.parse_annotations({KEY: ",".join(names)}, OPEN) == policy.RequestedNames(
+        tuple(names)
+    )
