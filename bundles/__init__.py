@@ -1,0 +1,49 @@
+"""The library a consuming application uses: read its credential, trust its peers, follow rotation.
+
+`formats` parses credential and trust bundles, `spiffe` reads SPIFFE IDs, `authz` decides which
+peers may talk to us, and `source` hands out current `ssl.SSLContext`s as files rotate. Nothing
+here imports the signer, the node shim, `kubernetes` or `aiohttp`.
+"""
+
+from bundles.authz import (
+    Authorizer,
+    Verdict,
+    allow_any_of,
+    allow_ids,
+    allow_trust_domain,
+    allow_workloads,
+    authorize_peer_certificate,
+)
+from bundles.formats import (
+    BundleError,
+    Credential,
+    TrustBundle,
+    load_credential,
+    load_credential_files,
+    load_trust_bundle,
+)
+from bundles.source import SourceError, TLSSource
+from bundles.spiffe import CertificateIdError, SpiffeId, SpiffeIdError, spiffe_id_of, workload_of
+
+__all__ = [
+    "Authorizer",
+    "BundleError",
+    "CertificateIdError",
+    "Credential",
+    "SourceError",
+    "SpiffeId",
+    "SpiffeIdError",
+    "TLSSource",
+    "TrustBundle",
+    "Verdict",
+    "allow_any_of",
+    "allow_ids",
+    "allow_trust_domain",
+    "allow_workloads",
+    "authorize_peer_certificate",
+    "load_credential",
+    "load_credential_files",
+    "load_trust_bundle",
+    "spiffe_id_of",
+    "workload_of",
+]
