@@ -202,3 +202,40 @@ def pod_certificate_volume(
             }
         )
     return {"name": name, "projected": {"sources": sources}}
+
+
+_PLURALS = {
+    "Namespace": ("v1", "namespaces", False),
+    "ServiceAccount": ("v1", "serviceaccounts", True),
+    "Secret": ("v1", "secrets", True),
+    "ConfigMap": ("v1", "configmaps", True),
+    "Service": ("v1", "services", True),
+    "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings", True),
+}
+
+
+def apply(api: client.ApiClient, docs: list[dict[str, Any]]) -> None:
+    """Create each object, replacing it when it exists (enough for tests and the demo)."""
+    from podcert.rest import ApiError, Rest, path_of
+
+    rest = Rest(api)
+    for doc in docs:
+        gv, plural, namespaced = _PLURALS[doc["kind"]]
+        ns = doc["metadata"].get("namespace") if namespaced else None
+        try:
+            rest.request("POST", path_of(gv, plural, ns), body=doc)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            current = rest.request("GET", path_of(gv, plural, ns, doc["metadata"]["name"]))
+            doc = {
+                **doc,
+                "metadata": {
+                    **doc["metadata"],
+                    "resourceVersion": current["metadata"]["resourceVersion"],
+                },
+            }
+            rest.request("PUT", path_of(gv, plural, ns, doc["metadata"]["name"]), body=doc)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 # subcommand -> module exposing `register(subparsers)`; imported lazily so that `podcert audit`
 # does not pay for the signer's imports and a broken optional piece cannot break the others.
 SUBCOMMANDS: dict[str, str] = {
+    "signer": "signer.cli",
     "devcluster": "devcluster.cli",
 }
 

@@ -1,0 +1,173 @@
+"""Run podcert's own components as real processes against the devcluster, with real identities.
+
+The signer runs as its ServiceAccount with exactly the RBAC in manifests/signer/rbac.yaml; used by
+the integration tests, the benchmarks and the demo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster import kube
+from devcluster.cluster import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+SIGNER_RBAC = REPO / "manifests" / "signer" / "rbac.yaml"
+DEFAULT_SIGNER = "podcert.dev/workload"
+
+
+def signer_rbac(
+    namespace: str, signer_names: Sequence[str], suffix: str = ""
+) -> list[dict[str, Any]]:
+    """manifests/signer/rbac.yaml for another namespace, signer names and object-name suffix."""
+    docs = [d for d in yaml.safe_load_all(SIGNER_RBAC.read_text()) if d]
+    out: list[dict[str, Any]] = []
+    for doc in docs:
+        meta = doc["metadata"]
+        if "namespace" in meta:
+            meta["namespace"] = namespace
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding") and suffix:
+            meta["name"] = f"{meta['name']}-{suffix}"
+        if doc["kind"] == "ClusterRoleBinding" and suffix:
+            doc["roleRef"]["name"] = f"{doc['roleRef']['name']}-{suffix}"
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = namespace
+        for rule in doc.get("rules", []):
+            if rule.get("resourceNames") == [DEFAULT_SIGNER]:
+                rule["resourceNames"] = list(signer_names)
+        out.append(doc)
+    return out
+
+
+@dataclass
+class Process:
+    """A podcert subcommand running as a child process, its output in a log file."""
+
+    args: list[str]
+    log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Process:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "podcert", *self.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                cwd=REPO,
+            )
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up, as a crash or an OOM kill would leave it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+@dataclass
+class Signer(Process):
+    metrics_port: int = 0
+
+    def ready(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.metrics_port}/readyz"
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 30.0) -> Signer:
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if not self.running:
+                raise RuntimeError(f"signer exited early:\n{self.output()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"signer not ready in {timeout}s:\n{self.output()[-3000:]}")
+            time.sleep(0.05)
+        return self
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return str(resp.read().decode())
+
+
+def install_signer_identity(
+    root: Path, namespace: str, signer_names: Sequence[str], suffix: str
+) -> Path:
+    """Namespace, ServiceAccount and least RBAC for a signer; returns its token kubeconfig."""
+    with kube.admin_client(root) as api:
+        kube.ensure_namespace(api, namespace)
+        kube.apply(api, signer_rbac(namespace, signer_names, suffix))
+    return kube.service_account_kubeconfig(root, namespace, "podcert-signer")
+
+
+def signer(
+    root: Path,
+    workdir: Path,
+    signer_names: Sequence[str],
+    *,
+    namespace: str = "podcert-system",
+    suffix: str = "",
+    extra: Sequence[str] = (),
+) -> Signer:
+    """Start `podcert signer` as its ServiceAccount (not yet waited for; call wait_ready)."""
+    kubeconfig = install_signer_identity(root, namespace, signer_names, suffix or namespace)
+    port = free_port()
+    args = [
+        "signer",
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={namespace}",
+        f"--metrics-port={port}",
+        "--metrics-host=127.0.0.1",
+        *(f"--signer-name={name}" for name in signer_names),
+        *extra,
+    ]
+    proc = Signer(args=args, log=workdir / f"signer-{namespace}.log", metrics_port=port)
+    return proc
+
+
+@contextlib.contextmanager
+def running(process: Process) -> Any:
+    try:
+        yield process
+    finally:
+        process.stop()

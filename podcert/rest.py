@@ -1,0 +1,180 @@
+"""Raw JSON over the official client's connection: auth, TLS and pooling from `kubernetes`,
+bodies as plain dicts.
+
+The generated models round-trip every object through pydantic; the controllers only need a few
+fields, and the watch needs line-by-line streaming with its own handling of 410 Gone. So the
+per-side adapters (signer/kube.py, kubelet_shim/kube.py) speak through this one small class.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes import client, config
+
+JSON = dict[str, Any]
+
+
+class ApiError(Exception):
+    """A non-2xx answer. `status` is the HTTP code; `reason` the Status reason (e.g. Conflict)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in (0, 408, 409, 425, 429) or self.status >= 500
+
+
+class Gone(ApiError):
+    """410: the resourceVersion is too old (compaction); relist."""
+
+
+def load_client(kubeconfig: Path | None) -> client.ApiClient:
+    """In-cluster config when `kubeconfig` is None, else that file."""
+    configuration = client.Configuration()
+    if kubeconfig is None:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig), client_configuration=configuration, persist_config=False
+        )
+    # Several worker threads share one pool: make it as wide as they are.
+    configuration.connection_pool_maxsize = 32
+    return client.ApiClient(configuration)
+
+
+def _error(status: int, data: bytes) -> ApiError:
+    try:
+        body = json.loads(data)
+        reason, message = str(body.get("reason", "")), str(body.get("message", ""))
+    except ValueError:
+        reason, message = "", data[:300].decode(errors="replace")
+    cls = Gone if status == 410 else ApiError
+    return cls(status, reason or "Error", message)
+
+
+class Rest:
+    """GET/POST/PUT/PATCH/DELETE and WATCH on API paths, with dict bodies."""
+
+    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
+        self.api = api
+        self.timeout = timeout
+        self._lock = threading.Lock()  # param_serialize mutates shared defaults on some versions
+
+    @property
+    def user_agent(self) -> str:
+        return str(self.api.user_agent)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str | int | bool] | None,
+        body: Any,
+        content_type: str,
+        timeout: float | tuple[float, float] | None,
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        params = [
+            (k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in (query or {}).items()
+        ]
+        with self._lock:
+            serialized = self.api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=params,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+        try:
+            return self.api.call_api(*serialized, _request_timeout=timeout or self.timeout)
+        except client.ApiException as err:
+            raise ApiError(
+                int(err.status or 0), str(err.reason or "Error"), str(err.body or "")
+            ) from None
+        except OSError as err:  # connection refused/reset: the API server is away
+            raise ApiError(0, "Unavailable", str(err)) from None
+        except Exception as err:  # urllib3's own errors do not derive from OSError
+            if type(err).__module__.startswith("urllib3"):
+                raise ApiError(0, "Unavailable", str(err)) from None
+            raise
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | int | bool] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> JSON:
+        resp = self._send(method, path, query, body, content_type, timeout)
+        data = resp.read()
+        if not 200 <= resp.status < 300:
+            raise _error(resp.status, data)
+        result: JSON = json.loads(data) if data else {}
+        return result
+
+    def get(self, path: str, **query: str | int | bool) -> JSON | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.request("GET", path, query=query)
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def watch(
+        self, path: str, resource_version: str, timeout_seconds: int = 300, **query: str
+    ) -> Iterator[JSON]:
+        """Watch events from `resource_version`. Raises Gone on 410 (as status or ERROR event)."""
+        params: dict[str, str | int | bool] = {
+            **query,
+            "watch": True,
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": timeout_seconds,
+        }
+        resp = self._send("GET", path, params, None, "application/json", (10, timeout_seconds + 30))
+        if not 200 <= resp.status < 300:
+            raise _error(resp.status, resp.read())
+        raw = resp.response
+        try:
+            buffer = b""
+            for chunk in raw.stream(64 * 1024, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    event: JSON = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object", {})
+                        raise _error(int(status.get("code", 500)), json.dumps(status).encode())
+                    yield event
+        except (OSError, ValueError) as err:
+            raise ApiError(0, "Unavailable", f"watch stream broke: {err}") from None
+        finally:
+            raw.release_conn()
+
+
+def path_of(group_version: str, resource: str, namespace: str | None = None, name: str = "") -> str:
+    """The REST path of a resource: core ("v1") or "group/version"."""
+    base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    if namespace:
+        base += f"/namespaces/{quote(namespace, safe='')}"
+    base += f"/{resource}"
+    if name:
+        base += f"/{quote(name, safe='')}"
+    return base

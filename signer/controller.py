@@ -1,0 +1,494 @@
+"""The signer controller: watch PodCertificateRequests for our signer names, decide, write once.
+
+Level-based: a work item is (namespace, name), never the event. Reflectors (list, then watch from
+the last resourceVersion, relist on 410 Gone) keep a store of unsettled requests and enqueue their
+keys; workers fetch live facts, call the pure `decide`, and apply exactly one status write with the
+object's resourceVersion, so a lost race is a 409 that re-reads and never overwrites an outcome
+someone else wrote. Transient trouble requeues with capped exponential backoff and jitter; it
+never becomes a terminal `Failed`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from podcert.rest import JSON, ApiError, Gone
+from podcert.workqueue import ShutDown, WorkQueue
+from signer import auditlog, certs, model, objects
+from signer.castore import CAStore
+from signer.decide import decide
+from signer.kube import SignerKube
+from signer.metrics import Metrics
+from signer.policy import Policy
+
+log = logging.getLogger("podcert.signer")
+
+Key = tuple[str, str]
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class Settings:
+    workers: int = 4
+    backdate: dt.timedelta = dt.timedelta(seconds=60)
+    refresh_fraction: float = 0.5
+    audit_checkpoint_interval: float = 60.0
+
+
+class Reflector:
+    """List, then watch from the last resourceVersion; relist only on 410 Gone. Never polls."""
+
+    def __init__(
+        self,
+        name: str,
+        list_fn: Callable[[], tuple[list[JSON], str]],
+        watch_fn: Callable[[str], Iterator[JSON]],
+        on_list: Callable[[list[JSON]], None],
+        on_event: Callable[[str, JSON], None],
+        stop: threading.Event,
+    ) -> None:
+        self.name = name
+        self._list, self._watch = list_fn, watch_fn
+        self._on_list, self._on_event = on_list, on_event
+        self._stop = stop
+        self.synced = threading.Event()
+        self.relists = 0
+
+    def run(self) -> None:
+        version: str | None = None
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    items, version = self._list()
+                    self.relists += 1
+                    self._on_list(items)
+                    self.synced.set()
+                for event in self._watch(version):
+                    if self._stop.is_set():
+                        return
+                    obj = event.get("object") or {}
+                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                    if event.get("type") != "BOOKMARK":
+                        self._on_event(str(event.get("type")), obj)
+                    failures = 0
+            except Gone:
+                log.info("%s: watch expired (410 Gone); relisting", self.name)
+                version = None
+            except ApiError as err:
+                failures += 1
+                delay = min(30.0, 0.2 * 2 ** min(failures, 8))
+                log.warning("%s: watch failed (%s); retrying in %.1fs", self.name, err, delay)
+                self._stop.wait(delay)
+            except Exception:
+                failures += 1
+                log.exception("%s: unexpected error in the watch loop", self.name)
+                self._stop.wait(min(30.0, 0.2 * 2 ** min(failures, 8)))
+
+
+class Controller:
+    def __init__(
+        self,
+        kube: SignerKube,
+        signer_names: Iterable[str],
+        policy: Policy,
+        cas: CAStore,
+        metrics: Metrics,
+        audit: auditlog.AuditLog | None = None,
+        *,
+        settings: Settings = Settings(),
+        clock: Callable[[], dt.datetime] = utcnow,
+    ) -> None:
+        self.kube = kube
+        self.signer_names = tuple(signer_names)
+        self.policy = policy
+        self.cas = cas
+        self.metrics = metrics
+        self.audit = audit
+        self.settings = settings
+        self.clock = clock
+        self.queue: WorkQueue[Key] = WorkQueue(base_delay=0.1, max_delay=60.0)
+        self._lock = threading.Lock()
+        self._store: dict[Key, JSON] = {}  # unsettled requests, latest seen
+        self._services: dict[str, dict[str, dict[str, str]]] = {}  # ns -> name -> selector
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.reflectors: list[Reflector] = []
+        self._audit_key: ec.EllipticCurvePrivateKey | None = None
+        self._audit_chain: list[x509.Certificate] = []
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for signer_name in self.signer_names:
+            self.reflectors.append(
+                Reflector(
+                    f"pcrs[{signer_name}]",
+                    lambda s=signer_name: self.kube.list_pcrs(s),  # type: ignore[misc]
+                    lambda rv, s=signer_name: self.kube.watch_pcrs(s, rv),  # type: ignore[misc]
+                    self._on_pcr_list,
+                    self._on_pcr_event,
+                    self._stop,
+                )
+            )
+        if any(self.policy.for_signer(s).dns.services for s in self.signer_names):
+            self.reflectors.append(
+                Reflector(
+                    "services",
+                    self.kube.list_services,
+                    self.kube.watch_services,
+                    self._on_service_list,
+                    self._on_service_event,
+                    self._stop,
+                )
+            )
+        for reflector in self.reflectors:
+            self._spawn(reflector.name, reflector.run)
+        for index in range(self.settings.workers):
+            self._spawn(f"worker-{index}", self._work)
+        if self.audit is not None:
+            self._setup_audit_signer()
+            self._spawn("audit-checkpoints", self._checkpoint_loop)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def ready(self) -> bool:
+        return self.cas.bundle is not None and all(r.synced.is_set() for r in self.reflectors)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self.queue.shut_down()
+        for thread in self._threads:
+            if thread.name.startswith("worker") or thread.name == "audit-checkpoints":
+                thread.join(timeout)
+        self._checkpoint()
+
+    # --- reflector callbacks ---------------------------------------------------------------
+
+    def _on_pcr_list(self, items: list[JSON]) -> None:
+        fresh: dict[Key, JSON] = {}
+        for obj in items:
+            key = _key(obj)
+            if key is not None and objects.outcome(obj) is None:
+                fresh[key] = obj
+        with self._lock:
+            self._store = fresh
+        for key in fresh:
+            self.queue.add(key)
+        self.metrics.queue_depth.set(len(self.queue))
+
+    def _on_pcr_event(self, kind: str, obj: JSON) -> None:
+        key = _key(obj)
+        if key is None:
+            return
+        with self._lock:
+            if kind == "DELETED" or objects.outcome(obj) is not None:
+                self._store.pop(key, None)
+                return
+            self._store[key] = obj
+        self.queue.add(key)
+        self.metrics.queue_depth.set(len(self.queue))
+
+    def _on_service_list(self, items: list[JSON]) -> None:
+        services: dict[str, dict[str, dict[str, str]]] = {}
+        for obj in items:
+            _index_service(services, obj, present=True)
+        with self._lock:
+            self._services = services
+
+    def _on_service_event(self, kind: str, obj: JSON) -> None:
+        with self._lock:
+            _index_service(self._services, obj, present=kind != "DELETED")
+
+    # --- workers ---------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            try:
+                key = self.queue.get()
+            except ShutDown:
+                return
+            if key is None:
+                continue
+            try:
+                after = self.reconcile(key)
+                if after is None:
+                    self.queue.forget(key)
+                else:
+                    self.queue.add_after(key, after)
+            except ApiError as err:
+                delay = self.queue.retry(key)
+                self.metrics.retries.labels(reason=f"API{err.status or 'Unavailable'}").inc()
+                log.warning(
+                    "will retry in %.2fs: %s",
+                    delay,
+                    err,
+                    extra=_ctx(key),
+                )
+            except Exception:
+                delay = self.queue.retry(key)
+                self.metrics.retries.labels(reason="Unexpected").inc()
+                log.exception(
+                    "unexpected error; will retry in %.2fs",
+                    delay,
+                    extra=_ctx(key),
+                )
+            finally:
+                self.queue.done(key)
+                self.metrics.queue_depth.set(len(self.queue))
+
+    def reconcile(self, key: Key) -> float | None:
+        """Settle one request. Returns seconds until it should be looked at again, or None."""
+        namespace, name = key
+        with self._lock:
+            pcr = self._store.get(key)
+        if pcr is None:
+            pcr = self.kube.get_pcr(namespace, name)
+            if pcr is None or objects.outcome(pcr) is not None:
+                return None
+        if objects.outcome(pcr) is not None:
+            return None
+        extra = _ctx(key)
+        try:
+            request = objects.request_from(pcr)
+        except objects.ObjectError as err:
+            return self._settle(pcr, None, "Denied", model.INVALID_REQUEST, str(err), None)
+        if request.signer_name not in self.signer_names:
+            return None
+        facts = self._facts(request)
+        decision = decide(
+            request,
+            facts,
+            self.policy.for_signer(request.signer_name),
+            self.clock(),
+            backdate=self.settings.backdate,
+            refresh_fraction=self.settings.refresh_fraction,
+        )
+        if isinstance(decision, model.Retry):
+            self.metrics.retries.labels(reason=decision.reason).inc()
+            self.metrics.ca_too_short.set(1 if decision.reason == "CATooShort" else 0)
+            log.warning("not yet: %s", decision.reason, extra=extra)
+            return decision.after.total_seconds()
+        if isinstance(decision, model.Issue):
+            assert facts.ca is not None  # decide issues only with a CA
+            self.metrics.ca_too_short.set(0)
+            return self._issue(pcr, request, decision.plan, facts.ca)
+        kind = "Denied" if isinstance(decision, model.Deny) else "Failed"
+        return self._settle(pcr, request, kind, decision.reason, decision.message, None)
+
+    def _facts(self, request: model.Request) -> model.Facts:
+        """Live reads at decision time: the objects may have changed since admission."""
+        pod_obj = self.kube.get_pod(request.namespace, request.pod_name)
+        node_obj = self.kube.get_node(request.node_name)
+        sa_obj = self.kube.get_service_account(request.namespace, request.service_account_name)
+        pod = objects.pod_from(pod_obj) if pod_obj else None
+        names: frozenset[str] = frozenset()
+        dns = self.policy.for_signer(request.signer_name).dns
+        if pod is not None and dns.services:
+            with self._lock:
+                services = dict(self._services.get(request.namespace, {}))
+            names = objects.service_names(services, pod.namespace, pod.labels, dns.cluster_domain)
+        return model.Facts(
+            pod=pod,
+            node=objects.node_from(node_obj) if node_obj else None,
+            service_account=objects.service_account_from(sa_obj) if sa_obj else None,
+            service_dns_names=names,
+            ca=self.cas.issuing(),
+        )
+
+    def _issue(
+        self, pcr: JSON, request: model.Request, plan: model.LeafPlan, issuer: model.IssuingCA
+    ) -> float | None:
+        serial = certs.random_serial()
+        chain = certs.sign_leaf(plan, issuer, serial)
+        body = objects.issued_status(pcr, chain, plan, self.clock())
+        return self._write(pcr, request, body, "Issued", "Issued", f"{serial:x}", plan)
+
+    def _settle(
+        self,
+        pcr: JSON,
+        request: model.Request | None,
+        kind: str,
+        reason: str,
+        message: str,
+        plan: model.LeafPlan | None,
+    ) -> float | None:
+        body = objects.settled_status(pcr, kind, reason, message, self.clock())
+        return self._write(pcr, request, body, kind, reason, None, plan, message)
+
+    def _write(
+        self,
+        pcr: JSON,
+        request: model.Request | None,
+        body: JSON,
+        kind: str,
+        reason: str,
+        serial: str | None,
+        plan: model.LeafPlan | None,
+        message: str = "",
+    ) -> float | None:
+        meta = pcr["metadata"]
+        key: Key = (meta["namespace"], meta["name"])
+        extra = _ctx(key)
+        signer_name = str((pcr.get("spec") or {}).get("signerName", ""))
+        if kind == "Issued":
+            # Write-ahead: a certificate is in the audit log before it can exist anywhere else,
+            # so a crash between the two leaves an entry for a leaf nobody received, never a
+            # leaf the log does not know.
+            self._audit(pcr, kind, reason, serial, plan, self.clock())
+        try:
+            self.kube.write_status(body)
+        except ApiError as err:
+            if err.status == 404:
+                self._forget(key)
+                return None
+            if err.status == 409:
+                # Someone changed it since we read it: re-read; an outcome already written
+                # by someone else stands.
+                fresh = self.kube.get_pcr(*key)
+                if fresh is None or objects.outcome(fresh) is not None:
+                    self._forget(key)
+                    return None
+                with self._lock:
+                    self._store[key] = fresh
+                return 0.0
+            if err.status == 422:
+                # The API server refused our status (clock skew, a CA it cannot parse...):
+                # a fault to retry and alert on, never a reason to fail the pod.
+                self.metrics.retries.labels(reason="StatusRejected").inc()
+                log.error("API server rejected the status: %s", err.message, extra=extra)
+                return min(60.0, self.queue.backoff(key))
+            raise
+        self._forget(key)
+        now = self.clock()
+        self.metrics.requests.labels(signer=signer_name, outcome=kind, reason=reason).inc()
+        if request is not None and request.created is not None:
+            elapsed = max(0.0, (now - request.created).total_seconds())
+            self.metrics.latency.labels(signer=signer_name, outcome=kind).observe(elapsed)
+        if kind == "Issued":
+            log.info("issued serial %s", serial, extra=extra)
+        else:
+            log.warning("%s (%s): %s", kind.lower(), reason, message, extra=extra)
+            self.kube.record_event(pcr, reason, message, now, "Warning")
+            self._audit(pcr, kind, reason, serial, plan, now)
+        return None
+
+    def _forget(self, key: Key) -> None:
+        with self._lock:
+            self._store.pop(key, None)
+
+    # --- audit -----------------------------------------------------------------------------
+
+    def _audit(
+        self,
+        pcr: JSON,
+        kind: str,
+        reason: str,
+        serial: str | None,
+        plan: model.LeafPlan | None,
+        now: dt.datetime,
+    ) -> None:
+        if self.audit is None:
+            return
+        meta, spec = pcr.get("metadata") or {}, pcr.get("spec") or {}
+        entry = auditlog.Entry(
+            time=now,
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            pod=str(spec.get("podName", "")),
+            node=str(spec.get("nodeName", "")),
+            service_account=str(spec.get("serviceAccountName", "")),
+            decision=_DECISIONS[kind],
+            reason=reason,
+            signer_name=str(spec.get("signerName", "")),
+            spiffe_id=plan.spiffe_id if plan else None,
+            serial=serial,
+            not_before=plan.not_before if plan else None,
+            not_after=plan.not_after if plan else None,
+        )
+        try:
+            self.audit.append(entry)
+        except (OSError, auditlog.AuditLogError):
+            log.exception("could not append to the audit log")
+
+    def _setup_audit_signer(self) -> None:
+        """A fresh audit key per process; its certificate is issued by our CA (x5c chain)."""
+        issuer = self.cas.issuing()
+        if issuer is None or self.audit is None:
+            return
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = self.clock()
+        trust_domain = self.policy.for_signer(self.signer_names[0]).trust_domain
+        not_before = certs.truncate_to_second(now - self.settings.backdate)
+        not_after = min(issuer.not_after, not_before + dt.timedelta(days=30))
+        plan = model.LeafPlan(
+            public_key=key.public_key(),
+            spiffe_id=f"spiffe://{trust_domain}/podcert/audit",
+            dns_names=(),
+            not_before=not_before,
+            not_after=certs.truncate_to_second(not_after),
+            begin_refresh_at=certs.truncate_to_second(not_after),
+        )
+        pem = certs.sign_leaf(plan, issuer, certs.random_serial())
+        self._audit_chain = list(x509.load_pem_x509_certificates(pem.encode()))
+        self._audit_key = key
+        self.audit.set_checkpoint_signer(key, self._audit_chain)
+
+    def _checkpoint(self) -> None:
+        if self.audit is None or self._audit_key is None:
+            return
+        try:
+            self.audit.checkpoint(self._audit_key, self._audit_chain, self.clock())
+        except (OSError, auditlog.AuditLogError):
+            log.exception("could not write an audit checkpoint")
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self.settings.audit_checkpoint_interval):
+            self._checkpoint()
+
+
+_DECISIONS: Mapping[str, Any] = {"Issued": "issued", "Denied": "denied", "Failed": "failed"}
+
+
+def _key(obj: Mapping[str, Any]) -> Key | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    namespace, name = meta.get("namespace"), meta.get("name")
+    if isinstance(namespace, str) and isinstance(name, str):
+        return namespace, name
+    return None
+
+
+def _index_service(
+    index: dict[str, dict[str, dict[str, str]]], obj: Mapping[str, Any], *, present: bool
+) -> None:
+    meta = obj.get("metadata") or {}
+    namespace, name = meta.get("namespace"), meta.get("name")
+    if not isinstance(namespace, str) or not isinstance(name, str):
+        return
+    selector = (obj.get("spec") or {}).get("selector") or {}
+    if present and isinstance(selector, Mapping) and selector:
+        index.setdefault(namespace, {})[name] = {str(k): str(v) for k, v in selector.items()}
+    else:
+        index.get(namespace, {}).pop(name, None)
+
+
+def _ctx(key: Key) -> dict[str, str]:
+    """Log context for a request ("name" is taken by logging itself)."""
+    return {"namespace": key[0], "request": key[1]}

@@ -1,0 +1,183 @@
+"""The signer's one adapter to the Kubernetes API: every read and write it makes goes here."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from podcert.rest import JSON, ApiError, Rest, path_of
+from signer import objects
+
+log = logging.getLogger("podcert.signer")
+
+CERTS_GROUP = "certificates.k8s.io"
+
+
+class SignerKube:
+    def __init__(self, rest: Rest, component: str = "podcert-signer") -> None:
+        self.rest = rest
+        self.component = component
+        self.pcr_version = "v1"
+
+    # --- discovery -------------------------------------------------------------------------
+
+    def discover(self) -> str:
+        """certificates.k8s.io/v1 where served, else v1beta1 (1.35/1.36 clusters)."""
+        for version in ("v1", "v1beta1"):
+            found = self.rest.get(f"/apis/{CERTS_GROUP}/{version}")
+            resources = (found or {}).get("resources") or []
+            if any(r.get("name") == "podcertificaterequests" for r in resources):
+                self.pcr_version = version
+                return version
+        raise ApiError(404, "NotFound", f"{CERTS_GROUP} serves no podcertificaterequests")
+
+    def _pcrs(self, namespace: str | None = None, name: str = "") -> str:
+        gv = f"{CERTS_GROUP}/{self.pcr_version}"
+        return path_of(gv, "podcertificaterequests", namespace, name)
+
+    # --- PodCertificateRequests ------------------------------------------------------------
+
+    def list_pcrs(self, signer_name: str) -> tuple[list[JSON], str]:
+        body = self.rest.request(
+            "GET", self._pcrs(), query={"fieldSelector": f"spec.signerName={signer_name}"}
+        )
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_pcrs(self, signer_name: str, resource_version: str) -> Iterator[JSON]:
+        return self.rest.watch(
+            self._pcrs(), resource_version, fieldSelector=f"spec.signerName={signer_name}"
+        )
+
+    def get_pcr(self, namespace: str, name: str) -> JSON | None:
+        return self.rest.get(self._pcrs(namespace, name))
+
+    def write_status(self, obj: JSON) -> JSON:
+        """PUT /status with the object's resourceVersion: a lost race is a 409, never a clobber."""
+        meta = obj["metadata"]
+        body = {
+            **obj,
+            "apiVersion": f"{CERTS_GROUP}/{self.pcr_version}",
+            "kind": "PodCertificateRequest",
+        }
+        return self.rest.request(
+            "PUT", self._pcrs(meta["namespace"], meta["name"]) + "/status", body=body
+        )
+
+    # --- facts -----------------------------------------------------------------------------
+
+    def get_pod(self, namespace: str, name: str) -> JSON | None:
+        return self.rest.get(path_of("v1", "pods", namespace, name))
+
+    def get_node(self, name: str) -> JSON | None:
+        return self.rest.get(path_of("v1", "nodes", None, name))
+
+    def get_service_account(self, namespace: str, name: str) -> JSON | None:
+        return self.rest.get(path_of("v1", "serviceaccounts", namespace, name))
+
+    def list_services(self) -> tuple[list[JSON], str]:
+        body = self.rest.request("GET", path_of("v1", "services"))
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_services(self, resource_version: str) -> Iterator[JSON]:
+        return self.rest.watch(path_of("v1", "services"), resource_version)
+
+    # --- events ----------------------------------------------------------------------------
+
+    def record_event(
+        self, pcr: Mapping[str, Any], reason: str, message: str, now: dt.datetime, kind: str
+    ) -> None:
+        """A core/v1 Event on the request (what `kubectl describe` shows). Best effort."""
+        meta = pcr.get("metadata") or {}
+        namespace = str(meta.get("namespace", "default"))
+        stamp = objects.format_time(now)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta.get('name', 'pcr')}.{uuid.uuid4().hex[:12]}",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": f"{CERTS_GROUP}/{self.pcr_version}",
+                "kind": "PodCertificateRequest",
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.rest.request("POST", path_of("v1", "events", namespace), body=event)
+        except ApiError as err:
+            log.warning(
+                "could not record event %s: %s",
+                reason,
+                err,
+                extra={"namespace": namespace, "request": meta.get("name")},
+            )
+
+    # --- the CA Secret ---------------------------------------------------------------------
+
+    def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
+        """(decoded data, resourceVersion) or None when the Secret does not exist."""
+        found = self.rest.get(path_of("v1", "secrets", namespace, name))
+        if found is None:
+            return None
+        raw = found.get("data") or {}
+        data = {k: base64.b64decode(v) for k, v in raw.items() if isinstance(v, str)}
+        return data, str(found["metadata"]["resourceVersion"])
+
+    def create_secret(
+        self, namespace: str, name: str, data: Mapping[str, bytes], labels: Mapping[str, str]
+    ) -> bool:
+        """Create the Secret; False when it already exists (another replica was first)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }
+        try:
+            self.rest.request("POST", path_of("v1", "secrets", namespace), body=body)
+        except ApiError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    def replace_secret(
+        self,
+        namespace: str,
+        name: str,
+        data: Mapping[str, bytes],
+        resource_version: str,
+        labels: Mapping[str, str],
+    ) -> str:
+        """Replace the Secret's data if it is still at `resource_version` (409 otherwise)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": dict(labels),
+                "resourceVersion": resource_version,
+            },
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }
+        out = self.rest.request("PUT", path_of("v1", "secrets", namespace, name), body=body)
+        return str(out["metadata"]["resourceVersion"])

@@ -1,0 +1,94 @@
+"""The signer's Prometheus metrics and its small HTTP face: /metrics, /healthz, /readyz."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+
+class Metrics:
+    """One registry per signer process (tests build their own, so nothing is global)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "podcert_signer_requests",
+            "PodCertificateRequests settled, by signer, outcome and reason.",
+            ["signer", "outcome", "reason"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "podcert_signer_issue_latency_seconds",
+            "Time from PodCertificateRequest creation to the status write that settled it.",
+            ["signer", "outcome"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.queue_depth = Gauge(
+            "podcert_signer_queue_depth", "Requests waiting for a worker.", registry=self.registry
+        )
+        self.retries = Counter(
+            "podcert_signer_retries",
+            "Reconciles that will be retried, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.ca_not_after = Gauge(
+            "podcert_signer_ca_not_after_timestamp_seconds",
+            "Expiry (unix time) of the CA that signs now.",
+            registry=self.registry,
+        )
+        self.ca_too_short = Gauge(
+            "podcert_signer_ca_too_short",
+            "1 while the issuing CA cannot cover a 1 h leaf (alert on it).",
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def serve(
+    metrics: Metrics,
+    port: int,
+    ready: Callable[[], bool],
+    host: str = "0.0.0.0",  # noqa: S104 (a pod's metrics port is meant to be scraped)
+) -> ThreadingHTTPServer:
+    """Serve in a daemon thread; returns the server (its port is server.server_address[1])."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._answer(200, metrics.render(), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                self._answer(200, b"ok\n")
+            elif self.path == "/readyz":
+                ok = ready()
+                self._answer(200 if ok else 503, b"ok\n" if ok else b"not ready\n")
+            else:
+                self._answer(404, b"not found\n")
+
+        def _answer(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # scrapes are not news
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

@@ -1,0 +1,193 @@
+"""Translate API objects (plain JSON dicts) into the signer's model, and outcomes into status.
+
+Pure: the controller hands in what it read and writes what comes out. Hostile or broken objects
+become `ObjectError` naming the field, never a KeyError or TypeError.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any, Final
+
+from signer import model
+
+JSON = dict[str, Any]
+
+TERMINAL: Final = frozenset({"Issued", "Denied", "Failed"})
+
+
+class ObjectError(ValueError):
+    """An API object lacks a field the signer needs, or has it with the wrong type."""
+
+
+def _str(obj: Mapping[str, Any], path: str, *, required: bool = True) -> str:
+    node: Any = obj
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if node is None and not required:
+        return ""
+    if not isinstance(node, str) or (required and not node):
+        raise ObjectError(f"{path}: expected a non-empty string, got {type(node).__name__}")
+    return node
+
+
+def _b64(obj: Mapping[str, Any], field: str) -> bytes:
+    value = obj.get(field)
+    if value in (None, ""):
+        return b""
+    if not isinstance(value, str):
+        raise ObjectError(f"spec.{field}: expected base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ObjectError(f"spec.{field}: not valid base64") from None
+
+
+def parse_time(value: object) -> dt.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def format_time(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def outcome(pcr: Mapping[str, Any]) -> str | None:
+    """ "Issued", "Denied" or "Failed" when the request is settled, else None."""
+    status = pcr.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for cond in conditions if isinstance(conditions, list) else ():
+        if (
+            isinstance(cond, Mapping)
+            and cond.get("type") in TERMINAL
+            and cond.get("status") == "True"
+        ):
+            return str(cond["type"])
+    if isinstance(status, Mapping) and status.get("certificateChain"):
+        return "Issued"
+    return None
+
+
+def request_from(pcr: Mapping[str, Any]) -> model.Request:
+    meta = pcr.get("metadata")
+    spec = pcr.get("spec")
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        raise ObjectError("metadata/spec: missing")
+    annotations = spec.get("unverifiedUserAnnotations") or {}
+    if not isinstance(annotations, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise ObjectError("spec.unverifiedUserAnnotations: expected a map of strings")
+    max_exp = spec.get("maxExpirationSeconds", 86400)
+    if not isinstance(max_exp, int) or isinstance(max_exp, bool):
+        raise ObjectError("spec.maxExpirationSeconds: expected an integer")
+    return model.Request(
+        namespace=_str(meta, "namespace"),
+        name=_str(meta, "name"),
+        uid=_str(meta, "uid"),
+        signer_name=_str(spec, "signerName"),
+        pod_name=_str(spec, "podName"),
+        pod_uid=_str(spec, "podUID"),
+        service_account_name=_str(spec, "serviceAccountName"),
+        service_account_uid=_str(spec, "serviceAccountUID"),
+        node_name=_str(spec, "nodeName"),
+        node_uid=_str(spec, "nodeUID"),
+        max_expiration_seconds=max_exp,
+        stub_csr=_b64(spec, "stubPKCS10Request"),
+        pkix_public_key=_b64(spec, "pkixPublicKey"),
+        user_annotations=dict(annotations),
+        created=parse_time(meta.get("creationTimestamp")),
+    )
+
+
+def pod_from(obj: Mapping[str, Any]) -> model.Pod:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    return model.Pod(
+        namespace=_str(meta, "namespace"),
+        name=_str(meta, "name"),
+        uid=_str(meta, "uid"),
+        node_name=_str(spec, "nodeName", required=False),
+        service_account_name=_str(spec, "serviceAccountName", required=False) or "default",
+        phase=_str(status, "phase", required=False) or "Pending",
+        deleting=bool(meta.get("deletionTimestamp")),
+        labels=dict(labels) if isinstance(labels, Mapping) else {},
+    )
+
+
+def node_from(obj: Mapping[str, Any]) -> model.Node:
+    meta = obj.get("metadata") or {}
+    return model.Node(name=_str(meta, "name"), uid=_str(meta, "uid"))
+
+
+def service_account_from(obj: Mapping[str, Any]) -> model.ServiceAccount:
+    meta = obj.get("metadata") or {}
+    return model.ServiceAccount(
+        namespace=_str(meta, "namespace"), name=_str(meta, "name"), uid=_str(meta, "uid")
+    )
+
+
+def _condition(kind: str, reason: str, message: str, now: dt.datetime, generation: Any) -> JSON:
+    cond: JSON = {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message[:32000],
+        "lastTransitionTime": format_time(now),
+    }
+    if isinstance(generation, int):
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def issued_status(
+    pcr: Mapping[str, Any], chain_pem: str, plan: model.LeafPlan, now: dt.datetime
+) -> JSON:
+    """The object to PUT to /status for an issued request: fields equal the leaf's."""
+    generation = (pcr.get("metadata") or {}).get("generation")
+    return {
+        **pcr,
+        "status": {
+            "certificateChain": chain_pem,
+            "notBefore": format_time(plan.not_before),
+            "notAfter": format_time(plan.not_after),
+            "beginRefreshAt": format_time(plan.begin_refresh_at),
+            "conditions": [
+                _condition("Issued", "Issued", f"issued for {plan.spiffe_id}", now, generation)
+            ],
+        },
+    }
+
+
+def settled_status(
+    pcr: Mapping[str, Any], kind: str, reason: str, message: str, now: dt.datetime
+) -> JSON:
+    """The object to PUT to /status for a Denied or Failed request."""
+    generation = (pcr.get("metadata") or {}).get("generation")
+    return {**pcr, "status": {"conditions": [_condition(kind, reason, message, now, generation)]}}
+
+
+def service_names(
+    services: Mapping[str, Mapping[str, str]],
+    namespace: str,
+    labels: Mapping[str, str],
+    cluster_domain: str,
+) -> frozenset[str]:
+    """DNS names of every Service (name -> selector) in `namespace` whose selector selects the pod.
+
+    A Service without a selector selects nothing (its endpoints are managed by hand).
+    """
+    names: set[str] = set()
+    for service, selector in services.items():
+        if selector and all(labels.get(k) == v for k, v in selector.items()):
+            names.add(f"{service}.{namespace}.svc")
+            names.add(f"{service}.{namespace}.svc.{cluster_domain}")
+    return frozenset(names)

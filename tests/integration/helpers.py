@@ -1,0 +1,112 @@
+"""Shared steps for integration tests: pods with podCertificate volumes, requests made as the node
+(or as an admin who bypasses NodeRestriction), and waiting for the signer's outcome."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from kubernetes import client
+
+from devcluster.kube import pod_certificate_volume
+from devcluster.testing import DevCluster, eventually
+from kubelet_shim import keys
+from podcert.rest import JSON, Rest, path_of
+from signer import objects
+
+PCRS = "certificates.k8s.io/v1"
+
+
+def make_pod(
+    devcluster: DevCluster,
+    namespace: str,
+    name: str,
+    signer: str,
+    *,
+    node: str = "node-a",
+    service_account: str = "default",
+    labels: dict[str, str] | None = None,
+    key_type: str = "ECDSAP256",
+) -> Any:
+    return devcluster.pod(
+        namespace,
+        name,
+        node=node,
+        service_account=service_account,
+        labels=labels,
+        volumes=[pod_certificate_volume(signer, key_type=key_type)],
+    )
+
+
+def pcr_spec(
+    devcluster: DevCluster,
+    pod: Any,
+    signer: str,
+    key: keys.PrivateKey,
+    **overrides: Any,
+) -> dict[str, Any]:
+    core = client.CoreV1Api(devcluster.admin)
+    node = core.read_node(pod.spec.node_name)
+    sa = core.read_namespaced_service_account(pod.spec.service_account_name, pod.metadata.namespace)
+    spec = {
+        "signerName": signer,
+        "podName": pod.metadata.name,
+        "podUID": pod.metadata.uid,
+        "serviceAccountName": sa.metadata.name,
+        "serviceAccountUID": sa.metadata.uid,
+        "nodeName": node.metadata.name,
+        "nodeUID": node.metadata.uid,
+        "maxExpirationSeconds": 86400,
+        "stubPKCS10Request": base64.b64encode(keys.stub_csr(key)).decode(),
+    }
+    spec.update(overrides)
+    return spec
+
+
+def create_pcr(api: client.ApiClient, namespace: str, spec: dict[str, Any], name: str = "") -> JSON:
+    meta: dict[str, Any] = {"name": name} if name else {"generateName": "req-"}
+    body = {"apiVersion": PCRS, "kind": "PodCertificateRequest", "metadata": meta, "spec": spec}
+    return Rest(api).request("POST", path_of(PCRS, "podcertificaterequests", namespace), body=body)
+
+
+def request_as_node(
+    devcluster: DevCluster, pod: Any, signer: str, key_type: str = "ECDSAP256", **overrides: Any
+) -> tuple[keys.PrivateKey, JSON]:
+    key = keys.generate(key_type)  # type: ignore[arg-type]
+    spec = pcr_spec(devcluster, pod, signer, key, **overrides)
+    pcr = create_pcr(devcluster.node(pod.spec.node_name), pod.metadata.namespace, spec)
+    return key, pcr
+
+
+def settled(devcluster: DevCluster, pcr: JSON, timeout: float = 10.0) -> JSON:
+    rest = Rest(devcluster.admin)
+    path = path_of(PCRS, "podcertificaterequests", pcr["metadata"]["namespace"])
+    path += "/" + pcr["metadata"]["name"]
+
+    def probe() -> JSON | None:
+        current = rest.request("GET", path)
+        return current if objects.outcome(current) else None
+
+    return eventually(probe, timeout=timeout, what=f"outcome of {pcr['metadata']['name']}")
+
+
+def condition(pcr: JSON) -> JSON:
+    conditions = pcr["status"]["conditions"]
+    assert len(conditions) == 1, conditions
+    found: JSON = conditions[0]
+    return found
+
+
+def events_for(devcluster: DevCluster, pcr: JSON, timeout: float = 5.0) -> list[JSON]:
+    rest = Rest(devcluster.admin)
+    ns, name = pcr["metadata"]["namespace"], pcr["metadata"]["name"]
+
+    def probe() -> list[JSON] | None:
+        items = rest.request(
+            "GET",
+            path_of("v1", "events", ns),
+            query={"fieldSelector": f"involvedObject.name={name}"},
+        )["items"]
+        return items or None
+
+    return eventually(probe, timeout=timeout, what=f"an event on {name}")
