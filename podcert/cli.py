@@ -12,6 +12,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, str] = {
     "signer": "signer.cli",
     "devcluster": "devcluster.cli",
+    "demo": "podcert.demo",
 }
 
 
