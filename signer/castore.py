@@ -1,20 +1,25 @@
-"""Where the signer's CA lives: a Secret in its own namespace that every replica loads.
+"""Where the signer's CAs live: one Secret in its own namespace that every replica follows.
 
 On first start with no Secret, one replica creates a root and an intermediate and stores them;
 a replica that loses that race reads the winner's. An operator may instead point the signer at a
-Secret holding their own CA (tls.crt, tls.key, ca.crt). The key material is held in memory only,
-never logged.
+Secret holding their own CA (tls.crt, tls.key, ca.crt). Every replica watches the Secret, so a
+rotation step taken by the leader or by `podcert signer ca ...` reaches all of them within
+seconds, without a restart. Steps are written with the Secret's resourceVersion: two writers never
+silently overwrite each other. Key material is held in memory only, never logged.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
 
-from podcert.rest import ApiError
-from signer import ca, model
+from cryptography import x509
+
+from podcert.rest import JSON, ApiError
+from signer import ca, model, rotation
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -31,50 +36,123 @@ class CAStore:
         clock: Callable[[], dt.datetime],
         *,
         create: bool = True,
+        settings: rotation.Settings = rotation.DEFAULT_SETTINGS,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.secret_name = secret_name
         self.clock = clock
         self.create = create
+        self.settings = settings
         self._lock = threading.Lock()
-        self._bundle: ca.CABundle | None = None
+        self._generations: list[rotation.Generation] = []
         self._version = ""
         self.error: str | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.secret_name}"
+
+    @property
+    def generations(self) -> list[rotation.Generation]:
+        with self._lock:
+            return list(self._generations)
 
     @property
     def bundle(self) -> ca.CABundle | None:
-        with self._lock:
-            return self._bundle
+        current = rotation.active(self.generations)
+        return current.bundle if current else None
 
     def issuing(self) -> model.IssuingCA | None:
         bundle = self.bundle
         return ca.issuing_ca(bundle) if bundle is not None else None
 
-    def load(self) -> ca.CABundle | None:
+    def trusted_roots(self) -> list[x509.Certificate]:
+        return rotation.trusted_roots(self.generations)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _new_ca(self) -> ca.CABundle:
+        return ca.new_ca(
+            "podcert",
+            self.clock(),
+            root_lifetime=self.settings.root_lifetime,
+            intermediate_lifetime=self.settings.intermediate_lifetime,
+        )
+
+    def load(self) -> list[rotation.Generation] | None:
         """Read the Secret (creating it when allowed and absent). Transient errors raise
         ApiError; unusable material is recorded in `error` and yields None."""
-        ref = f"{self.namespace}/{self.secret_name}"
         found = self.kube.read_secret(self.namespace, self.secret_name)
         if found is None:
             if not self.create:
-                self.error = f"CA Secret {ref} does not exist"
+                self.error = f"CA Secret {self.ref} does not exist"
                 return None
-            bundle = ca.new_ca("podcert", self.clock())
+            now = self.clock()
+            gens = rotation.apply([], rotation.Prepare(), now, self.settings, self._new_ca())
             if self.kube.create_secret(
-                self.namespace, self.secret_name, ca.to_secret_data(bundle), MANAGED_LABEL
+                self.namespace, self.secret_name, rotation.to_secret(gens), MANAGED_LABEL
             ):
-                log.info("created a new root and intermediate CA in Secret %s", ref)
+                log.info("created a new root and intermediate CA in Secret %s", self.ref)
             found = self.kube.read_secret(self.namespace, self.secret_name)
             if found is None:
-                raise ApiError(404, "NotFound", f"CA Secret {ref} vanished after creation")
-        data, version = found
+                raise ApiError(404, "NotFound", f"CA Secret {self.ref} vanished after creation")
+        return self._adopt(*found)
+
+    def _adopt(self, data: dict[str, bytes], version: str) -> list[rotation.Generation] | None:
         try:
-            bundle = ca.from_secret_data(data)
+            gens = rotation.from_secret(data, self.clock())
         except ca.CAError as err:
-            self.error = f"CA Secret {ref}: {err}"
+            self.error = f"CA Secret {self.ref}: {err}"
             log.error("cannot use the CA: %s", self.error)
             return None
         with self._lock:
-            self._bundle, self._version, self.error = bundle, version, None
-        return bundle
+            changed = version != self._version
+            self._generations, self._version, self.error = gens, version, None
+        if changed:
+            for listener in self._listeners:
+                listener()
+        return gens
+
+    def on_secret(self, obj: JSON) -> None:
+        """A watch event for the Secret: adopt what it now holds."""
+        raw = obj.get("data") or {}
+        data = {k: base64.b64decode(v) for k, v in raw.items() if isinstance(v, str)}
+        version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        if version and version != self._version and self._adopt(data, version) is not None:
+            log.info("CA set changed: %s", describe(self.generations))
+
+    def step(self, step: rotation.Step) -> list[rotation.Generation]:
+        """Apply one rotation step to the Secret (409 when someone else wrote it first)."""
+        now = self.clock()
+        found = self.kube.read_secret(self.namespace, self.secret_name)
+        if found is None:
+            raise ApiError(404, "NotFound", f"CA Secret {self.ref} does not exist")
+        data, version = found
+        gens = rotation.from_secret(data, now)
+        if any(g.id == "operator" for g in gens):
+            raise rotation.RotationError(
+                f"{self.ref} holds an operator-provided CA; rotate it by replacing the Secret"
+            )
+        fresh = self._new_ca() if isinstance(step, rotation.Prepare) else None
+        after = rotation.apply(gens, step, now, self.settings, fresh)
+        new_version = self.kube.replace_secret(
+            self.namespace, self.secret_name, rotation.to_secret(after), version, MANAGED_LABEL
+        )
+        self._adopt(rotation.to_secret(after), new_version)
+        log.info("CA rotation step %s applied: %s", type(step).__name__, describe(after))
+        return after
+
+    def due(self) -> rotation.Step | None:
+        gens = self.generations
+        if not gens or any(g.id == "operator" for g in gens):
+            return None
+        return rotation.ca_schedule(gens, self.clock(), self.settings)
+
+
+def describe(generations: list[rotation.Generation]) -> str:
+    return ", ".join(
+        f"{g.id}={g.state} (root {g.root.not_valid_after_utc:%Y-%m-%d})" for g in generations
+    )

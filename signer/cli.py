@@ -7,6 +7,7 @@ import datetime as dt
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -14,10 +15,12 @@ from typing import Any
 
 from podcert import logs
 from podcert.rest import ApiError, Rest, load_client
-from signer import auditlog, metrics, policy
-from signer.castore import CAStore
+from signer import auditlog, metrics, policy, rotation
+from signer.ca import CAError
+from signer.castore import CAStore, describe
 from signer.controller import Controller, Settings, utcnow
 from signer.kube import SignerKube
+from signer.leader import Elector, LeaseSettings
 
 log = logging.getLogger("podcert.signer")
 
@@ -120,12 +123,151 @@ def register(subparsers: Any) -> None:
         default=60,
         help="notBefore is backdated this far for clock skew (API allows 5 min)",
     )
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="elect one leader among replicas with a Lease; only it issues",
+    )
+    p.add_argument("--lease-name", default="podcert-signer", help="the Lease's name")
+    p.add_argument(
+        "--lease-duration",
+        type=float,
+        default=15.0,
+        help="seconds a lease is honoured without renewal",
+    )
+    p.add_argument(
+        "--renew-deadline",
+        type=float,
+        default=10.0,
+        help="seconds a leader may fail to renew before it steps down",
+    )
+    p.add_argument(
+        "--retry-period",
+        type=float,
+        default=2.0,
+        help="seconds between lease acquire/renew attempts",
+    )
+    p.add_argument(
+        "--identity",
+        default=f"{socket.gethostname()}_{os.getpid()}",
+        help="this replica's identity in the Lease",
+    )
+    p.add_argument(
+        "--no-trust-bundles", action="store_true", help="do not publish ClusterTrustBundles"
+    )
+    p.add_argument(
+        "--ca-prepare-at",
+        type=float,
+        default=0.5,
+        help="prepare the next CA once the active one has used this share of its life",
+    )
+    p.add_argument(
+        "--ca-overlap-seconds",
+        type=float,
+        default=3600.0,
+        help="a prepared CA is published this long before it starts signing",
+    )
+    p.add_argument("--ca-root-days", type=int, default=365, help="lifetime of new roots")
+    p.add_argument(
+        "--ca-intermediate-days",
+        type=int,
+        default=90,
+        help="lifetime of new intermediates (the signing CA)",
+    )
     p.add_argument("--log-level", default="INFO", help="log level")
     p.set_defaults(run=run)
+    sub = p.add_subparsers(dest="signer_command", metavar="ca")
+    ca_parser = sub.add_parser("ca", help="inspect or rotate the CA by hand (safe while issuing)")
+    ca_parser.add_argument("action", choices=["status", "prepare", "activate", "retire"])
+    ca_parser.add_argument("--id", default=None, help="the generation to activate or retire")
+    ca_parser.add_argument(
+        "--force",
+        action="store_true",
+        help="retire even though leaves it signed may not have expired yet",
+    )
+    ca_parser.set_defaults(run=run_ca)
+
+
+def _rotation_settings(args: argparse.Namespace) -> rotation.Settings:
+    return rotation.Settings(
+        prepare_at=args.ca_prepare_at,
+        overlap=dt.timedelta(seconds=args.ca_overlap_seconds),
+        root_lifetime=dt.timedelta(days=args.ca_root_days),
+        intermediate_lifetime=dt.timedelta(days=args.ca_intermediate_days),
+    )
+
+
+def run_ca(args: argparse.Namespace) -> int:
+    """`podcert signer ca ...`: the same steps the schedule takes, applied to the Secret."""
+    kube = SignerKube(Rest(load_client(args.kubeconfig)))
+    cas = CAStore(
+        kube,
+        args.namespace,
+        args.ca_secret,
+        utcnow,
+        create=False,
+        settings=_rotation_settings(args),
+    )
+    try:
+        gens = cas.load()
+        if gens is None:
+            print(f"error: {cas.error}", file=sys.stderr)
+            return 1
+        if args.action == "status":
+            now = utcnow()
+            for g in gens:
+                until = (
+                    f" trusted until {g.trusted_until:%Y-%m-%dT%H:%M:%SZ}"
+                    if g.trusted_until
+                    else ""
+                )
+                print(
+                    f"{g.id:24} {g.state:9} since {g.since:%Y-%m-%dT%H:%M:%SZ}  "
+                    f"root until {g.root.not_valid_after_utc:%Y-%m-%d}  "
+                    f"signing CA until {g.bundle.not_after:%Y-%m-%d}{until}"
+                )
+            due = (
+                rotation.ca_schedule(gens, now, cas.settings) if gens[0].id != "operator" else None
+            )
+            print(f"next step due: {type(due).__name__ if due else 'none'}")
+            return 0
+        step: rotation.Step
+        if args.action == "prepare":
+            step = rotation.Prepare()
+        elif args.action == "activate":
+            prepared = [g for g in gens if g.state == "prepared" and args.id in (None, g.id)]
+            if not prepared:
+                print("error: no prepared CA to activate (run `ca prepare` first)", file=sys.stderr)
+                return 1
+            step = rotation.Activate(prepared[0].id)
+        else:
+            retired = [g for g in gens if g.state == "retired" and args.id in (None, g.id)]
+            if not retired:
+                print("error: no retired CA (activate a new one first)", file=sys.stderr)
+                return 1
+            target = retired[0]
+            if not args.force and target.trusted_until and utcnow() < target.trusted_until:
+                print(
+                    f"error: leaves signed by {target.id} may be valid until "
+                    f"{target.trusted_until:%Y-%m-%dT%H:%M:%SZ}; re-issue them and use --force",
+                    file=sys.stderr,
+                )
+                return 1
+            step = rotation.Remove(target.id)
+        after = cas.step(step)
+        print(describe(after))
+        return 0
+    except (ApiError, rotation.RotationError, CAError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
+    if not args.signer_names:
+        log.error("--signer-name is required (repeat it to serve several)")
+        return 2
     if not 1 <= args.workers <= 64:
         log.error("--workers must be between 1 and 64, got %d", args.workers)
         return 2
@@ -147,7 +289,14 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    cas = CAStore(kube, args.namespace, args.ca_secret, utcnow, create=not args.no_create_ca)
+    cas = CAStore(
+        kube,
+        args.namespace,
+        args.ca_secret,
+        utcnow,
+        create=not args.no_create_ca,
+        settings=_rotation_settings(args),
+    )
     # Start-up waits out transient API trouble instead of crashing into a restart loop.
     delay = 0.5
     while not stop.is_set():
@@ -173,6 +322,9 @@ def run(args: argparse.Namespace) -> int:
     bundle = cas.bundle
     if bundle is not None:
         m.ca_not_after.set(bundle.not_after.timestamp())
+    leading = threading.Event()
+    if not args.leader_elect:
+        leading.set()
     controller = Controller(
         kube,
         args.signer_names,
@@ -185,14 +337,34 @@ def run(args: argparse.Namespace) -> int:
             refresh_fraction=args.refresh_fraction,
             backdate=dt.timedelta(seconds=args.backdate_seconds),
             audit_checkpoint_interval=args.audit_checkpoint_interval,
+            publish_trust_bundles=not args.no_trust_bundles,
         ),
+        is_leader=leading.is_set,
     )
     server = metrics.serve(m, args.metrics_port, controller.ready, host=args.metrics_host)
     log.info("metrics on port %d", server.server_address[1])
     controller.start()
+    elector_thread = None
+    if args.leader_elect:
+        elector = Elector(
+            kube.rest,
+            args.namespace,
+            args.lease_name,
+            args.identity,
+            LeaseSettings(args.lease_duration, args.renew_deadline, args.retry_period),
+            on_start=controller.started_leading,
+            on_stop=controller.stopped_leading,
+        )
+        elector.leading = leading
+        elector_thread = threading.Thread(target=elector.run, args=(stop,), name="leader")
+        elector_thread.start()
+    else:
+        controller.started_leading()
     stop.wait()
     log.info("shutting down")
     controller.stop()
+    if elector_thread is not None:
+        elector_thread.join(timeout=10)
     server.shutdown()
     if audit is not None:
         audit.close()

@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -24,11 +24,14 @@ from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from podcert.workqueue import ShutDown, WorkQueue
 from signer import auditlog, certs, model, objects
+from signer.ca import CAError
 from signer.castore import CAStore
 from signer.decide import decide
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import Policy
+from signer.rotation import RotationError
+from signer.trustbundles import Publisher
 
 log = logging.getLogger("podcert.signer")
 
@@ -45,6 +48,12 @@ class Settings:
     backdate: dt.timedelta = dt.timedelta(seconds=60)
     refresh_fraction: float = 0.5
     audit_checkpoint_interval: float = 60.0
+    publish_trust_bundles: bool = True
+    # How often the leader asks the CA schedule whether a rotation step is due.
+    rotation_check_interval: float = 30.0
+
+
+DEFAULT_SETTINGS: Final = Settings()
 
 
 class Controller:
@@ -57,8 +66,9 @@ class Controller:
         metrics: Metrics,
         audit: auditlog.AuditLog | None = None,
         *,
-        settings: Settings = Settings(),
+        settings: Settings = DEFAULT_SETTINGS,
         clock: Callable[[], dt.datetime] = utcnow,
+        is_leader: Callable[[], bool] = lambda: True,
     ) -> None:
         self.kube = kube
         self.signer_names = tuple(signer_names)
@@ -77,10 +87,31 @@ class Controller:
         self.reflectors: list[Reflector] = []
         self._audit_key: ec.EllipticCurvePrivateKey | None = None
         self._audit_chain: list[x509.Certificate] = []
+        self.is_leader = is_leader
+        self._rotation_wake = threading.Event()
+        self.publisher = Publisher(
+            kube,
+            {s: policy.for_signer(s).trust_domain for s in self.signer_names},
+            cas.trusted_roots,
+            is_leader,
+            self._stop,
+        )
+        cas.on_change(self._on_ca_change)
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        # Every replica follows the CA Secret, leader or not, so a standby is ready to sign.
+        self.reflectors.append(
+            Reflector(
+                "ca-secret",
+                lambda: self.kube.list_secret(self.cas.namespace, self.cas.secret_name),
+                lambda rv: self.kube.watch_secret(self.cas.namespace, self.cas.secret_name, rv),
+                self._on_secret_list,
+                self._on_secret_event,
+                self._stop,
+            )
+        )
         for signer_name in self.signer_names:
             self.reflectors.append(
                 Reflector(
@@ -105,8 +136,12 @@ class Controller:
             )
         for reflector in self.reflectors:
             self._spawn(reflector.name, reflector.run)
+        if self.settings.publish_trust_bundles:
+            for name, target in self.publisher.threads():
+                self._spawn(name, target)
         for index in range(self.settings.workers):
             self._spawn(f"worker-{index}", self._work)
+        self._spawn("ca-rotation", self._rotation_loop)
         if self.audit is not None:
             self._setup_audit_signer()
             self._spawn("audit-checkpoints", self._checkpoint_loop)
@@ -119,8 +154,44 @@ class Controller:
     def ready(self) -> bool:
         return self.cas.bundle is not None and all(r.synced.is_set() for r in self.reflectors)
 
+    def started_leading(self) -> None:
+        """Pick up every pending request and look at the trust bundles and the CA schedule."""
+        with self._lock:
+            keys = list(self._store)
+        for key in keys:
+            self.queue.add(key)
+        self.publisher.resync()
+        self._rotation_wake.set()
+
+    def stopped_leading(self) -> None:
+        log.warning("not the leader any more: issuing stops")
+
+    def _on_ca_change(self) -> None:
+        bundle = self.cas.bundle
+        if bundle is not None:
+            self.metrics.ca_not_after.set(bundle.not_after.timestamp())
+        self.publisher.resync()
+        self._rotation_wake.set()
+
+    def _rotation_loop(self) -> None:
+        """The leader applies whatever step the CA schedule says is due."""
+        while not self._stop.is_set():
+            self._rotation_wake.wait(self.settings.rotation_check_interval)
+            self._rotation_wake.clear()
+            if self._stop.is_set() or not self.is_leader():
+                continue
+            try:
+                step = self.cas.due()
+                if step is not None:
+                    log.info("CA rotation step due: %s", step)
+                    self.cas.step(step)
+            except (ApiError, RotationError, CAError) as err:
+                log.warning("CA rotation step not applied: %s", err)
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        self._rotation_wake.set()
+        self.publisher.queue.shut_down()
         self.queue.shut_down()
         for thread in self._threads:
             if thread.name.startswith("worker") or thread.name == "audit-checkpoints":
@@ -128,6 +199,14 @@ class Controller:
         self._checkpoint()
 
     # --- reflector callbacks ---------------------------------------------------------------
+
+    def _on_secret_list(self, items: list[JSON]) -> None:
+        for item in items:
+            self.cas.on_secret(item)
+
+    def _on_secret_event(self, kind: str, obj: JSON) -> None:
+        if kind != "DELETED":
+            self.cas.on_secret(obj)
 
     def _on_pcr_list(self, items: list[JSON]) -> None:
         fresh: dict[Key, JSON] = {}
@@ -173,6 +252,10 @@ class Controller:
             except ShutDown:
                 return
             if key is None:
+                continue
+            if not self.is_leader():
+                # A standby keeps the key in its store; started_leading() queues it again.
+                self.queue.done(key)
                 continue
             try:
                 after = self.reconcile(key)
@@ -295,6 +378,8 @@ class Controller:
         key: Key = (meta["namespace"], meta["name"])
         extra = _ctx(key)
         signer_name = str((pcr.get("spec") or {}).get("signerName", ""))
+        if not self.is_leader():
+            return None  # lost the lease mid-flight: the new leader will settle it
         if kind == "Issued":
             # Write-ahead: a certificate is in the audit log before it can exist anywhere else,
             # so a crash between the two leaves an entry for a leaf nobody received, never a

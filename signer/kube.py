@@ -22,18 +22,23 @@ class SignerKube:
         self.rest = rest
         self.component = component
         self.pcr_version = "v1"
+        self.ctb_version = "v1"
 
     # --- discovery -------------------------------------------------------------------------
 
     def discover(self) -> str:
         """certificates.k8s.io/v1 where served, else v1beta1 (1.35/1.36 clusters)."""
+        served: dict[str, set[str]] = {}
         for version in ("v1", "v1beta1"):
             found = self.rest.get(f"/apis/{CERTS_GROUP}/{version}")
-            resources = (found or {}).get("resources") or []
-            if any(r.get("name") == "podcertificaterequests" for r in resources):
-                self.pcr_version = version
-                return version
-        raise ApiError(404, "NotFound", f"{CERTS_GROUP} serves no podcertificaterequests")
+            served[version] = {str(r.get("name")) for r in (found or {}).get("resources") or []}
+        pcr = [v for v in served if "podcertificaterequests" in served[v]]
+        ctb = [v for v in served if "clustertrustbundles" in served[v]]
+        if not pcr:
+            raise ApiError(404, "NotFound", f"{CERTS_GROUP} serves no podcertificaterequests")
+        self.pcr_version = pcr[0]
+        self.ctb_version = ctb[0] if ctb else self.ctb_version
+        return self.pcr_version
 
     def _pcrs(self, namespace: str | None = None, name: str = "") -> str:
         gv = f"{CERTS_GROUP}/{self.pcr_version}"
@@ -157,6 +162,57 @@ class SignerKube:
                 return False
             raise
         return True
+
+    def list_secret(self, namespace: str, name: str) -> tuple[list[JSON], str]:
+        """List one Secret by name (RBAC can then limit list/watch to that name)."""
+        body = self.rest.request(
+            "GET",
+            path_of("v1", "secrets", namespace),
+            query={"fieldSelector": f"metadata.name={name}"},
+        )
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_secret(self, namespace: str, name: str, resource_version: str) -> Iterator[JSON]:
+        return self.rest.watch(
+            path_of("v1", "secrets", namespace),
+            resource_version,
+            fieldSelector=f"metadata.name={name}",
+        )
+
+    # --- ClusterTrustBundles ---------------------------------------------------------------
+
+    def _ctbs(self, name: str = "") -> str:
+        return path_of(f"{CERTS_GROUP}/{self.ctb_version}", "clustertrustbundles", None, name)
+
+    def list_trust_bundles(self, signer_name: str) -> tuple[list[JSON], str]:
+        body = self.rest.request(
+            "GET", self._ctbs(), query={"fieldSelector": f"spec.signerName={signer_name}"}
+        )
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_trust_bundles(self, signer_name: str, resource_version: str) -> Iterator[JSON]:
+        return self.rest.watch(
+            self._ctbs(), resource_version, fieldSelector=f"spec.signerName={signer_name}"
+        )
+
+    def put_trust_bundle(self, body: JSON, existing: JSON | None) -> JSON:
+        """Create the bundle, or replace `existing` (guarded by its resourceVersion)."""
+        doc = {
+            **body,
+            "apiVersion": f"{CERTS_GROUP}/{self.ctb_version}",
+            "kind": "ClusterTrustBundle",
+        }
+        if existing is None:
+            return self.rest.request("POST", self._ctbs(), body=doc)
+        meta = {**doc["metadata"], "resourceVersion": existing["metadata"]["resourceVersion"]}
+        return self.rest.request("PUT", self._ctbs(meta["name"]), body={**doc, "metadata": meta})
+
+    def delete_trust_bundle(self, name: str) -> None:
+        try:
+            self.rest.request("DELETE", self._ctbs(name))
+        except ApiError as err:
+            if err.status != 404:
+                raise
 
     def replace_secret(
         self,

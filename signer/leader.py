@@ -1,0 +1,167 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
+
+The decision is pure (`decide_lease`): whether to take the lease, renew it or wait, from the lease
+as read, who we are, when we last saw its record change (our own monotonic clock, never the
+holder's timestamps, so clock skew between replicas cannot steal a lease) and the settings. The
+elector applies it with a resourceVersion-guarded write; a leader that cannot renew within the
+renew deadline steps down at once and stops issuing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from podcert.rest import JSON, ApiError, Rest, path_of
+
+log = logging.getLogger("podcert.signer.leader")
+
+GV = "coordination.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    duration: float = 15.0  # how long a lease is honoured without renewal
+    renew_deadline: float = 10.0  # a leader that has not renewed within this steps down
+    retry_period: float = 2.0  # how often to try to acquire or renew
+
+
+Action = Literal["acquire", "renew", "wait"]
+
+
+def decide_lease(
+    holder: str | None,
+    me: str,
+    seen_change_at: float | None,
+    now: float,
+    settings: LeaseSettings,
+) -> Action:
+    """`holder` from the lease (None when absent or released); `seen_change_at` is when this
+    process last observed the lease record change (monotonic seconds)."""
+    if holder == me:
+        return "renew"
+    if not holder:
+        return "acquire"
+    if seen_change_at is None or now - seen_change_at >= settings.duration:
+        return "acquire"  # the holder stopped renewing
+    return "wait"
+
+
+def _stamp(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Elector:
+    def __init__(
+        self,
+        rest: Rest,
+        namespace: str,
+        name: str,
+        identity: str,
+        settings: LeaseSettings,
+        on_start: Callable[[], None],
+        on_stop: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rest = rest
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.settings = settings
+        self.on_start, self.on_stop = on_start, on_stop
+        self.clock = clock
+        self.leading = threading.Event()
+        self._record: tuple[Any, ...] | None = None
+        self._seen_change_at: float | None = None
+        self._last_renew = 0.0
+
+    @property
+    def path(self) -> str:
+        return path_of(GV, "leases", self.namespace, self.name)
+
+    def _observe(self, lease: JSON | None) -> str | None:
+        spec: Mapping[str, Any] = (lease or {}).get("spec") or {}
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseTransitions"))
+        if record != self._record:
+            self._record = record
+            self._seen_change_at = self.clock()
+        holder = spec.get("holderIdentity")
+        return str(holder) if holder else None
+
+    def _body(self, lease: JSON | None, transitions: int, acquired: bool) -> JSON:
+        now = dt.datetime.now(dt.UTC)
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": int(self.settings.duration),
+            "renewTime": _stamp(now),
+            "leaseTransitions": transitions,
+        }
+        old_spec = (lease or {}).get("spec") or {}
+        spec["acquireTime"] = _stamp(now) if acquired else old_spec.get("acquireTime", _stamp(now))
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if lease is not None:
+            meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
+        return {"apiVersion": GV, "kind": "Lease", "metadata": meta, "spec": spec}
+
+    def try_once(self) -> tuple[bool, str | None]:
+        """One acquire-or-renew round: (we hold the lease afterwards, the holder we saw)."""
+        lease = self.rest.get(self.path)
+        holder = self._observe(lease)
+        action = decide_lease(
+            holder, self.identity, self._seen_change_at, self.clock(), self.settings
+        )
+        if action == "wait":
+            return False, holder
+        transitions = int(((lease or {}).get("spec") or {}).get("leaseTransitions") or 0)
+        if action == "acquire" and lease is not None:
+            transitions += 1
+        body = self._body(lease, transitions, acquired=action == "acquire")
+        if lease is None:
+            self.rest.request("POST", path_of(GV, "leases", self.namespace), body=body)
+        else:
+            self.rest.request("PUT", self.path, body=body)
+        return True, self.identity
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            holder: str | None = None
+            try:
+                held, holder = self.try_once()
+            except ApiError as err:
+                held = False
+                if err.status != 409:
+                    log.warning("lease %s/%s: %s", self.namespace, self.name, err)
+            now = self.clock()
+            if held:
+                self._last_renew = now
+                if not self.leading.is_set():
+                    log.info("became the leader (%s)", self.identity)
+                    self.leading.set()
+                    self.on_start()
+            elif self.leading.is_set() and (
+                (holder and holder != self.identity)
+                or now - self._last_renew >= self.settings.renew_deadline
+            ):
+                log.warning("lost the lease (holder now %s): stopping at once", holder or "-")
+                self.leading.clear()
+                self.on_stop()
+            stop.wait(self.settings.retry_period)
+        if self.leading.is_set():
+            self.leading.clear()
+            self.on_stop()
+            self._release()
+
+    def _release(self) -> None:
+        """Give the lease up on a clean shutdown, so a standby takes over without waiting."""
+        try:
+            lease = self.rest.get(self.path)
+            if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                body = self._body(lease, int(lease["spec"].get("leaseTransitions") or 0), False)
+                body["spec"]["holderIdentity"] = ""
+                body["spec"]["leaseDurationSeconds"] = 1
+                self.rest.request("PUT", self.path, body=body)
+        except ApiError as err:
+            log.warning("could not release the lease: %s", err)
