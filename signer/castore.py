@@ -75,9 +75,11 @@ class CAStore:
         self._listeners.append(listener)
 
     def _new_ca(self) -> ca.CABundle:
+        now = self.clock()
+        # Each generation's names differ, so peers and humans can tell old roots from new.
         return ca.new_ca(
-            "podcert",
-            self.clock(),
+            f"podcert {now:%Y-%m-%dT%H:%M:%SZ}",
+            now,
             root_lifetime=self.settings.root_lifetime,
             intermediate_lifetime=self.settings.intermediate_lifetime,
         )

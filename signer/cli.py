@@ -52,8 +52,8 @@ def register(subparsers: Any) -> None:
         "--signer-name",
         dest="signer_names",
         action="append",
-        required=True,
-        help="signer name to serve (repeatable), e.g. example.com/podcert",
+        default=[],
+        help="signer name to serve (repeatable; required to run the signer)",
     )
     p.add_argument(
         "--trust-domain",
