@@ -214,7 +214,37 @@ _PLURALS = {
     "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("rbac.authorization.k8s.io/v1", "roles", True),
     "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "ValidatingWebhookConfiguration": (
+        "admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+        False,
+    ),
+    "ValidatingAdmissionPolicy": (
+        "admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
 }
+
+
+def delete(api: client.ApiClient, docs: list[dict[str, Any]]) -> None:
+    """Delete each object (missing ones are fine)."""
+    from podcert.rest import ApiError, Rest, path_of
+
+    rest = Rest(api)
+    for doc in docs:
+        gv, plural, namespaced = _PLURALS[doc["kind"]]
+        ns = doc["metadata"].get("namespace") if namespaced else None
+        try:
+            rest.request("DELETE", path_of(gv, plural, ns, doc["metadata"]["name"]))
+        except ApiError as err:
+            if err.status != 404:
+                raise
 
 
 def apply(api: client.ApiClient, docs: list[dict[str, Any]]) -> None:

@@ -21,6 +21,7 @@ from signer.castore import CAStore, describe
 from signer.controller import Controller, Settings, utcnow
 from signer.kube import SignerKube
 from signer.leader import Elector, LeaseSettings
+from signer.webhook import ServingCert, WebhookServer
 
 log = logging.getLogger("podcert.signer")
 
@@ -174,6 +175,24 @@ def register(subparsers: Any) -> None:
         type=int,
         default=90,
         help="lifetime of new intermediates (the signing CA)",
+    )
+    p.add_argument(
+        "--webhook-port",
+        type=int,
+        default=0,
+        help="serve the validating admission webhook over HTTPS here (0: off)",
+    )
+    p.add_argument(
+        "--webhook-host",
+        default="0.0.0.0",  # noqa: S104
+        help="address the webhook binds",
+    )
+    p.add_argument(
+        "--webhook-dns-name",
+        action="append",
+        default=[],
+        help="DNS name in the webhook's serving certificate (repeatable; default "
+        "podcert-signer.<namespace>.svc and its cluster.local form)",
     )
     p.add_argument("--log-level", default="INFO", help="log level")
     p.set_defaults(run=run)
@@ -344,6 +363,29 @@ def run(args: argparse.Namespace) -> int:
     server = metrics.serve(m, args.metrics_port, controller.ready, host=args.metrics_host)
     log.info("metrics on port %d", server.server_address[1])
     controller.start()
+    webhook_thread = None
+    if args.webhook_port:
+        names = args.webhook_dns_name or [
+            f"podcert-signer.{args.namespace}.svc",
+            f"podcert-signer.{args.namespace}.svc.cluster.local",
+        ]
+        server_hook = WebhookServer(
+            args.webhook_host,
+            args.webhook_port,
+            ServingCert(
+                cas.issuing, names, pol.for_signer(args.signer_names[0]).trust_domain, utcnow
+            ),
+            args.signer_names,
+            controller.facts,
+            pol,
+            utcnow,
+        )
+        webhook_thread = threading.Thread(target=server_hook.run, args=(stop,), name="webhook")
+        webhook_thread.start()
+        server_hook.started.wait(30)
+        if server_hook.error is not None:
+            log.error("the admission webhook could not start: %s", server_hook.error)
+            stop.set()
     elector_thread = None
     if args.leader_elect:
         elector = Elector(
@@ -363,8 +405,9 @@ def run(args: argparse.Namespace) -> int:
     stop.wait()
     log.info("shutting down")
     controller.stop()
-    if elector_thread is not None:
-        elector_thread.join(timeout=10)
+    for thread in (elector_thread, webhook_thread):
+        if thread is not None:
+            thread.join(timeout=10)
     server.shutdown()
     if audit is not None:
         audit.close()

@@ -302,7 +302,7 @@ class Controller:
             return self._settle(pcr, None, "Denied", model.INVALID_REQUEST, str(err), None)
         if request.signer_name not in self.signer_names:
             return None
-        facts = self._facts(request)
+        facts = self.facts(request)
         decision = decide(
             request,
             facts,
@@ -323,7 +323,7 @@ class Controller:
         kind = "Denied" if isinstance(decision, model.Deny) else "Failed"
         return self._settle(pcr, request, kind, decision.reason, decision.message, None)
 
-    def _facts(self, request: model.Request) -> model.Facts:
+    def facts(self, request: model.Request) -> model.Facts:
         """Live reads at decision time: the objects may have changed since admission."""
         pod_obj = self.kube.get_pod(request.namespace, request.pod_name)
         node_obj = self.kube.get_node(request.node_name)
