@@ -1,0 +1,415 @@
+"""Reading the signer's audit log: the line format, `verify` and `iter_entries`.
+
+Why it lives in bundles: the log is written by the signer (`signer.auditlog.AuditLog`) but read by
+auditors, `podcert audit` among them, which must not depend on the signer. So the format (how a
+line is framed, encoded and hashed) and everything that reads it live here, and the writer imports
+them: one definition of the format for both sides.
+
+Each line carries the SHA-256 of the line before it, so removing or editing a line breaks the
+chain at that point. A chain alone can be recomputed by someone who rewrites the whole file, so
+the log also holds checkpoints: JWTs (ES256) signed by a dedicated audit key, attesting the chain
+head and line count, with the audit key's certificate chain in the `x5c` header. A rewrite then has
+to forge a signature that chains to the trust roots.
+
+Reading is pure and takes `now`, so auditors and tests run it over any sequence of lines. An
+`Entry` has no field that could hold key material, and a verifier rejects lines with fields it
+does not know.
+
+Line format (one JSON object per line, compact, ASCII, keys in this order):
+
+    {"seq":1,"prev":"<64 hex>","kind":"entry","time":"2026-05-01T12:00:00Z",...}
+    {"seq":2,"prev":"<64 hex>","kind":"checkpoint","jwt":"<header>.<claims>.<signature>"}
+
+`seq` is the 1-based line number, `prev` the hex SHA-256 of the previous line's exact bytes without
+its newline (64 zeros on line 1). Checkpoint claims: `head` (hash of the line before it), `lines`
+(how many lines precede it) and `iat` (seconds since the epoch).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Final, Literal, get_args
+
+import jwt
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509 import verification
+
+__all__ = [
+    "CHECKPOINT_ALGORITHM",
+    "GENESIS",
+    "AuditLogError",
+    "Decision",
+    "Entry",
+    "Line",
+    "Verification",
+    "encode_line",
+    "entry_fields",
+    "iter_entries",
+    "line_hash",
+    "parse_line",
+    "verify",
+]
+
+Decision = Literal["issued", "denied", "failed"]
+
+GENESIS: Final = "0" * 64  # the `prev` of line 1
+CHECKPOINT_ALGORITHM: Final = "ES256"
+# How far past the verifier's `now` a checkpoint may be dated (signer and auditor clocks differ).
+_MAX_CLOCK_SKEW: Final = dt.timedelta(minutes=5)
+_HEX64: Final = re.compile(r"[0-9a-f]{64}")
+_HEX: Final = re.compile(r"[0-9a-fA-F]+")
+_FRAME_KEYS: Final = ("seq", "prev", "kind")
+_CHECKPOINT_KEYS: Final = frozenset({*_FRAME_KEYS, "jwt"})
+
+
+class AuditLogError(Exception):
+    """A line (or the log file) is not a well-formed audit log line; `line_no` is 1-based."""
+
+    def __init__(self, line_no: int | None, message: str) -> None:
+        super().__init__(f"line {line_no}: {message}" if line_no is not None else message)
+        self.line_no = line_no
+        self.message = message
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """One signer decision. Deliberately has no field for keys, CSRs or certificates."""
+
+    time: dt.datetime
+    namespace: str
+    name: str  # the PodCertificateRequest
+    uid: str
+    pod: str
+    node: str
+    service_account: str
+    decision: Decision
+    reason: str
+    signer_name: str
+    spiffe_id: str | None = None
+    serial: str | None = None  # hex, of the issued leaf
+    not_before: dt.datetime | None = None
+    not_after: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.decision not in get_args(Decision):
+            raise ValueError(f"decision must be one of {get_args(Decision)}, not {self.decision!r}")
+        if self.serial is not None and not _HEX.fullmatch(self.serial):
+            raise ValueError(f"serial must be hex, not {self.serial!r}")
+        for name in ("time", "not_before", "not_after"):
+            value = getattr(self, name)
+            if value is not None and value.utcoffset() is None:
+                raise ValueError(f"{name} must be timezone-aware")
+
+
+_ENTRY_FIELDS: Final = tuple(f.name for f in fields(Entry))
+_ENTRY_KEYS: Final = frozenset({*_FRAME_KEYS, *_ENTRY_FIELDS})
+_TIME_FIELDS: Final = frozenset({"time", "not_before", "not_after"})
+_OPTIONAL_FIELDS: Final = frozenset({"spiffe_id", "serial", "not_before", "not_after"})
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What `verify` found. `ok` is false as soon as there is one problem."""
+
+    entries: int = 0
+    checkpoints: int = 0
+    # Entry lines after the last valid checkpoint: chained, but not yet vouched for by a signature.
+    unsigned_tail: int = 0
+    # True when trust roots were given and every checkpoint (at least one) verified against them.
+    anchored: bool = False
+    first_broken_line: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# --- line encoding, shared with the writer (signer.auditlog) ---------------------------------
+
+
+def line_hash(line: bytes) -> str:
+    """The hex SHA-256 the next line's `prev` commits to (of the line without its newline)."""
+    return hashlib.sha256(line).hexdigest()
+
+
+def encode_line(obj: dict[str, object]) -> bytes:
+    """The exact bytes of a line (without its newline)."""
+    # Compact and ASCII-only, so the bytes that get hashed do not depend on any locale or encoder.
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def _format_time(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _parse_time(value: str, key: str) -> dt.datetime:
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{key} is not an ISO 8601 time: {value!r}") from None
+    if parsed.utcoffset() is None:
+        raise ValueError(f"{key} has no time zone: {value!r}")
+    return parsed
+
+
+def entry_fields(entry: Entry) -> dict[str, object]:
+    """An entry's fields as they appear in its line, times as RFC 3339 UTC."""
+    out: dict[str, object] = {}
+    for name in _ENTRY_FIELDS:
+        value = getattr(entry, name)
+        out[name] = _format_time(value) if isinstance(value, dt.datetime) else value
+    return out
+
+
+def _entry_from_fields(obj: dict[str, Any]) -> Entry:
+    values: dict[str, Any] = {}
+    for name in _ENTRY_FIELDS:
+        if name not in obj:
+            raise ValueError(f"entry has no {name!r}")
+        value = obj[name]
+        if value is None and name in _OPTIONAL_FIELDS:
+            values[name] = None
+        elif not isinstance(value, str):
+            raise ValueError(f"entry field {name!r} must be a string, not {value!r}")
+        else:
+            values[name] = _parse_time(value, name) if name in _TIME_FIELDS else value
+    return Entry(**values)
+
+
+@dataclass(frozen=True)
+class Line:
+    """The frame of one parsed line: its number, the hash it chains to, and its JSON body."""
+
+    seq: int
+    prev: str
+    kind: Literal["entry", "checkpoint"]
+    body: dict[str, Any]
+
+
+def _as_bytes(raw: bytes | str) -> bytes:
+    data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    # Accept lines with or without their newline (file iteration keeps it, splitlines drops it).
+    return data.removesuffix(b"\n")
+
+
+def parse_line(data: bytes) -> Line:
+    """The frame of one line; raises ValueError naming what is wrong."""
+    if not data:
+        raise ValueError("empty line")
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("not valid JSON (torn or edited line)") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    seq, prev, kind = obj.get("seq"), obj.get("prev"), obj.get("kind")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise ValueError(f"seq must be a positive integer, not {seq!r}")
+    if not isinstance(prev, str) or not _HEX64.fullmatch(prev):
+        raise ValueError(f"prev must be 64 lowercase hex digits, not {prev!r}")
+    if kind == "entry":
+        allowed = _ENTRY_KEYS
+    elif kind == "checkpoint":
+        allowed = _CHECKPOINT_KEYS
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        # Also how a verifier notices anything smuggled into the log, key material included.
+        raise ValueError(f"unexpected field(s) in {kind} line: {', '.join(unknown)}")
+    return Line(seq=seq, prev=prev, kind=kind, body=obj)
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def iter_entries(lines: Iterable[bytes | str]) -> Iterator[Entry]:
+    """The entries of a log, in order; checkpoints are skipped (and not verified: see `verify`)."""
+    for line_no, raw in enumerate(lines, start=1):
+        try:
+            line = parse_line(_as_bytes(raw))
+            entry = _entry_from_fields(line.body) if line.kind == "entry" else None
+        except ValueError as err:
+            raise AuditLogError(line_no, str(err)) from None
+        if entry is not None:
+            yield entry
+
+
+def _checkpoint_problems(
+    line_no: int,
+    token: object,
+    head: str,
+    trust_roots: Sequence[x509.Certificate] | None,
+    now: dt.datetime,
+    since: str,
+) -> list[str]:
+    """What is wrong with the checkpoint on `line_no`, whose preceding line hashes to `head`."""
+    where = f"line {line_no}: checkpoint"
+    if not isinstance(token, str):
+        return [f"{where} has no JWT"]
+    try:
+        x5c = jwt.get_unverified_header(token).get("x5c")
+        if not isinstance(x5c, list) or not x5c or not all(isinstance(c, str) for c in x5c):
+            return [f"{where} has no x5c certificate chain in its header"]
+        chain = [x509.load_der_x509_certificate(base64.b64decode(c, validate=True)) for c in x5c]
+    except (jwt.PyJWTError, binascii.Error, ValueError) as err:
+        return [f"{where} has an unreadable header or x5c chain: {err}"]
+    leaf_key = chain[0].public_key()
+    if not isinstance(leaf_key, ec.EllipticCurvePublicKey) or not isinstance(
+        leaf_key.curve, ec.SECP256R1
+    ):
+        return [f"{where} x5c leaf does not hold an ECDSA P-256 key"]
+    try:
+        claims = jwt.decode(
+            token,
+            leaf_key,
+            algorithms=[CHECKPOINT_ALGORITHM],
+            # Times are judged against the injected `now` below, never the wall clock.
+            options={"verify_exp": False, "verify_nbf": False, "verify_iat": False},
+        )
+    except jwt.PyJWTError as err:
+        return [f"{where} signature invalid: {err}"]
+    claimed_head, claimed_lines, iat = claims.get("head"), claims.get("lines"), claims.get("iat")
+    if (
+        not isinstance(claimed_head, str)
+        or not isinstance(claimed_lines, int)
+        or not isinstance(iat, int)
+    ):
+        return [f"{where} claims are missing head, lines or iat"]
+
+    problems = []
+    # A good signature over another log: what precedes the checkpoint is not what it signed.
+    if claimed_head != head:
+        problems.append(
+            f"{where} attests {claimed_lines} line(s) ending in {claimed_head[:12]}…, but the "
+            f"log holds {line_no - 1} ending in {head[:12]}…: lines {since} were rewritten"
+        )
+    elif claimed_lines != line_no - 1:
+        problems.append(
+            f"{where} attests {claimed_lines} line(s), but {line_no - 1} precede it: "
+            f"lines were removed from or added to lines {since}"
+        )
+    signed_at = dt.datetime.fromtimestamp(iat, dt.UTC)
+    if signed_at > now + _MAX_CLOCK_SKEW:
+        problems.append(f"{where} is dated {_format_time(signed_at)}, in the future")
+    if trust_roots is not None:
+        # Web PKI rules for the CAs; the audit leaf may carry any EKU (clientAuth or a private
+        # one), but if it has a KeyUsage it must allow signing. Validity is judged at signing time.
+        ee_policy = verification.ExtensionPolicy.permit_all().may_be_present(
+            x509.KeyUsage, verification.Criticality.AGNOSTIC, _allows_signing
+        )
+        verifier = (
+            verification.PolicyBuilder()
+            .store(verification.Store(list(trust_roots)))
+            .time(signed_at)
+            .extension_policies(
+                ca_policy=verification.ExtensionPolicy.webpki_defaults_ca(), ee_policy=ee_policy
+            )
+            .build_client_verifier()
+        )
+        try:
+            verifier.verify(chain[0], chain[1:])
+        except verification.VerificationError as err:
+            problems.append(f"{where} x5c chain does not verify to the trust roots: {err}")
+    return problems
+
+
+def _allows_signing(
+    _policy: verification.Policy, _cert: x509.Certificate, usage: x509.KeyUsage | None
+) -> None:
+    if usage is not None and not usage.digital_signature:
+        raise ValueError("the audit certificate's KeyUsage does not allow digitalSignature")
+
+
+def verify(
+    lines: Iterable[bytes | str],
+    trust_roots: Sequence[x509.Certificate] | None,
+    now: dt.datetime,
+) -> Verification:
+    """Check the chain and every checkpoint of a log. Pure: reads nothing but its arguments.
+
+    Each problem names its line. `first_broken_line` is the first line the log cannot vouch for:
+    an edited line, the line after a gap, a malformed line, or a checkpoint that fails.
+    With `trust_roots=None` the checkpoint signatures are checked against their x5c leaf only.
+    """
+    if trust_roots is not None and not trust_roots:
+        raise ValueError("trust_roots is empty; pass None to skip anchoring")
+    problems: list[str] = []
+    broken: list[int] = []
+    entries = checkpoints = good_checkpoints = unsigned = 0
+    prev_hash, prev_seq, after_bad = GENESIS, 0, False
+    last_good = 0  # line number of the last checkpoint that verified
+
+    for line_no, raw in enumerate(lines, start=1):
+        data = _as_bytes(raw)
+        digest = line_hash(data)
+        try:
+            line = parse_line(data)
+            entry = _entry_from_fields(line.body) if line.kind == "entry" else None
+        except ValueError as err:
+            problems.append(f"line {line_no}: {err}")
+            broken.append(line_no)
+            # Report one bad line once: the next line's prev cannot be judged against it.
+            prev_hash, prev_seq, after_bad = digest, prev_seq + 1, True
+            continue
+
+        if line.seq > prev_seq + 1:
+            gap = line.seq - prev_seq - 1
+            problems.append(
+                f"line {line_no}: sequence jumps from {prev_seq} to {line.seq}: "
+                f"{gap} line(s) removed before it"
+            )
+            broken.append(line_no)
+        elif line.seq <= prev_seq:
+            problems.append(
+                f"line {line_no}: sequence number {line.seq} follows {prev_seq}: "
+                "line(s) duplicated or reordered"
+            )
+            broken.append(line_no)
+        elif line.prev != prev_hash and not after_bad:
+            if line_no == 1:
+                problems.append(f"line 1: prev is not {GENESIS[:12]}…: the log's start is missing")
+                broken.append(1)
+            else:
+                # The link is cut: the line before is not what this line committed to.
+                problems.append(
+                    f"line {line_no}: prev does not match the hash of line {line_no - 1}: "
+                    f"line {line_no - 1} was edited (or this line's prev was)"
+                )
+                broken.append(line_no - 1)
+
+        if entry is not None:
+            entries += 1
+            unsigned += 1
+        else:
+            checkpoints += 1
+            since = f"{last_good + 1}..{line_no - 1}"
+            found = _checkpoint_problems(
+                line_no, line.body.get("jwt"), prev_hash, trust_roots, now, since
+            )
+            if found:
+                problems.extend(found)
+                broken.append(line_no)
+            else:
+                good_checkpoints += 1
+                last_good = line_no
+                unsigned = 0
+        prev_hash, prev_seq, after_bad = digest, line.seq, False
+
+    return Verification(
+        entries=entries,
+        checkpoints=checkpoints,
+        unsigned_tail=unsigned,
+        anchored=trust_roots is not None and 0 < good_checkpoints == checkpoints,
+        first_broken_line=min(broken) if broken else None,
+        problems=problems,
+    )
