@@ -1,0 +1,178 @@
+"""Issue 7: every manifest passes server-side dry-run on the real API server, the signer's pod
+template passes the `restricted` Pod Security level, and its RBAC is exactly what it needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devcluster import kube
+from devcluster.testing import DevCluster
+from podcert.rest import ApiError, Rest, path_of
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+SIGNER_SA = "system:serviceaccount:podcert-system:podcert-signer"
+
+_PATHS = {
+    "Namespace": ("v1", "namespaces"),
+    "Pod": ("v1", "pods"),
+    "ServiceAccount": ("v1", "serviceaccounts"),
+    "ConfigMap": ("v1", "configmaps"),
+    "Service": ("v1", "services"),
+    "Deployment": ("apps/v1", "deployments"),
+    "DaemonSet": ("apps/v1", "daemonsets"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+    "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles"),
+    "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings"),
+    "Role": ("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "ValidatingWebhookConfiguration": (
+        "admissionregistration.k8s.io/v1",
+        "validatingwebhookconfigurations",
+    ),
+    "ValidatingAdmissionPolicy": (
+        "admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+    ),
+}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+
+
+def kustomize_files(folder: Path) -> list[Path]:
+    """The files a kustomization lists, depth first (plain resource lists only)."""
+    spec = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    out: list[Path] = []
+    for entry in spec.get("resources", []):
+        target = folder / entry
+        out += kustomize_files(target) if target.is_dir() else [target]
+    return out
+
+
+def documents(paths: list[Path]) -> list[dict[str, Any]]:
+    return [d for p in paths for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def bases() -> list[Path]:
+    return sorted(p.parent for p in MANIFESTS.rglob("kustomization.yaml"))
+
+
+def dry_run(rest: Rest, doc: dict[str, Any]) -> None:
+    gv, plural = _PATHS[doc["kind"]]
+    ns = None if doc["kind"] in CLUSTER_SCOPED else doc["metadata"].get("namespace", "default")
+    rest.request("POST", path_of(gv, plural, ns), query={"dryRun": "All"}, body=doc)
+
+
+@pytest.mark.parametrize("base", bases(), ids=lambda p: str(p.relative_to(MANIFESTS)))
+def test_every_manifest_passes_server_side_dry_run(devcluster: DevCluster, base: Path) -> None:
+    docs = documents(kustomize_files(base))
+    assert docs, f"{base} lists no resources"
+    rest = Rest(devcluster.admin)
+    # Namespaces for real (a dry-run namespace does not exist for the objects inside it).
+    for doc in docs:
+        if doc["kind"] == "Namespace":
+            kube.ensure_namespace(devcluster.admin, doc["metadata"]["name"])
+    for doc in docs:
+        try:
+            dry_run(rest, doc)
+        except ApiError as err:
+            if err.status == 409:  # exists already (applied by another test): fine
+                continue
+            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {err}") from None
+
+
+def test_the_signer_pod_passes_the_restricted_pod_security_level(devcluster: DevCluster) -> None:
+    (deployment,) = [d for d in documents([MANIFESTS / "signer" / "deployment.yaml"])]
+    kube.ensure_namespace(devcluster.admin, "podcert-system")
+    template = deployment["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "pss-check", "namespace": "podcert-system", **template["metadata"]},
+        "spec": template["spec"],
+    }
+    rest = Rest(devcluster.admin)
+    rest.request(
+        "PATCH",
+        path_of("v1", "namespaces", None, "podcert-system"),
+        body={"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+        content_type="application/merge-patch+json",
+    )
+    kube.ensure_service_account(devcluster.admin, "podcert-system", "podcert-signer")
+    # Admitted under `restricted`; a privileged variant of the same pod is not.
+    dry_run(rest, pod)
+    pod["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    with pytest.raises(ApiError, match="restricted"):
+        dry_run(rest, pod)
+
+
+def can(rest: Rest, verb: str, group: str, resource: str, **attrs: str) -> bool:
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": SIGNER_SA,
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:podcert-system"],
+            "resourceAttributes": {"verb": verb, "group": group, "resource": resource, **attrs},
+        },
+    }
+    out = rest.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=review)
+    return bool(out["status"].get("allowed"))
+
+
+ALLOWED = [
+    ("sign", "certificates.k8s.io", "signers", {"name": "podcert.dev/workload"}),
+    ("attest", "certificates.k8s.io", "signers", {"name": "podcert.dev/workload"}),
+    ("watch", "certificates.k8s.io", "podcertificaterequests", {}),
+    (
+        "update",
+        "certificates.k8s.io",
+        "podcertificaterequests",
+        {"subresource": "status", "namespace": "shop"},
+    ),
+    ("create", "certificates.k8s.io", "clustertrustbundles", {}),
+    ("get", "", "pods", {"namespace": "shop"}),
+    ("get", "", "nodes", {}),
+    ("get", "", "serviceaccounts", {"namespace": "shop"}),
+    ("create", "", "events", {"namespace": "shop"}),
+    ("get", "", "secrets", {"namespace": "podcert-system", "name": "podcert-ca"}),
+    (
+        "update",
+        "coordination.k8s.io",
+        "leases",
+        {"namespace": "podcert-system", "name": "podcert-signer"},
+    ),
+]
+DENIED = [
+    ("sign", "certificates.k8s.io", "signers", {"name": "other.example.com/signer"}),
+    ("sign", "certificates.k8s.io", "signers", {"name": "kubernetes.io/kube-apiserver-client"}),
+    ("get", "", "secrets", {"namespace": "podcert-system", "name": "someone-elses"}),
+    ("get", "", "secrets", {"namespace": "shop", "name": "podcert-ca"}),
+    ("list", "", "secrets", {"namespace": "shop"}),
+    ("create", "", "pods", {"namespace": "shop"}),
+    ("update", "certificates.k8s.io", "podcertificaterequests", {"namespace": "shop"}),
+    ("delete", "", "nodes", {}),
+]
+
+
+def test_signer_rbac_is_exactly_what_it_needs(devcluster: DevCluster) -> None:
+    kube.ensure_namespace(devcluster.admin, "podcert-system")
+    kube.apply(devcluster.admin, documents([MANIFESTS / "signer" / "rbac.yaml"]))
+    rest = Rest(devcluster.admin)
+    missing = [a for a in ALLOWED if not can(rest, a[0], a[1], a[2], **a[3])]
+    excess = [a for a in DENIED if can(rest, a[0], a[1], a[2], **a[3])]
+    assert missing == [], f"the signer lacks {missing}"
+    assert excess == [], f"the signer may do more than it needs: {excess}"
