@@ -20,6 +20,7 @@ from typing import Any, Final
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from podcert.cache import Cache
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from podcert.workqueue import ShutDown, WorkQueue
@@ -88,6 +89,31 @@ class Controller:
         self._audit_key: ec.EllipticCurvePrivateKey | None = None
         self._audit_chain: list[x509.Certificate] = []
         self.is_leader = is_leader
+        # Watched caches of the facts; a request they do not vouch for is read live.
+        self.pods: Cache[Key, model.Pod] = Cache(
+            "pods",
+            lambda: kube.list_all("pods"),
+            lambda rv: kube.watch_all("pods", rv),
+            _key,
+            objects.pod_from,
+            self._stop,
+        )
+        self.nodes: Cache[str, model.Node] = Cache(
+            "nodes",
+            lambda: kube.list_all("nodes"),
+            lambda rv: kube.watch_all("nodes", rv),
+            _name,
+            objects.node_from,
+            self._stop,
+        )
+        self.service_accounts: Cache[Key, model.ServiceAccount] = Cache(
+            "serviceaccounts",
+            lambda: kube.list_all("serviceaccounts"),
+            lambda rv: kube.watch_all("serviceaccounts", rv),
+            _key,
+            objects.service_account_from,
+            self._stop,
+        )
         self._rotation_wake = threading.Event()
         self.publisher = Publisher(
             kube,
@@ -101,6 +127,7 @@ class Controller:
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.reflectors += [c.reflector for c in (self.pods, self.nodes, self.service_accounts)]
         # Every replica follows the CA Secret, leader or not, so a standby is ready to sign.
         self.reflectors.append(
             Reflector(
@@ -324,11 +351,19 @@ class Controller:
         return self._settle(pcr, request, kind, decision.reason, decision.message, None)
 
     def facts(self, request: model.Request) -> model.Facts:
-        """Live reads at decision time: the objects may have changed since admission."""
-        pod_obj = self.kube.get_pod(request.namespace, request.pod_name)
-        node_obj = self.kube.get_node(request.node_name)
-        sa_obj = self.kube.get_service_account(request.namespace, request.service_account_name)
-        pod = objects.pod_from(pod_obj) if pod_obj else None
+        """The pod, node and service account as they are now: from the watched caches when
+        those vouch for the request, else (missing, or any mismatch) read live, so that no
+        request is denied on a cache that lags behind the API server."""
+        pod = self.pods.get((request.namespace, request.pod_name))
+        node = self.nodes.get(request.node_name)
+        sa = self.service_accounts.get((request.namespace, request.service_account_name))
+        if not _vouches(request, pod, node, sa):
+            pod_obj = self.kube.get_pod(request.namespace, request.pod_name)
+            node_obj = self.kube.get_node(request.node_name)
+            sa_obj = self.kube.get_service_account(request.namespace, request.service_account_name)
+            pod = objects.pod_from(pod_obj) if pod_obj else None
+            node = objects.node_from(node_obj) if node_obj else None
+            sa = objects.service_account_from(sa_obj) if sa_obj else None
         names: frozenset[str] = frozenset()
         dns = self.policy.for_signer(request.signer_name).dns
         if pod is not None and dns.services:
@@ -337,8 +372,8 @@ class Controller:
             names = objects.service_names(services, pod.namespace, pod.labels, dns.cluster_domain)
         return model.Facts(
             pod=pod,
-            node=objects.node_from(node_obj) if node_obj else None,
-            service_account=objects.service_account_from(sa_obj) if sa_obj else None,
+            node=node,
+            service_account=sa,
             service_dns_names=names,
             ca=self.cas.issuing(),
         )
@@ -522,6 +557,32 @@ def _index_service(
         index.setdefault(namespace, {})[name] = {str(k): str(v) for k, v in selector.items()}
     else:
         index.get(namespace, {}).pop(name, None)
+
+
+def _name(obj: Mapping[str, Any]) -> str | None:
+    name = (obj.get("metadata") or {}).get("name")
+    return name if isinstance(name, str) else None
+
+
+def _vouches(
+    request: model.Request,
+    pod: model.Pod | None,
+    node: model.Node | None,
+    sa: model.ServiceAccount | None,
+) -> bool:
+    """True when cached facts agree with the request on every point decide() checks."""
+    return (
+        pod is not None
+        and node is not None
+        and sa is not None
+        and pod.uid == request.pod_uid
+        and pod.node_name == request.node_name
+        and pod.service_account_name == request.service_account_name
+        and not pod.deleting
+        and pod.phase not in ("Succeeded", "Failed")
+        and node.uid == request.node_uid
+        and sa.uid == request.service_account_uid
+    )
 
 
 def _ctx(key: Key) -> dict[str, str]:

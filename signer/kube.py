@@ -83,6 +83,14 @@ class SignerKube:
     def get_service_account(self, namespace: str, name: str) -> JSON | None:
         return self.rest.get(path_of("v1", "serviceaccounts", namespace, name))
 
+    def list_all(self, resource: str) -> tuple[list[JSON], str]:
+        """Every object of a core/v1 resource (pods, nodes, serviceaccounts) across namespaces."""
+        body = self.rest.request("GET", path_of("v1", resource))
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_all(self, resource: str, resource_version: str) -> Iterator[JSON]:
+        return self.rest.watch(path_of("v1", resource), resource_version)
+
     def list_services(self) -> tuple[list[JSON], str]:
         body = self.rest.request("GET", path_of("v1", "services"))
         return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])

@@ -1,0 +1,178 @@
+"""Benchmark: `podcert audit` over a node root holding 10k projected credential bundles.
+
+Target (DESIGN.md section 5): under 3 s on this machine, the whole command as a user runs it
+(interpreter start-up, reading every volume, parsing and verifying every chain, the report).
+
+    .venv/bin/python bench/bench_audit.py [--bundles 10000] [--runs 3] [--dir DIR]
+
+Generation is fast on purpose and not timed: one CA, a fresh P-256 key per leaf (key generation
+is cheap; signing dominates), volumes laid out as the kubelet's atomic writer does but without its
+fsyncs. An audit log with one entry per leaf is written too, for the second figure (root + log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from signer import ca, certs, model
+from signer.auditlog import AuditLog, Entry
+
+REPO = Path(__file__).resolve().parents[1]
+SIGNER = "bench.podcert.dev/main"
+TRUST_DOMAIN = "bench.test"
+TARGET_SECONDS = 3.0
+
+
+def generate(root: Path, count: int, now: dt.datetime) -> tuple[Path, Path]:
+    """`count` pods with one credential bundle + trust bundle each; returns (trust, audit log)."""
+    bundle = ca.new_ca("bench", now - dt.timedelta(days=1))
+    issuer = ca.issuing_ca(bundle)
+    trust_pem = bundle.root.public_bytes(serialization.Encoding.PEM)
+    trust_path = root / "trust.pem"
+    trust_path.write_bytes(trust_pem)
+    log_path = root / "audit.jsonl"
+    stamp = now.strftime("..%Y_%m_%d_%H_%M_%S.000000001")
+    not_before = certs.truncate_to_second(now - dt.timedelta(minutes=5))
+    with AuditLog(log_path, checkpoint_every=1000, fsync="never") as log:
+        audit_key = ec.generate_private_key(ec.SECP256R1())
+        audit_plan = model.LeafPlan(
+            public_key=audit_key.public_key(),
+            spiffe_id=f"spiffe://{TRUST_DOMAIN}/podcert/audit",
+            dns_names=(),
+            not_before=not_before,
+            not_after=not_before + dt.timedelta(days=30),
+            begin_refresh_at=not_before + dt.timedelta(days=15),
+        )
+        audit_chain = x509.load_pem_x509_certificates(
+            certs.sign_leaf(audit_plan, issuer, certs.random_serial()).encode()
+        )
+        log.set_checkpoint_signer(audit_key, audit_chain)
+        for i in range(count):
+            uid = f"00000000-0000-4000-8000-{i:012d}"
+            key = ec.generate_private_key(ec.SECP256R1())
+            plan = model.LeafPlan(
+                public_key=key.public_key(),
+                spiffe_id=f"spiffe://{TRUST_DOMAIN}/ns/ns-{i % 100}/sa/sa-{i}",
+                dns_names=(),
+                not_before=not_before,
+                not_after=not_before + dt.timedelta(hours=24),
+                begin_refresh_at=not_before + dt.timedelta(hours=12),
+            )
+            serial = certs.random_serial()
+            chain = certs.sign_leaf(plan, issuer, serial)
+            credential = (
+                key.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+                + chain.encode()
+            )
+            volume = root / "pods" / uid / "volumes" / "kubernetes.io~projected" / "identity"
+            version = volume / stamp
+            version.mkdir(parents=True)
+            (version / "credentialbundle.pem").write_bytes(credential)
+            (version / "trust-bundle.pem").write_bytes(trust_pem)
+            (volume / "..data").symlink_to(stamp)
+            for name in ("credentialbundle.pem", "trust-bundle.pem"):
+                (volume / name).symlink_to(f"..data/{name}")
+            log.append(
+                Entry(
+                    time=now,
+                    namespace=f"ns-{i % 100}",
+                    name=f"req-{i}",
+                    uid=f"pcr-{i}",
+                    pod=f"pod-{i}",
+                    node="node-a",
+                    service_account=f"sa-{i}",
+                    decision="issued",
+                    reason="Issued",
+                    signer_name=SIGNER,
+                    spiffe_id=plan.spiffe_id,
+                    serial=f"{serial:x}",
+                    not_before=plan.not_before,
+                    not_after=plan.not_after,
+                )
+            )
+        log.checkpoint(audit_key, audit_chain, now)
+    return trust_path, log_path
+
+
+def timed(command: list[str], runs: int) -> tuple[list[float], str]:
+    """Wall-clock seconds of a command as a fresh process, `runs` times; its last output line."""
+    figures, summary = [], ""
+    for _ in range(runs):
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, *command],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=False,
+        )
+        figures.append(time.perf_counter() - started)
+        if done.returncode != 0:
+            raise SystemExit(f"{command} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+        summary = (done.stdout.strip().splitlines() or [""])[-1]
+    return figures, summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundles", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", type=Path, help="generate here (default: a temporary directory)")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-audit-") as scratch:
+        root = args.dir or Path(scratch)
+        root.mkdir(parents=True, exist_ok=True)
+        now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+        started = time.perf_counter()
+        trust, log = generate(root, args.bundles, now)
+        print(f"generated {args.bundles} bundles in {time.perf_counter() - started:.1f}s")
+
+        root_only = [f"--root={root}"]
+        everything = [*root_only, f"--trust-bundle={trust}", f"--audit-log={log}"]
+        cases = {
+            "podcert audit --root": ["-m", "podcert", "audit", *root_only],
+            "podcert audit --root --trust-bundle --audit-log": [
+                "-m",
+                "podcert",
+                "audit",
+                *everything,
+            ],
+            # The same command without the dispatcher importing every other subcommand.
+            "python -m bundles.audit_cli --root": ["-m", "bundles.audit_cli", *root_only],
+        }
+        for name, command in cases.items():
+            figures, summary = timed(command, args.runs)
+            best, median = min(figures), statistics.median(figures)
+            verdict = "OK" if median < TARGET_SECONDS else "SLOW"
+            print(
+                f"{name}: {args.bundles} bundles, median {median:.2f}s, best {best:.2f}s over "
+                f"{args.runs} runs (target < {TARGET_SECONDS:.0f}s: {verdict})"
+            )
+            print(f"  {summary}")
+        # What start-up alone costs, to tell the audit's own time from the dispatcher's.
+        for name, command in {
+            "start-up, podcert dispatcher": ["-c", "import podcert.cli as c; c.build_parser()"],
+            "start-up, bundles.audit_cli alone": ["-c", "import bundles.audit_cli"],
+        }.items():
+            figures, _ = timed(command, args.runs)
+            print(f"{name}: median {statistics.median(figures):.2f}s")
+
+
+if __name__ == "__main__":
+    main()
