@@ -7,28 +7,36 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# subcommand -> module exposing `register(subparsers)`; imported lazily so that `podcert audit`
-# does not pay for the signer's imports and a broken optional piece cannot break the others.
-SUBCOMMANDS: dict[str, str] = {
-    "signer": "signer.cli",
-    "devcluster": "devcluster.cli",
-    "demo": "podcert.demo",
+# subcommand -> (module exposing `register(subparsers)`, one-line help). Only the module of the
+# command being run is imported: `podcert audit` does not pay for the signer's imports, and a
+# broken piece cannot break the other commands.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "signer": ("signer.cli", "issue and deny PodCertificateRequests for our signer names"),
+    "shim": ("kubelet_shim.cli", "the kubelet's half of Pod Certificates, for one node"),
+    "audit": ("bundles.audit_cli", "audit projected credentials, requests and the audit log"),
+    "devcluster": ("devcluster.cli", "a real local etcd + kube-apiserver"),
+    "demo": ("podcert.demo", "run the end-to-end demo on a local devcluster"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="podcert",
         description="Workload identity certificates for Kubernetes (Pod Certificates API).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in SUBCOMMANDS.values():
-        importlib.import_module(module).register(sub)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        if name == command:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
     try:
         code: int = args.run(args)
     except KeyboardInterrupt:

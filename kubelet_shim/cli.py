@@ -1,0 +1,211 @@
+"""`podcert shim`: run the node agent for one node; `podcert shim rotate`: force re-keying.
+
+The agent runs with the node's own credentials (a DaemonSet mounting the kubelet's kubeconfig,
+or in the devcluster the file `podcert devcluster node-kubeconfig` writes). `rotate` runs with an
+operator's credentials: it only sets the pod annotation the agents honour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from kubelet_shim import kube as shim_kube
+from kubelet_shim import metrics, projection
+from kubelet_shim.agent import Agent, Settings, utcnow
+from kubelet_shim.storage import AtomicDirStorage
+from podcert import logs
+from podcert.rest import ApiError, Rest, load_client
+
+log = logging.getLogger("podcert.shim")
+
+DEFAULT_ROOT = Path("/var/lib/kubelet")
+
+
+def register(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "shim",
+        help="the kubelet's half of Pod Certificates for one node (keys, requests, files)",
+        description="Run the node agent; `podcert shim rotate --help` for emergency re-keying.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="the node's kubeconfig (system:node:<name>); in-cluster configuration when absent",
+    )
+    p.add_argument("--node-name", default=None, help="the node this agent serves (required)")
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=DEFAULT_ROOT,
+        help="kubelet root: files go to ROOT/pods/<uid>/volumes/kubernetes.io~projected/<vol>",
+    )
+    p.add_argument(
+        "--cleanup-kubeconfig",
+        type=Path,
+        default=None,
+        help="a non-node identity allowed to delete podcertificaterequests, used to delete the "
+        "pending requests of deleted pods (NodeRestriction forbids nodes to delete them; "
+        "without it the garbage collector removes them through their ownerReference)",
+    )
+    p.add_argument("--workers", type=int, default=4, help="pods reconciled concurrently")
+    p.add_argument(
+        "--refresh-jitter-seconds",
+        type=float,
+        default=projection.DEFAULT_SETTINGS.jitter.total_seconds(),
+        help="random delay added to each beginRefreshAt (the kubelet uses up to 5 min)",
+    )
+    p.add_argument(
+        "--abandon-after-seconds",
+        type=float,
+        default=projection.DEFAULT_SETTINGS.abandon_after.total_seconds(),
+        help="replace a request that vanished before issuance this long after it vanished",
+    )
+    p.add_argument(
+        "--unanswered-after-seconds",
+        type=float,
+        default=projection.DEFAULT_SETTINGS.unanswered_after.total_seconds(),
+        help="record an event when a signer has not answered a request for this long",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9091,
+        help="port for /metrics, /healthz and /readyz (0 picks a free one)",
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics server binds")
+    p.add_argument(
+        "--clock-offset-seconds",
+        type=float,
+        default=0.0,
+        help="FOR TESTING ONLY: shift the agent's clock by this many seconds",
+    )
+    p.add_argument("--log-level", default="INFO", help="log level")
+    p.set_defaults(run=run)
+
+    sub = p.add_subparsers(dest="shim_command", metavar="ACTION")
+    r: argparse.ArgumentParser = sub.add_parser(
+        "rotate",
+        help="force re-keying of a pod's (or a service account's pods') certificates now",
+        description="Set the podcert.dev/rotate-before annotation: every node agent re-keys the "
+        "credentials of the pod that were issued before that instant (suspected key compromise).",
+    )
+    r.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="an operator's kubeconfig (needs patch on pods); in-cluster when absent",
+    )
+    r.add_argument("--namespace", required=True, help="namespace of the pods")
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pod", help="re-key this pod")
+    which.add_argument("--service-account", help="re-key every pod running as this account")
+    r.add_argument(
+        "--before",
+        default=None,
+        help="RFC 3339 instant; credentials issued before it are replaced (default: now; a "
+        "future instant schedules the rotation)",
+    )
+    r.set_defaults(run=rotate)
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_level)
+    if not args.node_name:
+        log.error("--node-name is required")
+        return 2
+    if not 1 <= args.workers <= 64:
+        log.error("--workers must be between 1 and 64, got %d", args.workers)
+        return 2
+    if min(args.refresh_jitter_seconds, args.abandon_after_seconds) < 0:
+        log.error("durations must not be negative")
+        return 2
+    if args.clock_offset_seconds:
+        log.warning("clock shifted by %+.0fs (testing only)", args.clock_offset_seconds)
+
+    cleanup = Rest(load_client(args.cleanup_kubeconfig)) if args.cleanup_kubeconfig else None
+    api = shim_kube.ShimKube(Rest(load_client(args.kubeconfig)), args.node_name, cleanup)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    # Start-up waits out transient API trouble instead of crashing into a restart loop.
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            version = api.discover()
+            api.node_uid()
+            break
+        except ApiError as err:
+            log.warning("API server not usable yet (%s); retrying in %.1fs", err, delay)
+            stop.wait(delay)
+            delay = min(delay * 2, 10.0)
+    else:
+        return 0
+    log.info(
+        "serving node %s on certificates.k8s.io/%s into %s", args.node_name, version, args.root
+    )
+
+    offset = dt.timedelta(seconds=args.clock_offset_seconds)
+    agent = Agent(
+        api,
+        AtomicDirStorage(args.root),
+        settings=Settings(
+            workers=args.workers,
+            projection=projection.Settings(
+                jitter=dt.timedelta(seconds=args.refresh_jitter_seconds),
+                abandon_after=dt.timedelta(seconds=args.abandon_after_seconds),
+                unanswered_after=dt.timedelta(seconds=args.unanswered_after_seconds),
+            ),
+        ),
+        clock=(lambda: utcnow() + offset) if offset else utcnow,
+    )
+    server = metrics.serve(
+        agent.metrics, args.metrics_port, agent.ready, agent.healthy, host=args.metrics_host
+    )
+    log.info("metrics on port %d", server.server_address[1])
+    agent.start()
+    stop.wait()
+    log.info("shutting down")
+    agent.stop()
+    server.shutdown()
+    sys.stderr.flush()
+    return 0
+
+
+def rotate(args: argparse.Namespace) -> int:
+    if args.before is None:
+        before = utcnow()
+    else:
+        try:
+            before = dt.datetime.fromisoformat(args.before.replace("Z", "+00:00"))
+        except ValueError:
+            print(f"--before: not an RFC 3339 time: {args.before!r}", file=sys.stderr)
+            return 2
+        if before.tzinfo is None:
+            print("--before: needs a time zone (e.g. a trailing Z)", file=sys.stderr)
+            return 2
+    rest = Rest(load_client(args.kubeconfig))
+    try:
+        if args.pod:
+            pods = [args.pod]
+        else:
+            pods = shim_kube.pods_of_service_account(rest, args.namespace, args.service_account)
+            if not pods:
+                print(f"no pod in {args.namespace} runs as {args.service_account}", file=sys.stderr)
+                return 1
+        for name in pods:
+            shim_kube.request_rotation(rest, args.namespace, name, before)
+            print(f"pod {args.namespace}/{name}: re-key credentials issued before {before}")
+    except ApiError as err:
+        print(f"rotate failed: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,271 @@
+"""The shim's one adapter to the Kubernetes API: every read and write the node agent makes.
+
+It speaks as the node (system:node:<name>), so what it may do is what the Node authorizer and
+NodeRestriction allow: list/watch pods and PodCertificateRequests only with a spec.nodeName field
+selector, get its Node and the ServiceAccounts of its pods, create requests for pods bound to it,
+list/watch ClusterTrustBundles, create Events. Nodes may NOT delete PodCertificateRequests
+(NodeRestriction refuses the operation); that needs the optional second, non-node identity.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from podcert.rest import JSON, ApiError, Rest, path_of
+
+log = logging.getLogger("podcert.shim")
+
+CERTS_GROUP = "certificates.k8s.io"
+COMPONENT = "podcert-shim"
+# The emergency-rotation annotation: credentials issued before this instant are re-keyed then.
+ROTATE_ANNOTATION = "podcert.dev/rotate-before"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """Enough of a pod to name it in a request, an ownerReference and an Event."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class ShimApi(Protocol):
+    """What the agent needs from the API (ShimKube here, a fake in the unit tests)."""
+
+    node_name: str
+
+    def list_pods(self) -> tuple[list[JSON], str]: ...
+    def watch_pods(self, resource_version: str) -> Iterator[JSON]: ...
+    def list_pcrs(self) -> tuple[list[JSON], str]: ...
+    def watch_pcrs(self, resource_version: str) -> Iterator[JSON]: ...
+    def list_trust_bundles(self) -> tuple[list[JSON], str]: ...
+    def watch_trust_bundles(self, resource_version: str) -> Iterator[JSON]: ...
+    def node_uid(self) -> str: ...
+    def service_account_uid(self, namespace: str, name: str) -> str: ...
+    def create_pcr(self, namespace: str, body: JSON) -> JSON: ...
+    def delete_pcr(self, namespace: str, name: str, uid: str) -> bool: ...
+    def record_event(
+        self, pod: PodRef, kind: str, reason: str, message: str, now: dt.datetime
+    ) -> None: ...
+
+
+class ShimKube:
+    def __init__(self, rest: Rest, node_name: str, cleanup: Rest | None = None) -> None:
+        self.rest = rest
+        self.node_name = node_name
+        # A non-node identity allowed to delete requests of pods that are gone; without it the
+        # garbage collector removes them through their ownerReference to the pod.
+        self.cleanup = cleanup
+        self.pcr_version = "v1"
+        self.ctb_version = "v1"
+        self._node_uid: str | None = None
+
+    # --- discovery -------------------------------------------------------------------------
+
+    def discover(self) -> str:
+        """certificates.k8s.io/v1 where served, else v1beta1 (1.36 clusters; 1.35's v1beta1
+        carried a different proof of possession and is not supported)."""
+        found_pcr = found_ctb = None
+        for version in ("v1", "v1beta1"):
+            listing = self.rest.get(f"/apis/{CERTS_GROUP}/{version}") or {}
+            names = {r.get("name") for r in listing.get("resources") or []}
+            if found_pcr is None and "podcertificaterequests" in names:
+                found_pcr = version
+            if found_ctb is None and "clustertrustbundles" in names:
+                found_ctb = version
+        if found_pcr is None:
+            raise ApiError(404, "NotFound", f"{CERTS_GROUP} serves no podcertificaterequests")
+        self.pcr_version = found_pcr
+        self.ctb_version = found_ctb or "v1"
+        return found_pcr
+
+    def _pcrs(self, namespace: str | None = None, name: str = "") -> str:
+        return path_of(
+            f"{CERTS_GROUP}/{self.pcr_version}", "podcertificaterequests", namespace, name
+        )
+
+    @property
+    def _on_node(self) -> str:
+        return f"spec.nodeName={self.node_name}"
+
+    # --- watches: the Node authorizer insists on the field selector --------------------------
+
+    def list_pods(self) -> tuple[list[JSON], str]:
+        return self._list(path_of("v1", "pods"), self._on_node)
+
+    def watch_pods(self, resource_version: str) -> Iterator[JSON]:
+        return self.rest.watch(path_of("v1", "pods"), resource_version, fieldSelector=self._on_node)
+
+    def list_pcrs(self) -> tuple[list[JSON], str]:
+        return self._list(self._pcrs(), self._on_node)
+
+    def watch_pcrs(self, resource_version: str) -> Iterator[JSON]:
+        return self.rest.watch(self._pcrs(), resource_version, fieldSelector=self._on_node)
+
+    def list_trust_bundles(self) -> tuple[list[JSON], str]:
+        return self._list(path_of(f"{CERTS_GROUP}/{self.ctb_version}", "clustertrustbundles"))
+
+    def watch_trust_bundles(self, resource_version: str) -> Iterator[JSON]:
+        path = path_of(f"{CERTS_GROUP}/{self.ctb_version}", "clustertrustbundles")
+        return self.rest.watch(path, resource_version)
+
+    def _list(self, path: str, field_selector: str = "") -> tuple[list[JSON], str]:
+        query = {"fieldSelector": field_selector} if field_selector else {}
+        body = self.rest.request("GET", path, query=query)
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    # --- what a request is made of ---------------------------------------------------------
+
+    def node_uid(self) -> str:
+        if self._node_uid is None:
+            node = self.rest.get(path_of("v1", "nodes", None, self.node_name))
+            if node is None:
+                raise ApiError(404, "NotFound", f"node {self.node_name} does not exist")
+            self._node_uid = str(node["metadata"]["uid"])
+        return self._node_uid
+
+    def service_account_uid(self, namespace: str, name: str) -> str:
+        found = self.rest.get(path_of("v1", "serviceaccounts", namespace, name))
+        if found is None:
+            raise ApiError(404, "NotFound", f"service account {namespace}/{name} does not exist")
+        return str(found["metadata"]["uid"])
+
+    def create_pcr(self, namespace: str, body: JSON) -> JSON:
+        body = {
+            **body,
+            "apiVersion": f"{CERTS_GROUP}/{self.pcr_version}",
+            "kind": "PodCertificateRequest",
+        }
+        try:
+            return self.rest.request("POST", self._pcrs(namespace), body=body)
+        except ApiError:
+            # A recreated Node has a new UID; ask again next time instead of repeating a stale one.
+            self._node_uid = None
+            raise
+
+    def delete_pcr(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete a request of a pod that is gone; False when this shim may not (no cleanup
+        identity, or it lacks the permission). The UID precondition spares a newer namesake."""
+        if self.cleanup is None:
+            return False
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            self.cleanup.request("DELETE", self._pcrs(namespace, name), body=body)
+        except ApiError as err:
+            if err.status in (404, 409):
+                return True  # already gone, or replaced by a namesake that is not ours to delete
+            if err.status in (401, 403):
+                log.warning(
+                    "may not delete request: %s",
+                    err.message,
+                    extra={"namespace": namespace, "request": name},
+                )
+                return False
+            raise
+        return True
+
+    # --- events ----------------------------------------------------------------------------
+
+    def record_event(
+        self, pod: PodRef, kind: str, reason: str, message: str, now: dt.datetime
+    ) -> None:
+        """A core/v1 Event on the pod, as the kubelet records them. Best effort."""
+        stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:12]}", "namespace": pod.namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": COMPONENT, "host": self.node_name},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.node_name,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.rest.request("POST", path_of("v1", "events", pod.namespace), body=event)
+        except ApiError as err:
+            log.warning(
+                "could not record event %s: %s",
+                reason,
+                err,
+                extra={"namespace": pod.namespace, "pod": pod.name},
+            )
+
+
+def pcr_body(
+    pod: PodRef,
+    *,
+    signer_name: str,
+    service_account: str,
+    service_account_uid: str,
+    node_name: str,
+    node_uid: str,
+    max_expiration_seconds: int,
+    stub_csr_b64: str,
+    user_annotations: Mapping[str, str],
+) -> JSON:
+    """A PodCertificateRequest owned by its pod (so the garbage collector takes it with the pod)."""
+    spec: dict[str, Any] = {
+        "signerName": signer_name,
+        "podName": pod.name,
+        "podUID": pod.uid,
+        "serviceAccountName": service_account,
+        "serviceAccountUID": service_account_uid,
+        "nodeName": node_name,
+        "nodeUID": node_uid,
+        "maxExpirationSeconds": max_expiration_seconds,
+        "stubPKCS10Request": stub_csr_b64,
+    }
+    if user_annotations:
+        spec["unverifiedUserAnnotations"] = dict(user_annotations)
+    return {
+        "metadata": {
+            # The API server truncates a long prefix before adding its random suffix.
+            "generateName": f"{pod.name}-",
+            "namespace": pod.namespace,
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
+            ],
+        },
+        "spec": spec,
+    }
+
+
+# --- operators: `podcert shim rotate` ----------------------------------------------------------
+
+
+def request_rotation(rest: Rest, namespace: str, pod_name: str, before: dt.datetime) -> None:
+    """Set the emergency-rotation annotation on one pod (merge patch: nothing else changes)."""
+    stamp = before.astimezone(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    rest.request(
+        "PATCH",
+        path_of("v1", "pods", namespace, pod_name),
+        body={"metadata": {"annotations": {ROTATE_ANNOTATION: stamp}}},
+        content_type="application/merge-patch+json",
+    )
+
+
+def pods_of_service_account(rest: Rest, namespace: str, service_account: str) -> list[str]:
+    body = rest.request("GET", path_of("v1", "pods", namespace))
+    return sorted(
+        str(pod["metadata"]["name"])
+        for pod in body.get("items") or []
+        if ((pod.get("spec") or {}).get("serviceAccountName") or "default") == service_account
+    )

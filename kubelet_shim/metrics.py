@@ -1,0 +1,129 @@
+"""The shim's Prometheus metrics and its small HTTP face: /metrics, /healthz, /readyz.
+
+`podcert_shim_projections{signer,state}` mirrors the kubelet's podcertificate gauges: it is
+computed at scrape time from the agent's projection states, so a credential turning overdue or
+expired shows without waiting for the agent to wake. Labels are signer names and states only;
+nothing derived from key material is ever exported.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kubelet_shim.projection import ProjectionState
+
+# (signer name, state) of every projection the agent serves, read at scrape time.
+Snapshot = Callable[[], Iterable[tuple[str, ProjectionState]]]
+
+
+class _Projections(Collector):
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "podcert_shim_projections",
+            "podCertificate projections on this node, by signer and state.",
+            labels=["signer", "state"],
+        )
+        counts = Tally(self._snapshot())
+        signers = sorted({signer for signer, _ in counts})
+        for signer in signers:
+            # Every state is exported (zeros too), so a rule like `state="denied" > 0` has a series.
+            for state in ProjectionState:
+                gauge.add_metric([signer, state.value], counts[signer, state])
+        yield gauge
+
+
+class Metrics:
+    """One registry per shim process (tests build their own, so nothing is global)."""
+
+    def __init__(self, snapshot: Snapshot = lambda: ()) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_Projections(snapshot))
+        self.requests = Counter(
+            "podcert_shim_requests_created",
+            "PodCertificateRequests created, by signer and why (initial, refresh, forced, "
+            "replace_abandoned).",
+            ["signer", "reason"],
+            registry=self.registry,
+        )
+        self.outcomes = Counter(
+            "podcert_shim_request_outcomes",
+            "Answers seen to our requests, by signer and outcome (issued, denied, failed).",
+            ["signer", "outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "podcert_shim_issue_latency_seconds",
+            "From creating a request to seeing it issued.",
+            ["signer"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.writes = Counter(
+            "podcert_shim_volume_writes",
+            "Projected volume versions published, by result (ok, error).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "podcert_shim_api_errors",
+            "API calls that failed and will be retried, by operation.",
+            ["operation"],
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def serve(
+    metrics: Metrics,
+    port: int,
+    ready: Callable[[], bool],
+    healthy: Callable[[], bool] = lambda: True,
+    host: str = "127.0.0.1",
+) -> ThreadingHTTPServer:
+    """Serve in a daemon thread; returns the server (its port is server.server_address[1])."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self._answer(200, metrics.render(), CONTENT_TYPE_LATEST)
+            elif self.path == "/healthz":
+                ok = healthy()
+                self._answer(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
+            elif self.path == "/readyz":
+                ok = ready()
+                self._answer(200 if ok else 503, b"ok\n" if ok else b"not ready\n")
+            else:
+                self._answer(404, b"not found\n")
+
+        def _answer(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # scrapes are not news
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

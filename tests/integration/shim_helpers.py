@@ -1,0 +1,241 @@
+"""Running `podcert shim` as a real child process with a node identity, and reading what it wrote.
+
+The shim is a `devcluster.processes.Process` like the signer; these helpers add its readiness
+probe, its metrics, the files under its root, and the cluster objects its tests need
+(ClusterTrustBundles, the optional clean-up identity, events on pods).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devcluster import kube, processes
+from devcluster.cluster import free_port
+from devcluster.testing import DevCluster, eventually
+from podcert.rest import JSON, ApiError, Rest, path_of
+
+PCRS = "certificates.k8s.io/v1"
+PROJECTED = "kubernetes.io~projected"
+
+
+@dataclass
+class Shim(processes.Process):
+    root: Path = field(default_factory=Path)
+    metrics_port: int = 0
+
+    def _get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}{path}", timeout=2
+            ) as resp:
+                return int(resp.status), str(resp.read().decode())
+        except urllib.error.HTTPError as err:
+            return err.code, ""
+        except OSError:
+            return 0, ""
+
+    def ready(self) -> bool:
+        return self._get("/readyz")[0] == 200
+
+    def wait_ready(self, timeout: float = 30.0) -> Shim:
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if not self.running:
+                raise RuntimeError(f"shim exited early:\n{self.output()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"shim not ready in {timeout}s:\n{self.output()[-3000:]}")
+            time.sleep(0.05)
+        return self
+
+    def metrics(self) -> str:
+        return self._get("/metrics")[1]
+
+    def sample(self, metric: str, **labels: str) -> float:
+        """The value of one series of the metrics text (0 when absent)."""
+        for line in self.metrics().splitlines():
+            name, _, rest = line.partition("{")
+            if name != metric or line.startswith("#"):
+                continue
+            found = dict(re.findall(r'(\w+)="([^"]*)"', rest.rpartition("}")[0]))
+            if all(found.get(k) == v for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def volume_dir(self, pod_uid: str, volume: str = "identity") -> Path:
+        return self.root / "pods" / pod_uid / "volumes" / PROJECTED / volume
+
+
+def shim(
+    devcluster: DevCluster,
+    workdir: Path,
+    node: str,
+    *,
+    root: Path,
+    kubeconfig: Path | None = None,
+    cleanup_kubeconfig: Path | None = None,
+    extra: Sequence[str] = (),
+    log_name: str = "",
+) -> Shim:
+    """`podcert shim` as `node` (not started). `kubeconfig` defaults to that node's own."""
+    port = free_port()
+    args = [
+        "shim",
+        f"--kubeconfig={kubeconfig or devcluster.node_kubeconfig(node)}",
+        f"--node-name={node}",
+        f"--root={root}",
+        f"--metrics-port={port}",
+        "--metrics-host=127.0.0.1",
+        *([f"--cleanup-kubeconfig={cleanup_kubeconfig}"] if cleanup_kubeconfig else []),
+        *extra,
+    ]
+    log = workdir / f"shim-{log_name or node}.log"
+    return Shim(args=args, log=log, root=root, metrics_port=port)
+
+
+def cleanup_identity(devcluster: DevCluster, namespace: str) -> Path:
+    """A ServiceAccount allowed to delete podcertificaterequests (nodes may not): the shim's
+    optional clean-up identity. Returns its kubeconfig."""
+    name = f"podcert-shim-cleanup-{namespace}"
+    kube.ensure_namespace(devcluster.admin, namespace)
+    kube.apply(
+        devcluster.admin,
+        [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": name},
+                "rules": [
+                    {
+                        "apiGroups": ["certificates.k8s.io"],
+                        "resources": ["podcertificaterequests"],
+                        "verbs": ["delete"],
+                    }
+                ],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": name,
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": "podcert-shim-cleanup",
+                        "namespace": namespace,
+                    }
+                ],
+            },
+        ],
+    )
+    return devcluster.service_account_kubeconfig(namespace, "podcert-shim-cleanup")
+
+
+def signer_roots(devcluster: DevCluster, namespace: str) -> bytes:
+    """The signer's root certificates (PEM) from its CA Secret."""
+    found = Rest(devcluster.admin).request("GET", path_of("v1", "secrets", namespace, "podcert-ca"))
+    return base64.b64decode(found["data"]["ca.crt"])
+
+
+def put_trust_bundle(
+    devcluster: DevCluster,
+    name: str,
+    pem: bytes,
+    *,
+    signer_name: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> JSON:
+    """Create or replace a ClusterTrustBundle as admin (who may `attest` for any signer)."""
+    rest = Rest(devcluster.admin)
+    spec: dict[str, Any] = {"trustBundle": pem.decode()}
+    if signer_name is not None:
+        spec["signerName"] = signer_name
+    body: JSON = {
+        "apiVersion": PCRS,
+        "kind": "ClusterTrustBundle",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+    }
+    path = path_of(PCRS, "clustertrustbundles")
+    try:
+        return rest.request("POST", path, body=body)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+    current = rest.request("GET", path_of(PCRS, "clustertrustbundles", None, name))
+    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    return rest.request("PUT", path_of(PCRS, "clustertrustbundles", None, name), body=body)
+
+
+def delete_trust_bundle(devcluster: DevCluster, name: str) -> None:
+    Rest(devcluster.admin).request("DELETE", path_of(PCRS, "clustertrustbundles", None, name))
+
+
+def requests_of(devcluster: DevCluster, namespace: str, pod_uid: str | None = None) -> list[JSON]:
+    items = Rest(devcluster.admin).request(
+        "GET", path_of(PCRS, "podcertificaterequests", namespace)
+    )["items"]
+    return [i for i in items if pod_uid is None or i["spec"]["podUID"] == pod_uid]
+
+
+def outcome(pcr: JSON) -> str | None:
+    for cond in (pcr.get("status") or {}).get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") in ("Issued", "Denied", "Failed"):
+            return str(cond["type"])
+    return None
+
+
+def pod_events(devcluster: DevCluster, pod: Any) -> list[JSON]:
+    items: list[JSON] = Rest(devcluster.admin).request(
+        "GET",
+        path_of("v1", "events", pod.metadata.namespace),
+        query={"fieldSelector": f"involvedObject.uid={pod.metadata.uid}"},
+    )["items"]
+    return items
+
+
+def wait_for_event(devcluster: DevCluster, pod: Any, reason: str, timeout: float = 10.0) -> JSON:
+    def probe() -> JSON | None:
+        return next((e for e in pod_events(devcluster, pod) if e["reason"] == reason), None)
+
+    return eventually(probe, timeout=timeout, what=f"event {reason} on {pod.metadata.name}")
+
+
+def certificate_volume(
+    signer_name: str,
+    *,
+    name: str = "identity",
+    key_type: str = "ECDSAP256",
+    split: bool = False,
+    trust: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A projected volume: one podCertificate source (a credential bundle, or separate key and
+    chain files when `split`), then an optional clusterTrustBundle source writing trust.pem."""
+    cert: dict[str, Any] = {"signerName": signer_name, "keyType": key_type}
+    if split:
+        cert.update(keyPath="tls.key", certificateChainPath="tls.crt")
+    else:
+        cert["credentialBundlePath"] = "credentialbundle.pem"
+    sources: list[dict[str, Any]] = [{"podCertificate": cert}]
+    if trust is not None:
+        sources.append({"clusterTrustBundle": {**trust, "path": "trust.pem"}})
+    return {"name": name, "projected": {"sources": sources}}
+
+
+def trust_volume(volume: str = "trust", **trust: Any) -> dict[str, Any]:
+    """A projected volume holding only a clusterTrustBundle source (file trust.pem)."""
+    return {
+        "name": volume,
+        "projected": {"sources": [{"clusterTrustBundle": {**trust, "path": "trust.pem"}}]},
+    }

@@ -1,0 +1,585 @@
+"""Issue 5 acceptance: the node shim as a real process with a node identity, against the real API
+server and the podcert signer. The shim serves its own nodes (shim-node-*), so pods other test
+modules leave on node-a are not its business."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from kubernetes import client
+
+from bundles import formats
+from devcluster import processes
+from devcluster.cluster import Paths
+from devcluster.testing import DevCluster, eventually
+from kubelet_shim import keys
+from kubelet_shim.kube import ROTATE_ANNOTATION, request_rotation
+from podcert.rest import ApiError, Rest, path_of
+from tests.integration.helpers import create_pcr, pcr_spec
+from tests.integration.shim_helpers import (
+    Shim,
+    certificate_volume,
+    cleanup_identity,
+    delete_trust_bundle,
+    outcome,
+    pod_events,
+    put_trust_bundle,
+    requests_of,
+    shim,
+    signer_roots,
+    trust_volume,
+    wait_for_event,
+)
+
+SIGNER = "shim.podcert.dev/test"
+SIGNER_NAMESPACE = "podcert-shim"
+NODE_A = "shim-node-a"
+NODE_B = "shim-node-b"
+ROOTS_BUNDLE = "shim.podcert.dev:test:roots"
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shim")
+
+
+@pytest.fixture(scope="module")
+def signer(devcluster: DevCluster, work: Path) -> Iterator[processes.Signer]:
+    proc = processes.signer(devcluster.root, work, [SIGNER], namespace=SIGNER_NAMESPACE).start()
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def roots(devcluster: DevCluster, signer: processes.Signer) -> Iterator[bytes]:
+    """The signer's roots, published as a signer-linked ClusterTrustBundle (by hand until the
+    signer publishes its own)."""
+    pem = signer_roots(devcluster, SIGNER_NAMESPACE)
+    put_trust_bundle(devcluster, ROOTS_BUNDLE, pem, signer_name=SIGNER)
+    yield pem
+    delete_trust_bundle(devcluster, ROOTS_BUNDLE)
+
+
+@pytest.fixture(scope="module")
+def shim_a(
+    devcluster: DevCluster, work: Path, signer: processes.Signer, roots: bytes
+) -> Iterator[Shim]:
+    cleanup = cleanup_identity(devcluster, SIGNER_NAMESPACE)
+    proc = shim(devcluster, work, NODE_A, root=work / "root-a", cleanup_kubeconfig=cleanup)
+    proc.start()
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def ns(devcluster: DevCluster) -> str:
+    return devcluster.namespace("shim")
+
+
+def read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def leaf_of(path: Path) -> x509.Certificate | None:
+    data = read(path)
+    return formats.load_credential(data).leaf if data else None
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def roots_in(path: Path) -> frozenset[bytes] | None:
+    data = read(path)
+    if data is None:
+        return None
+    if not data.strip():
+        return frozenset()
+    return frozenset(
+        c.public_bytes(serialization.Encoding.DER) for c in x509.load_pem_x509_certificates(data)
+    )
+
+
+def der_of(pem: bytes) -> frozenset[bytes]:
+    return frozenset(
+        c.public_bytes(serialization.Encoding.DER) for c in x509.load_pem_x509_certificates(pem)
+    )
+
+
+def test_a_new_pod_gets_its_credential_and_roots_within_2s(
+    devcluster: DevCluster, shim_a: Shim, roots: bytes, ns: str
+) -> None:
+    started = time.monotonic()
+    pod = devcluster.pod(
+        ns,
+        "web",
+        node=NODE_A,
+        volumes=[
+            certificate_volume(SIGNER, trust={"signerName": SIGNER, "labelSelector": {}}),
+            certificate_volume(SIGNER, name="split", split=True, key_type="ED25519"),
+        ],
+    )
+    bundle_volume = shim_a.volume_dir(pod.metadata.uid)
+    split_volume = shim_a.volume_dir(pod.metadata.uid, "split")
+    bundle = eventually(lambda: read(bundle_volume / "credentialbundle.pem"), timeout=5)
+    elapsed = time.monotonic() - started
+    assert elapsed < 2.0, f"credential bundle on disk after {elapsed:.2f}s"
+    print(f"credential bundle on disk {elapsed:.3f}s after the pod was created")
+
+    # One PKCS#8 key block first, then the chain, leaf first; the key is the leaf's.
+    assert bundle.startswith(b"-----BEGIN PRIVATE KEY-----\n")
+    credential = formats.load_credential(bundle)
+    trusted = formats.load_trust_bundle(
+        eventually(lambda: read(bundle_volume / "trust.pem"), timeout=5)
+    )
+    assert der_of(formats.dump_trust_bundle(trusted)) == der_of(roots)
+    formats.verify_chain(credential, trusted, dt.datetime.now(dt.UTC))
+
+    # The kubelet's atomic-writer layout, with exact modes.
+    assert (bundle_volume / "credentialbundle.pem").readlink() == Path(
+        "..data/credentialbundle.pem"
+    )
+    assert (bundle_volume / "..data").is_symlink()
+    assert mode(bundle_volume / "credentialbundle.pem") == 0o600
+    assert mode(bundle_volume / "trust.pem") == 0o644
+
+    # Separate key and chain files: key 0600, chain 0644, the key type the pod asked for.
+    key = eventually(lambda: read(split_volume / "tls.key"), timeout=5)
+    chain = (split_volume / "tls.crt").read_bytes()
+    split = formats.load_credential_files(key, chain)
+    assert isinstance(split.key, ed25519.Ed25519PrivateKey)
+    assert (mode(split_volume / "tls.key"), mode(split_volume / "tls.crt")) == (0o600, 0o644)
+
+    # One request per source, made for this node, owned by the pod.
+    pcrs = requests_of(devcluster, ns, pod.metadata.uid)
+    assert len(pcrs) == 2
+    for pcr in pcrs:
+        assert pcr["spec"]["nodeName"] == NODE_A
+        assert pcr["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": pod.metadata.uid}
+        ]
+
+
+def test_100_forced_rotations_never_show_a_torn_or_mismatched_credential(
+    devcluster: DevCluster, shim_a: Shim, ns: str
+) -> None:
+    pod = devcluster.pod(ns, "busy", node=NODE_A, volumes=[certificate_volume(SIGNER)])
+    path = shim_a.volume_dir(pod.metadata.uid) / "credentialbundle.pem"
+    eventually(lambda: leaf_of(path), timeout=5)
+
+    stop = threading.Event()
+    reads, missing, bad = [0], [0], []
+
+    def reader() -> None:
+        while not stop.is_set():
+            data = read(path)
+            if data is None:
+                missing[0] += 1
+                continue
+            try:
+                formats.load_credential(data)  # raises unless whole and the key fits the leaf
+            except formats.BundleError as err:
+                bad.append(f"{type(err).__name__}: {err}")
+            reads[0] += 1
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    rest = Rest(devcluster.admin)
+    public_keys = set()
+    started = time.monotonic()
+    try:
+        for _ in range(100):
+            before = leaf_of(path)
+            assert before is not None
+            public_keys.add(_spki(before))
+            request_rotation(rest, ns, "busy", dt.datetime.now(dt.UTC))
+            eventually(lambda b=before: leaf_of(path) not in (None, b), timeout=5, interval=0.002)
+        after = leaf_of(path)
+        assert after is not None
+        public_keys.add(_spki(after))
+    finally:
+        stop.set()
+        thread.join(5)
+    elapsed = time.monotonic() - started
+    print(f"100 forced rotations in {elapsed:.2f}s; the reader read {reads[0]} times")
+
+    assert bad == [], bad[:3]
+    assert missing[0] == 0, f"the bundle was missing {missing[0]} times"
+    assert reads[0] > 100
+    assert len(public_keys) == 101, "every rotation must use a new key"
+    pcrs = requests_of(devcluster, ns, pod.metadata.uid)
+    assert len(pcrs) == 101 and all(outcome(p) == "Issued" for p in pcrs)
+
+
+def test_with_its_clock_moved_past_begin_refresh_at_the_shim_rekeys_once(
+    devcluster: DevCluster, work: Path, ns: str
+) -> None:
+    """The first signer asks for refresh early (~10% of 24 h), the second late (~90%): with the
+    shim's clock 12 h ahead the first certificate is due and its replacement is not, so exactly
+    one refresh happens, with a new key, and no loop."""
+    clock_signer, clock_ns = "shim.podcert.dev/clock", "podcert-shim-clock"
+    node, root = "shim-node-clock", work / "root-clock"
+
+    def signer_with(fraction: float) -> processes.Signer:
+        return processes.signer(
+            devcluster.root,
+            work,
+            [clock_signer],
+            namespace=clock_ns,
+            extra=[f"--refresh-fraction={fraction}"],
+        ).start()
+
+    early, first = signer_with(0.1), shim(devcluster, work, node, root=root, log_name="clock-1")
+    try:
+        early.wait_ready()
+        first.start().wait_ready()
+        pod = devcluster.pod(ns, "clocked", node=node, volumes=[certificate_volume(clock_signer)])
+        path = first.volume_dir(pod.metadata.uid) / "credentialbundle.pem"
+        old = eventually(lambda: leaf_of(path), timeout=5)
+    finally:
+        first.stop()
+        early.stop()
+    [issued] = requests_of(devcluster, ns, pod.metadata.uid)
+    begin = dt.datetime.fromisoformat(issued["status"]["beginRefreshAt"])
+    assert begin < dt.datetime.now(dt.UTC) + dt.timedelta(hours=5)
+
+    late = signer_with(0.9)
+    ahead = shim(
+        devcluster,
+        work,
+        node,
+        root=root,
+        log_name="clock-2",
+        extra=["--clock-offset-seconds=43200", "--refresh-jitter-seconds=0"],
+    )
+    try:
+        late.wait_ready()
+        ahead.start().wait_ready()
+        new = eventually(lambda: leaf_of(path) not in (None, old) and leaf_of(path), timeout=5)
+        assert _spki(new) != _spki(old), "a refresh uses a new key"
+        eventually(
+            lambda: (
+                ahead.sample("podcert_shim_projections", signer=clock_signer, state="fresh") == 1
+            ),
+            timeout=5,
+        )
+        assert ahead.sample("podcert_shim_requests_created_total", reason="refresh") == 1
+    finally:
+        ahead.stop()
+        late.stop()
+    pcrs = requests_of(devcluster, ns, pod.metadata.uid)
+    assert len(pcrs) == 2 and all(outcome(p) == "Issued" for p in pcrs)
+
+
+def _spki(cert: x509.Certificate) -> bytes:
+    return cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def test_cluster_trust_bundle_changes_reach_the_file_within_5s(
+    devcluster: DevCluster, shim_a: Shim, ns: str
+) -> None:
+    signer_name = "shim.podcert.dev/trust"
+    prefix = f"shim.podcert.dev:trust:{ns}-"
+    one, two, three = (trustme.CA() for _ in range(3))
+
+    def pem(ca: trustme.CA) -> bytes:
+        return ca.cert_pem.bytes()
+
+    gold = {"podcert.dev/tier": "gold"}
+    put_trust_bundle(devcluster, prefix + "one", pem(one), signer_name=signer_name, labels=gold)
+    pod = devcluster.pod(
+        ns,
+        "trusting",
+        node=NODE_A,
+        volumes=[
+            trust_volume(signerName=signer_name, labelSelector={"matchLabels": gold}),
+            trust_volume("named", name=prefix + "two", optional=True),
+        ],
+    )
+    by_signer = shim_a.volume_dir(pod.metadata.uid, "trust") / "trust.pem"
+    by_name = shim_a.volume_dir(pod.metadata.uid, "named") / "trust.pem"
+    eventually(lambda: roots_in(by_signer) == der_of(pem(one)), timeout=5)
+    eventually(lambda: roots_in(by_name) == frozenset(), timeout=5)  # optional and absent
+
+    latencies: list[float] = []
+
+    def expect(path: Path, wanted: frozenset[bytes]) -> None:
+        started = time.monotonic()
+        eventually(lambda: roots_in(path) == wanted, timeout=5, interval=0.01)
+        latencies.append(time.monotonic() - started)
+
+    try:
+        put_trust_bundle(devcluster, prefix + "two", pem(two), signer_name=signer_name, labels=gold)
+        expect(by_signer, der_of(pem(one) + pem(two)))
+        expect(by_name, der_of(pem(two)))
+        put_trust_bundle(
+            devcluster, prefix + "one", pem(three), signer_name=signer_name, labels=gold
+        )
+        expect(by_signer, der_of(pem(three) + pem(two)))
+        delete_trust_bundle(devcluster, prefix + "two")
+        expect(by_signer, der_of(pem(three)))
+        expect(by_name, frozenset())
+    finally:
+        for suffix in ("one", "two"):
+            with contextlib.suppress(ApiError):
+                delete_trust_bundle(devcluster, prefix + suffix)
+    print("trust file followed bundle changes in " + ", ".join(f"{s:.3f}s" for s in latencies))
+    assert max(latencies) < 5.0
+
+
+def test_restart_with_50_fresh_credentials_on_disk_makes_no_new_request(
+    devcluster: DevCluster, signer: processes.Signer, work: Path, ns: str
+) -> None:
+    node, root = "shim-node-restart", work / "root-restart"
+    first = shim(devcluster, work, node, root=root, log_name="restart-1").start()
+    try:
+        first.wait_ready()
+        pods = [
+            devcluster.pod(ns, f"p{i}", node=node, volumes=[certificate_volume(SIGNER)])
+            for i in range(50)
+        ]
+        paths = [first.volume_dir(p.metadata.uid) / "credentialbundle.pem" for p in pods]
+        eventually(lambda: all(p.exists() for p in paths), timeout=30)
+    finally:
+        first.stop()
+    files = {path: path.read_bytes() for path in paths}
+    names = {p["metadata"]["name"] for p in requests_of(devcluster, ns)}
+    assert len(names) == 50
+
+    second = shim(devcluster, work, node, root=root, log_name="restart-2").start()
+    try:
+        second.wait_ready()
+        # Every projection adopted from disk and fresh, as the new process reports it.
+        eventually(
+            lambda: second.sample("podcert_shim_projections", signer=SIGNER, state="fresh") == 50,
+            timeout=15,
+        )
+        assert second.sample("podcert_shim_requests_created_total") == 0
+        assert second.sample("podcert_shim_volume_writes_total", result="ok") == 0
+    finally:
+        second.stop()
+    assert {p["metadata"]["name"] for p in requests_of(devcluster, ns)} == names
+    assert {path: path.read_bytes() for path in paths} == files
+
+
+def test_a_denied_request_leaves_an_event_no_request_loop_and_the_older_credential(
+    devcluster: DevCluster, shim_a: Shim, work: Path, ns: str
+) -> None:
+    deny_signer, deny_ns = "shim.podcert.dev/deny", "podcert-shim-deny"
+    allowing = processes.signer(devcluster.root, work, [deny_signer], namespace=deny_ns).start()
+    try:
+        allowing.wait_ready()
+        pod = devcluster.pod(ns, "refused", node=NODE_A, volumes=[certificate_volume(deny_signer)])
+        path = shim_a.volume_dir(pod.metadata.uid) / "credentialbundle.pem"
+        older = eventually(lambda: read(path), timeout=5)
+    finally:
+        allowing.stop()
+
+    # The same signer (same CA) comes back with a policy that allows nobody.
+    policy = work / "deny-policy.yaml"
+    policy.write_text(f"signers:\n  - name: {deny_signer}\n    allow: []\n")
+    denying = processes.signer(
+        devcluster.root, work, [deny_signer], namespace=deny_ns, extra=[f"--policy={policy}"]
+    ).start()
+    try:
+        denying.wait_ready()
+        rest = Rest(devcluster.admin)
+        request_rotation(rest, ns, "refused", dt.datetime.now(dt.UTC))
+        event = wait_for_event(devcluster, pod, "CertificateDenied")
+        assert event["type"] == "Warning"
+        assert event["source"]["component"] == "podcert-shim"
+        assert "PolicyDenied" in event["message"] or "denied" in event["message"]
+
+        # Ask again: a terminal answer is not re-asked. A pod created afterwards on the same
+        # node getting its credential shows the shim has handled the earlier update too.
+        request_rotation(rest, ns, "refused", dt.datetime.now(dt.UTC))
+        probe = devcluster.pod(ns, "probe", node=NODE_A, volumes=[certificate_volume(SIGNER)])
+        eventually(
+            lambda: read(shim_a.volume_dir(probe.metadata.uid) / "credentialbundle.pem"),
+            timeout=5,
+        )
+        eventually(
+            lambda: (
+                shim_a.sample("podcert_shim_projections", signer=deny_signer, state="denied") == 1
+            ),
+            timeout=5,
+        )
+    finally:
+        denying.stop()
+    pcrs = requests_of(devcluster, ns, pod.metadata.uid)
+    assert sorted(outcome(p) or "" for p in pcrs) == ["Denied", "Issued"], "no request loop"
+    assert [e["reason"] for e in pod_events(devcluster, pod)].count("CertificateDenied") == 1
+    assert read(path) == older, "the older credential stays in place"
+    assert formats.load_credential(older).not_after > dt.datetime.now(dt.UTC)
+
+
+def test_a_deleted_pod_loses_its_files_and_its_pending_requests(
+    devcluster: DevCluster, shim_a: Shim, ns: str
+) -> None:
+    unserved = "shim.podcert.dev/nobody-answers"
+    pod = devcluster.pod(
+        ns,
+        "doomed",
+        node=NODE_A,
+        volumes=[certificate_volume(SIGNER), certificate_volume(unserved, name="waiting")],
+    )
+    uid = pod.metadata.uid
+    eventually(lambda: read(shim_a.volume_dir(uid) / "credentialbundle.pem"), timeout=5)
+
+    def pending() -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in requests_of(devcluster, ns, uid)
+            if outcome(p) is None and p["spec"]["signerName"] == unserved
+        ]
+
+    eventually(pending, timeout=5)
+    started = time.monotonic()
+    # What the kubelet does once the containers are gone (nothing here runs them).
+    client.CoreV1Api(devcluster.admin).delete_namespaced_pod("doomed", ns, grace_period_seconds=0)
+    eventually(lambda: not (shim_a.root / "pods" / uid).exists(), timeout=5)
+    eventually(lambda: not pending(), timeout=5)
+    print(f"files and pending request gone {time.monotonic() - started:.3f}s after deletion")
+    # The issued request is left to the garbage collector, which follows its ownerReference.
+    left = requests_of(devcluster, ns, uid)
+    assert [outcome(p) for p in left] == ["Issued"]
+    assert left[0]["metadata"]["ownerReferences"][0]["uid"] == uid
+
+
+def test_node_b_cannot_obtain_a_credential_for_a_pod_on_node_a(
+    devcluster: DevCluster, shim_a: Shim, work: Path, ns: str
+) -> None:
+    pod = devcluster.pod(ns, "victim", node=NODE_A, volumes=[certificate_volume(SIGNER)])
+    eventually(lambda: read(shim_a.volume_dir(pod.metadata.uid) / "credentialbundle.pem"))
+    node_b = devcluster.node(NODE_B)
+    core = client.CoreV1Api(devcluster.admin)
+    b = core.read_node(NODE_B)
+
+    # A request naming node-a, or naming itself, for node-a's pod: NodeRestriction refuses both.
+    for overrides in ({}, {"nodeName": NODE_B, "nodeUID": b.metadata.uid}):
+        spec = pcr_spec(devcluster, pod, SIGNER, keys.generate("ECDSAP256"), **overrides)
+        with pytest.raises(ApiError) as refused:
+            create_pcr(node_b, ns, spec)
+        assert refused.value.status == 403, refused.value
+
+    # node-b cannot even see node-a's pods.
+    with pytest.raises(ApiError) as hidden:
+        Rest(node_b).request(
+            "GET", path_of("v1", "pods"), query={"fieldSelector": f"spec.nodeName={NODE_A}"}
+        )
+    assert hidden.value.status == 403
+
+    # A shim holding node-b's identity but claiming to serve node-a gets nowhere.
+    root = work / "root-impostor"
+    impostor = shim(
+        devcluster,
+        work,
+        NODE_A,
+        root=root,
+        kubeconfig=devcluster.node_kubeconfig(NODE_B),
+        log_name="impostor",
+    ).start()
+    try:
+        eventually(lambda: "403" in impostor.output(), timeout=10, what="a 403 in the log")
+        assert not impostor.ready()
+    finally:
+        impostor.stop()
+    assert not (root / "pods").exists()
+    assert len(requests_of(devcluster, ns, pod.metadata.uid)) == 1  # shim-node-a's own
+
+
+def test_rotate_command_rekeys_every_pod_of_a_service_account(
+    devcluster: DevCluster, shim_a: Shim, ns: str
+) -> None:
+    pods = {
+        name: devcluster.pod(
+            ns, name, node=NODE_A, service_account=sa, volumes=[certificate_volume(SIGNER)]
+        )
+        for name, sa in (("api-0", "api"), ("api-1", "api"), ("batch-0", "batch"))
+    }
+    paths = {n: shim_a.volume_dir(p.metadata.uid) / "credentialbundle.pem" for n, p in pods.items()}
+    leaves = {n: eventually(lambda p=p: leaf_of(p), timeout=5) for n, p in paths.items()}
+
+    admin = Paths(devcluster.root.resolve()).admin_kubeconfig
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "podcert", "shim", "rotate"),
+            *(f"--kubeconfig={admin}", f"--namespace={ns}", "--service-account=api"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("re-key") == 2
+
+    for name in ("api-0", "api-1"):
+        eventually(lambda n=name: leaf_of(paths[n]) not in (None, leaves[n]), timeout=5)
+    core = client.CoreV1Api(devcluster.admin)
+    untouched = core.read_namespaced_pod("batch-0", ns)
+    assert ROTATE_ANNOTATION not in (untouched.metadata.annotations or {})
+    assert leaf_of(paths["batch-0"]) == leaves["batch-0"]
+
+
+def test_metrics_health_and_logs_hold_no_key_material(shim_a: Shim) -> None:
+    text = shim_a.metrics()
+    assert shim_a.sample("podcert_shim_projections", signer=SIGNER, state="fresh") >= 1
+    for state in ("not_yet_issued", "overdue_for_refresh", "expired", "denied", "failed"):
+        assert f'signer="{SIGNER}",state="{state}"' in text
+    assert (
+        shim_a.sample("podcert_shim_requests_created_total", signer=SIGNER, reason="initial") >= 1
+    )
+    assert shim_a._get("/healthz")[0] == 200
+    assert "PRIVATE KEY" not in text
+    log = shim_a.output()
+    assert '"level": "error"' not in log
+    assert "PRIVATE KEY" not in log
+    # No line of any key we wrote shows up in the log either.
+    for pod_dir in (shim_a.root / "pods").iterdir():
+        for bundle in pod_dir.glob("volumes/*/*/credentialbundle.pem"):
+            body = bundle.read_text().split("-----END PRIVATE KEY-----")[0].splitlines()[1:]
+            assert not any(line in log for line in body if len(line) > 16)
+
+
+def test_an_unwritable_root_is_an_error_not_a_crash(
+    devcluster: DevCluster, signer: processes.Signer, work: Path
+) -> None:
+    """Kept small: the file-system failure modes are unit-tested against the storage itself."""
+    root = work / "broken-root"
+    root.mkdir()
+    (root / "pods").write_text("a file where the pods directory should be\n")  # even root fails
+    proc = shim(devcluster, work, "shim-node-broken", root=root, log_name="broken").start()
+    try:
+        proc.wait_ready()
+        ns = devcluster.namespace("shim-broken")
+        devcluster.pod(ns, "p", node="shim-node-broken", volumes=[certificate_volume(SIGNER)])
+        eventually(lambda: "cannot write volume" in proc.output(), timeout=10)
+        assert proc.running and proc._get("/healthz")[0] == 200
+        assert proc.sample("podcert_shim_volume_writes_total", result="error") >= 1
+    finally:
+        proc.stop()
