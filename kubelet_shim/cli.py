@@ -56,6 +56,11 @@ def register(subparsers: Any) -> None:
         "pending requests of deleted pods (NodeRestriction forbids nodes to delete them; "
         "without it the garbage collector removes them through their ownerReference)",
     )
+    p.add_argument(
+        "--cleanup-in-cluster",
+        action="store_true",
+        help="use the pod's own ServiceAccount as the cleanup identity (the DaemonSet's way)",
+    )
     p.add_argument("--workers", type=int, default=4, help="pods reconciled concurrently")
     p.add_argument(
         "--refresh-jitter-seconds",
@@ -131,7 +136,11 @@ def run(args: argparse.Namespace) -> int:
     if args.clock_offset_seconds:
         log.warning("clock shifted by %+.0fs (testing only)", args.clock_offset_seconds)
 
-    cleanup = Rest(load_client(args.cleanup_kubeconfig)) if args.cleanup_kubeconfig else None
+    cleanup = (
+        Rest(load_client(args.cleanup_kubeconfig))
+        if args.cleanup_kubeconfig or args.cleanup_in_cluster
+        else None
+    )
     api = shim_kube.ShimKube(Rest(load_client(args.kubeconfig)), args.node_name, cleanup)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
