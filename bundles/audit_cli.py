@@ -1,0 +1,382 @@
+"""`podcert audit`: the rotation audit from the command line.
+
+Wiring only: read what was asked for (`bundles.snapshot`), run the pure audit (`bundles.audit`),
+print a table or JSON. Exit codes: 0 healthy, 1 findings, 2 usage errors and inputs that cannot be
+read (argparse itself exits 2 too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import functools
+import json
+import multiprocessing
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+from bundles.audit import (
+    Projection,
+    Report,
+    Settings,
+    Snapshot,
+    TrustSource,
+    VolumeFacts,
+    audit_findings,
+    chain_roots,
+    examine_volume,
+)
+from bundles.snapshot import (
+    SnapshotError,
+    pod_uids,
+    read_audit_log,
+    read_cluster,
+    read_pem,
+    read_pod,
+    read_trust_files,
+)
+
+EXIT_HEALTHY: Final = 0
+EXIT_FINDINGS: Final = 1
+EXIT_USAGE: Final = 2
+
+# Below this many volumes a process pool costs more than it saves.
+_PARALLEL_FROM: Final = 1000
+_DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_STATE_STYLE: Final = {
+    "fresh": "green",
+    "refresh due": "cyan",
+    "pending": "cyan",
+    "unseen": "dim",
+    "overdue": "yellow",
+    "stuck": "red",
+    "denied": "red",
+    "failed": "red",
+    "expired": "bold red",
+}
+
+
+def duration(text: str) -> dt.timedelta:
+    """`90s`, `5m`, `1h30m`, `7d`: an argparse type."""
+    position, seconds = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != position:
+            break
+        seconds += float(match.group(1)) * _UNITS[match.group(2)]
+        position = match.end()
+    if not text or position != len(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 5m, 1h30m or 7d")
+    return dt.timedelta(seconds=seconds)
+
+
+def rfc3339(text: str) -> dt.datetime:
+    """An RFC 3339 time with a zone (`2026-05-01T12:00:00Z`): an argparse type."""
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +00:00)")
+    return moment
+
+
+def register(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "audit",
+        help="audit pod certificate rotation across the cluster, a node and the audit log",
+        description=(
+            "Join what the cluster, a node's projected volumes and the signer's audit log say "
+            "about every pod certificate projection, and report what is wrong. Exit 0 when "
+            "healthy, 1 with findings, 2 on usage errors or unreadable inputs."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    inputs = p.add_argument_group("inputs (any of them; joined where there are several)")
+    cluster = inputs.add_mutually_exclusive_group()
+    cluster.add_argument(
+        "--kubeconfig", type=Path, help="read pods, requests and trust bundles with this kubeconfig"
+    )
+    cluster.add_argument(
+        "--in-cluster", action="store_true", help="read the cluster with the pod's service account"
+    )
+    inputs.add_argument(
+        "--root", type=Path, help="a node's kubelet (or shim) root: ROOT/pods/<uid>/volumes/..."
+    )
+    inputs.add_argument("--audit-log", type=Path, help="the signer's audit log file")
+    inputs.add_argument(
+        "--trust-bundle",
+        type=Path,
+        action="append",
+        default=[],
+        help="trust anchors (PEM) for every signer, besides the cluster's (repeatable)",
+    )
+    inputs.add_argument(
+        "--ca-roots",
+        type=Path,
+        help="the roots the signer holds CA keys for (PEM); trust anchors without one are reported",
+    )
+    scope = p.add_argument_group("scope")
+    scope.add_argument(
+        "--namespace", action="append", default=[], help="only these namespaces (repeatable)"
+    )
+    scope.add_argument(
+        "--signer-name", action="append", default=[], help="only these signers (repeatable)"
+    )
+    scope.add_argument("--node", help="only pods and requests of this node")
+    judge = p.add_argument_group("thresholds")
+    judge.add_argument("--now", type=rfc3339, help="audit as of this RFC 3339 time")
+    judge.add_argument(
+        "--stuck-after", type=duration, default="5m", help="a request waiting longer is stuck"
+    )
+    judge.add_argument(
+        "--root-expiry-warning",
+        type=duration,
+        default="7d",
+        help="report trust anchors that expire sooner",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    out.add_argument(
+        "--all", action="store_true", help="list every projection, not only those needing attention"
+    )
+    out.add_argument(
+        "--max-rows", type=int, default=200, help="at most this many table rows (0: no limit)"
+    )
+    out.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes that parse the node's credentials (1: no pool)",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (args.kubeconfig or args.in_cluster or args.root or args.audit_log):
+        print(
+            "podcert audit: nothing to audit: give --kubeconfig/--in-cluster, --root and/or "
+            "--audit-log",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.jobs < 1 or args.max_rows < 0:
+        print("podcert audit: --jobs must be >= 1 and --max-rows >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    now = args.now or dt.datetime.now(dt.UTC)
+    try:
+        snapshot = gather(args)
+    except SnapshotError as exc:
+        print(f"podcert audit: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = Settings(
+        stuck_after=args.stuck_after,
+        root_expiry_warning=args.root_expiry_warning,
+        namespaces=frozenset(args.namespace),
+        signer_names=frozenset(args.signer_name),
+        node_name=args.node,
+    )
+    try:
+        examined = examine_node(args.root, chain_roots(snapshot), now, args.jobs)
+    except SnapshotError as exc:
+        print(f"podcert audit: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if examined is not None:
+        snapshot = dataclasses.replace(
+            snapshot,
+            inputs=(*snapshot.inputs, f"node root {args.root}: {len(examined)} projected volumes"),
+        )
+    report = audit_findings(snapshot, now, settings, examined=examined)
+    if args.output == "json":
+        json.dump(report.as_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_table(report, show_all=args.all, max_rows=args.max_rows)
+    return EXIT_HEALTHY if report.healthy else EXIT_FINDINGS
+
+
+def gather(args: argparse.Namespace) -> Snapshot:
+    """The snapshot the arguments ask for. Raises SnapshotError when an input cannot be read."""
+    inputs: list[str] = []
+    pods = requests = None
+    trust: tuple[TrustSource, ...] = ()
+    if args.kubeconfig or args.in_cluster:
+        # Imported here: the Kubernetes client is only loaded when the cluster is read.
+        from podcert.rest import ApiError, Rest, load_client
+
+        try:
+            objects = read_cluster(
+                Rest(load_client(args.kubeconfig)),
+                namespaces=args.namespace,
+                node_name=args.node,
+            )
+        except (ApiError, OSError) as exc:
+            raise SnapshotError(f"cannot read the cluster: {exc}") from exc
+        except Exception as exc:  # a kubeconfig the client cannot use raises its own types
+            if type(exc).__module__.startswith("kubernetes"):
+                raise SnapshotError(f"cannot use the kubeconfig: {exc}") from exc
+            raise
+        pods, requests, trust = objects.pods, objects.requests, objects.trust
+        inputs.append(
+            f"cluster: {len(pods)} pods, {len(requests)} requests, {len(trust)} trust bundles"
+        )
+    audit_log = None
+    if args.audit_log:
+        audit_log = read_audit_log(args.audit_log)
+        inputs.append(f"audit log {args.audit_log}: {len(audit_log)} lines")
+    files = read_trust_files(args.trust_bundle)
+    inputs += [f"trust bundle {path}" for path in args.trust_bundle]
+    ca_roots = read_pem(args.ca_roots, "CA roots") if args.ca_roots else None
+    if args.ca_roots:
+        inputs.append(f"CA roots {args.ca_roots}")
+    return Snapshot(
+        pods=pods,
+        requests=requests,
+        trust=(*trust, *files),
+        audit_log=audit_log,
+        ca_roots=ca_roots,
+        inputs=tuple(inputs),
+    )
+
+
+def examine_node(
+    root: Path | None, roots: tuple[bytes, ...], now: dt.datetime, jobs: int
+) -> list[VolumeFacts] | None:
+    """Read and examine every volume under `root`, in `jobs` processes on large nodes.
+
+    Reading and parsing both cost per volume (syscalls, then certificate parsing and signature
+    checks that hold the GIL), so each worker does both for its share of pods and sends back
+    only facts.
+    """
+    if root is None:
+        return None
+    uids = pod_uids(root)
+    work = functools.partial(_read_and_examine, root, roots=roots, now=now)
+    if jobs < 2 or len(uids) < _PARALLEL_FROM:
+        return [facts for uid in uids for facts in work(uid)]
+    # fork: workers start with everything imported; no threads run in this process yet.
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        chunks = pool.map(work, uids, chunksize=max(1, len(uids) // (jobs * 8)))
+        return [facts for chunk in chunks for facts in chunk]
+
+
+def _read_and_examine(
+    root: Path, pod_uid: str, *, roots: tuple[bytes, ...], now: dt.datetime
+) -> list[VolumeFacts]:
+    return [examine_volume(v, roots=roots, now=now) for v in read_pod(root, pod_uid)]
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+def print_table(report: Report, *, show_all: bool = False, max_rows: int = 200) -> None:
+    """Projections needing attention (all with `show_all`), trust anchors, the audit log, then
+    every finding in full and the summary line."""
+    from rich.console import Console  # rich loads only for humans
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    if report.inputs:
+        console.print("[bold]Inputs[/]: " + escape("; ".join(report.inputs)))
+    shown = [p for p in report.projections if show_all or p.findings or p.state != "fresh"]
+    if shown:
+        table = Table(title="Pod certificate projections", title_justify="left")
+        table.add_column("pod", style="bold", overflow="fold")
+        table.add_column("volume/file", overflow="fold")
+        table.add_column("SPIFFE ID", overflow="fold")
+        table.add_column("serial", style="dim", no_wrap=True)
+        table.add_column("not after", no_wrap=True)
+        table.add_column("refresh at", no_wrap=True)
+        table.add_column("state", no_wrap=True)
+        table.add_column("rot.", justify="right")
+        table.add_column("findings", overflow="fold")
+        for projection in shown[: max_rows or None]:
+            table.add_row(*(escape(cell) for cell in _row(projection)[:-3]), *_row(projection)[-3:])
+        console.print(table)
+        if max_rows and len(shown) > max_rows:
+            console.print(
+                f"… and {len(shown) - max_rows} more rows (--max-rows 0 for all, -o json for "
+                "machines)"
+            )
+    elif report.projections:
+        console.print(f"All {len(report.projections)} projections are fresh (--all lists them).")
+
+    if report.roots:
+        roots = Table(title="Trust anchors", title_justify="left")
+        for column in ("root", "not after", "trusted by", "CA behind it"):
+            roots.add_column(column, overflow="fold")
+        for root in report.roots:
+            has_ca = {None: "not checked", True: "yes", False: "[red]no[/]"}[root.has_ca]
+            roots.add_row(
+                escape(root.described),
+                _short_time(root.not_after),
+                escape("\n".join(root.sources)),
+                has_ca,
+            )
+        console.print(roots)
+
+    if report.audit_log is not None:
+        log = report.audit_log
+        verdict = (
+            "[green]chain and checkpoints verified[/]"
+            if log.ok
+            else f"[red]broken, first broken line {log.first_broken_line}[/]"
+        )
+        console.print(
+            f"[bold]Audit log[/]: {log.lines} lines, {log.entries} entries, {log.checkpoints} "
+            f"checkpoints ({log.unsigned_tail} entries after the last good one), "
+            f"{'anchored in the trust roots' if log.anchored else 'not anchored'}: {verdict}"
+        )
+
+    if report.findings:
+        console.print(f"[bold]Findings[/] ({len(report.findings)}):")
+        for finding in report.findings[: max_rows or None]:
+            console.print(
+                f"  [red]{finding.kind}[/] [bold]{escape(finding.subject)}[/]: "
+                + escape(finding.message)
+            )
+        if report.audit_log is not None and len(report.audit_log.problems) > 1:
+            for problem in report.audit_log.problems[1:20]:
+                console.print(f"    [red]•[/] audit log {escape(problem)}")
+    for note in report.notes:
+        console.print(f"[dim]note: {escape(note)}[/]")
+    style = "bold green" if report.healthy else "bold red"
+    console.print(f"[{style}]{escape(report.summary())}[/]")
+
+
+def _row(projection: Projection) -> tuple[str, ...]:
+    """Table cells; all but the last three are plain text (escaped by the caller)."""
+    if projection.namespace and projection.pod:
+        pod = f"{projection.namespace}/{projection.pod}"
+    else:
+        pod = f"uid {projection.pod_uid}"
+    where = "/".join(part for part in (projection.volume, projection.path) if part)
+    refresh = _short_time(projection.begin_refresh_at)
+    if projection.refresh_hint == "estimated":
+        refresh += " est."
+    style = _STATE_STYLE.get(projection.state, "")
+    kinds = ", ".join(dict.fromkeys(f.kind for f in projection.findings))
+    return (
+        pod,
+        where or "-",
+        projection.spiffe_id or "-",
+        (projection.serial or "-")[:12],
+        _short_time(projection.not_after),
+        refresh,
+        f"[{style}]{projection.state}[/]" if style else projection.state,
+        str(projection.rotations),
+        f"[red]{kinds}[/]" if kinds else "",
+    )
+
+
+def _short_time(moment: dt.datetime | None) -> str:
+    if moment is None:
+        return "-"
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%MZ")

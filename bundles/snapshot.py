@@ -1,0 +1,223 @@
+"""Gathering what `podcert audit` looks at into a `bundles.audit.Snapshot`.
+
+The audit itself is pure; this is its edge: reading a node's projected volumes the way a pod sees
+them (through each volume's `..data` symlink, one consistent version per volume), the signer's
+audit log, trust bundle files, and — isolated in `read_cluster` — the cluster's pods,
+PodCertificateRequests and ClusterTrustBundles through `podcert.rest`. Nothing here imports the
+Kubernetes client at module level, so auditing a node root does not pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from bundles.audit import TrustSource, VolumeFiles
+from bundles.formats import MAX_BUNDLE_BYTES
+
+if TYPE_CHECKING:
+    from podcert.rest import Rest
+
+# The kubelet's layout, which the shim's atomic writer reproduces:
+# ROOT/pods/<pod UID>/volumes/kubernetes.io~projected/<volume>/..data -> ..<timestamp>/<files>
+PLUGIN_DIR: Final = "kubernetes.io~projected"
+DATA_DIR: Final = "..data"
+_READ_ATTEMPTS: Final = 5  # re-reads of a volume that rotated while it was being read
+_PEM: Final = b"-----BEGIN "
+_PAGE: Final = 500  # objects per list request
+
+CERTIFICATES_GROUP: Final = "certificates.k8s.io"
+# Newest first: 1.37 serves v1; 1.35/1.36 serve the same objects as v1beta1.
+CERTIFICATES_VERSIONS: Final = ("v1", "v1beta1")
+
+
+class SnapshotError(Exception):
+    """An input cannot be read at all (a missing root, an unreadable log)."""
+
+
+# --- the node -----------------------------------------------------------------------------------
+
+
+def pod_uids(root: Path) -> list[str]:
+    """The pods under a kubelet-style root, in a stable order (cheap: one directory listing)."""
+    pods = root / "pods"
+    if not pods.is_dir():
+        raise SnapshotError(f"{root} has no pods/ directory: not a kubelet (or shim) root")
+    with os.scandir(pods) as entries:
+        return sorted(entry.name for entry in entries if entry.is_dir())
+
+
+def read_root(root: Path) -> tuple[VolumeFiles, ...]:
+    """Every projected volume under a kubelet-style root that holds PEM files."""
+    return tuple(volume for uid in pod_uids(root) for volume in read_pod(root, uid))
+
+
+def read_pod(root: Path, pod_uid: str) -> list[VolumeFiles]:
+    """The pod's projected volumes that hold PEM files, each one consistent version."""
+    projected = f"{root}/pods/{pod_uid}/volumes/{PLUGIN_DIR}"
+    try:
+        with os.scandir(projected) as entries:
+            names = sorted(entry.name for entry in entries if entry.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    volumes = (VolumeFiles(pod_uid, name, _read_volume(f"{projected}/{name}")) for name in names)
+    return [volume for volume in volumes if volume.files]
+
+
+def _read_volume(directory: str) -> dict[str, bytes]:
+    """One consistent version of a volume, PEM files only.
+
+    Files come from the directory `..data` names; the writer deletes a version only after
+    swapping `..data` away from it, so a read counts if `..data` names the same directory before
+    and after. Other projected files (service account tokens, config maps) are dropped unread
+    beyond their first bytes: the audit has no business holding them.
+    """
+    # os-level calls on purpose, here and below: this is the loop over thousands of volumes.
+    data_link = f"{directory}/{DATA_DIR}"
+    for _ in range(_READ_ATTEMPTS):
+        try:
+            current = os.readlink(data_link)  # noqa: PTH115
+        except FileNotFoundError:  # not written by an atomic writer: the visible files
+            return _pem_files(directory, "", True)
+        except OSError:
+            break
+        try:
+            files = _pem_files(f"{directory}/{current}", "", False)
+        except FileNotFoundError:
+            continue
+        try:
+            if os.readlink(data_link) == current:  # noqa: PTH115
+                return files
+        except OSError:
+            continue
+    return {}
+
+
+def _pem_files(directory: str, prefix: str, skip_hidden: bool) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if skip_hidden and entry.name.startswith(".."):
+                continue
+            if entry.is_dir():
+                files.update(_pem_files(entry.path, f"{prefix}{entry.name}/", skip_hidden))
+            elif entry.is_file():
+                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    # One capped read: the parser reports an oversized file as such.
+                    data = os.read(fd, MAX_BUNDLE_BYTES + 1)
+                finally:
+                    os.close(fd)
+                if _PEM in data:
+                    files[prefix + entry.name] = data
+    return files
+
+
+# --- files given by the operator ----------------------------------------------------------------
+
+
+def read_audit_log(path: Path) -> tuple[bytes, ...]:
+    """The log's complete lines. A last line without its newline is still being written."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SnapshotError(f"cannot read the audit log: {exc}") from exc
+    end = data.rfind(b"\n") + 1
+    return tuple(data[:end].splitlines())
+
+
+def read_trust_files(paths: Sequence[Path]) -> tuple[TrustSource, ...]:
+    sources = []
+    for path in paths:
+        try:
+            sources.append(TrustSource(str(path), path.read_bytes()))
+        except OSError as exc:
+            raise SnapshotError(f"cannot read trust bundle {path}: {exc}") from exc
+    return tuple(sources)
+
+
+def read_pem(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise SnapshotError(f"cannot read {what} {path}: {exc}") from exc
+
+
+# --- the cluster (the one place that talks to the API server) ----------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterObjects:
+    pods: tuple[dict[str, Any], ...]
+    requests: tuple[dict[str, Any], ...]
+    trust: tuple[TrustSource, ...]
+
+
+def read_cluster(
+    rest: Rest, *, namespaces: Sequence[str] = (), node_name: str | None = None
+) -> ClusterObjects:
+    """Pods, PodCertificateRequests and signer-linked ClusterTrustBundles, listed in pages.
+
+    Pods are trimmed to what the audit reads (identity, node, projected volumes) so ten thousand
+    of them stay small. Raises `podcert.rest.ApiError` when the API server refuses.
+    """
+    from podcert.rest import path_of  # the Kubernetes client loads only when the cluster is read
+
+    selector = {"fieldSelector": f"spec.nodeName={node_name}"} if node_name else {}
+    version = _certificates_version(rest)
+    group_version = f"{CERTIFICATES_GROUP}/{version}"
+    pods: list[dict[str, Any]] = []
+    requests: list[dict[str, Any]] = []
+    for namespace in namespaces or (None,):
+        pods += [_trim_pod(p) for p in _list(rest, path_of("v1", "pods", namespace), selector)]
+        requests += _list(
+            rest, path_of(group_version, "podcertificaterequests", namespace), selector
+        )
+    trust = tuple(
+        TrustSource(
+            f"ClusterTrustBundle {ctb.get('metadata', {}).get('name', '?')}",
+            str(ctb.get("spec", {}).get("trustBundle", "")).encode(),
+            ctb.get("spec", {}).get("signerName") or None,
+        )
+        for ctb in _list(rest, path_of(group_version, "clustertrustbundles"), {})
+        if ctb.get("spec", {}).get("signerName")  # unlinked bundles vouch for no signer
+    )
+    return ClusterObjects(tuple(pods), tuple(requests), trust)
+
+
+def _certificates_version(rest: Rest) -> str:
+    # v1 also serves CertificateSigningRequests, so ask for the resource, not the version.
+    for version in CERTIFICATES_VERSIONS:
+        listing = rest.get(f"/apis/{CERTIFICATES_GROUP}/{version}") or {}
+        names = {r.get("name") for r in listing.get("resources") or () if isinstance(r, dict)}
+        if "podcertificaterequests" in names:
+            return version
+    raise SnapshotError(
+        f"the API server serves no {CERTIFICATES_GROUP} version with PodCertificateRequests"
+    )
+
+
+def _list(rest: Rest, path: str, query: Mapping[str, str]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        page: dict[str, str | int | bool] = {**query, "limit": _PAGE}
+        if token:
+            page["continue"] = token
+        body = rest.request("GET", path, query=page)
+        items += [item for item in body.get("items") or () if isinstance(item, dict)]
+        token = str((body.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return items
+
+
+def _trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    volumes = [v for v in spec.get("volumes") or () if isinstance(v, dict) and "projected" in v]
+    return {
+        "metadata": {key: meta.get(key) for key in ("namespace", "name", "uid")},
+        "spec": {"nodeName": spec.get("nodeName"), "volumes": volumes},
+    }

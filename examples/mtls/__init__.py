@@ -1,0 +1,115 @@
+"""The mTLS example pair: an aiohttp server and client that talk with pod certificates.
+
+Why it exists: it is the proof that a workload can live on what the kubelet (or our shim) projects
+into its pod — a credential bundle (or key + chain files) and a trust bundle — through leaf and CA
+rotations, without a restart and without a failed request. Both sides hold a
+`bundles.source.TLSSource`, so every new handshake uses the newest material, and both decide who
+the peer is by SPIFFE ID with `bundles.authz`, never by hostname.
+
+This module holds what the two share: the command-line options for the projected files and the
+peer rules, and the serial of a certificate as the audit log writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+
+from bundles.authz import Authorizer, allow_any_of, allow_ids, allow_trust_domain, allow_workloads
+from bundles.source import StrPath
+
+
+def add_credential_arguments(parser: argparse.ArgumentParser) -> None:
+    files = parser.add_argument_group("projected files (as the pod sees them)")
+    files.add_argument(
+        "--credential-bundle", type=Path, help="key and chain in one file (one atomic read)"
+    )
+    files.add_argument("--key", type=Path, help="key file (with --certificate-chain)")
+    files.add_argument("--certificate-chain", type=Path, help="chain file (with --key)")
+    files.add_argument("--trust-bundle", type=Path, required=True, help="trust anchors (PEM)")
+    files.add_argument(
+        "--reload-interval",
+        type=float,
+        default=2.0,
+        help="seconds between content checks of the files (inotify wakes it up earlier)",
+    )
+    parser.add_argument("--log-level", default="INFO")
+
+
+def credential_paths(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> StrPath | tuple[StrPath, StrPath]:
+    """The credential as TLSSource takes it; a usage error (exit 2) unless exactly one form."""
+    if args.credential_bundle is not None and args.key is None and args.certificate_chain is None:
+        path: StrPath = args.credential_bundle
+        return path
+    if args.credential_bundle is None and args.key is not None and args.certificate_chain:
+        pair: tuple[StrPath, StrPath] = (args.key, args.certificate_chain)
+        return pair
+    parser.error("give either --credential-bundle, or --key with --certificate-chain")
+
+
+def add_peer_arguments(parser: argparse.ArgumentParser, prefix: str, who: str) -> None:
+    """`--<prefix>-id`, `--<prefix>-trust-domain`, `--<prefix>-workload`: who may talk to us."""
+    rules = parser.add_argument_group(f"which {who} may talk to us (any rule allows)")
+    rules.add_argument(
+        f"--{prefix}-id", dest="ids", action="append", default=[], help="a SPIFFE ID (repeatable)"
+    )
+    rules.add_argument(
+        f"--{prefix}-trust-domain",
+        dest="trust_domains",
+        action="append",
+        default=[],
+        help="any ID in this trust domain (repeatable)",
+    )
+    rules.add_argument(
+        f"--{prefix}-workload",
+        dest="workloads",
+        action="append",
+        default=[],
+        metavar="NAMESPACE/SERVICEACCOUNT",
+        help="/ns/<ns>/sa/<sa> IDs whose namespace and service account match these globs",
+    )
+
+
+def authorizer_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Authorizer:
+    """One authorizer from the peer options; a usage error when no rule is given or one is bad."""
+    rules: list[Authorizer] = []
+    try:
+        if args.ids:
+            rules.append(allow_ids(args.ids))
+        rules += [allow_trust_domain(td) for td in args.trust_domains]
+        for pattern in args.workloads:
+            namespace, slash, service_account = pattern.partition("/")
+            if not slash:
+                parser.error(f"{pattern!r} is not NAMESPACE/SERVICEACCOUNT")
+            rules.append(allow_workloads(namespace, service_account))
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not rules:
+        parser.error("no peer rule: nobody could talk to us")
+    return rules[0] if len(rules) == 1 else allow_any_of(*rules)
+
+
+def serial_of(certificate: x509.Certificate) -> str:
+    """Lowercase hex, as the signer's audit log writes it."""
+    return f"{certificate.serial_number:x}"
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def stop_on_signals(stop: asyncio.Event, signals: Sequence[signal.Signals] = ()) -> None:
+    """Set `stop` on SIGTERM/SIGINT (the kubelet stops a pod with SIGTERM)."""
+    loop = asyncio.get_running_loop()
+    for sig in signals or (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)

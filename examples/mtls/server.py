@@ -1,0 +1,202 @@
+"""The example server: HTTPS with client certificates, answering who the caller is.
+
+    python -m examples.mtls.server --credential-bundle /var/run/identity/credentialbundle.pem \
+        --trust-bundle /var/run/identity/trust-bundle.pem \
+        --allow-workload 'shop/*' --port 8443
+
+Rotation without a restart: asyncio fixes a server's `ssl.SSLContext` when it starts listening,
+so the listening context is only a dispatcher whose `sni_callback` (called on every ClientHello,
+with or without SNI) moves the handshake onto the TLSSource's current context — certificate, key
+and trusted roots alike. Connections keep the context they were made with; new ones get the new.
+
+Connections made before a rotation are drained, not cut: the next answer on such a connection
+carries `Connection: close`, so the client's following request opens a new connection and sees
+the new certificate, and no request fails.
+
+Authorization: the handshake proves the client holds a key our trust bundle certifies; a
+middleware then checks its SPIFFE ID before any handler runs, answers 403 and closes the
+connection when the ID is not allowed, and logs one line saying who was refused and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import ssl
+import sys
+import weakref
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from bundles.authz import Authorizer, authorize_peer_certificate
+from bundles.formats import BundleError, load_certificate
+from bundles.source import SourceError, TLSSource
+from bundles.spiffe import CertificateIdError, spiffe_id_of
+from examples.mtls import (
+    add_credential_arguments,
+    add_peer_arguments,
+    authorizer_from,
+    credential_paths,
+    serial_of,
+    setup_logging,
+    stop_on_signals,
+)
+
+log = logging.getLogger("examples.mtls.server")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_CLIENT_DER = web.RequestKey("client_der", bytes)  # the authorized client's leaf (DER)
+
+
+class IdentityServer:
+    """Answers `GET /` with the caller's SPIFFE ID and the serial the server presented."""
+
+    def __init__(self, source: TLSSource, authorizer: Authorizer) -> None:
+        self.source = source
+        self.authorizer = authorizer
+        self.served = 0
+        self.refused = 0
+        # Client leaf serials in the order first seen: shows clients rotating.
+        self.client_serials: Counter[str] = Counter()
+        self._serials: weakref.WeakKeyDictionary[ssl.SSLContext, str] = weakref.WeakKeyDictionary()
+        self._runner: web.AppRunner | None = None
+
+    # --- TLS ----------------------------------------------------------------------------------
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The listening context: it only dispatches each handshake to the current one."""
+        dispatcher = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        dispatcher.minimum_version = ssl.TLSVersion.TLSv1_2
+        dispatcher.verify_mode = ssl.CERT_REQUIRED  # no client certificate, no handshake
+        dispatcher.sni_callback = self._select
+        return dispatcher
+
+    def _select(self, connection: ssl.SSLObject, server_name: str | None, _: Any) -> None:
+        context, serial = self._current()
+        self._serials[context] = serial
+        connection.context = context
+
+    def _current(self) -> tuple[ssl.SSLContext, str]:
+        """The current server context and the serial of the leaf inside it, read consistently."""
+        while True:
+            credential = self.source.credential
+            context = self.source.server_context()
+            if self.source.credential is credential:  # no swap in between
+                return context, serial_of(credential.leaf)
+
+    # --- HTTP ---------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._authorize])
+        app.router.add_get("/", self._whoami)
+        app.router.add_get("/stats", self._stats)
+        return app
+
+    @web.middleware
+    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport else None
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
+        verdict = authorize_peer_certificate(der, self.authorizer)
+        if der is None or not verdict:
+            self.refused += 1
+            log.warning("refused client %s: %s", request.remote, verdict.reason)
+            # Close the connection too: a refused peer gets nothing more on it.
+            raise web.HTTPForbidden(text=verdict.reason + "\n", headers={"Connection": "close"})
+        request[_CLIENT_DER] = der
+        response = await handler(request)
+        if ssl_object is not None and ssl_object.context is not self.source.server_context():
+            response.force_close()  # made with material since rotated: answer, then close
+        return response
+
+    async def _whoami(self, request: web.Request) -> web.Response:
+        peer = _describe_peer(request[_CLIENT_DER])
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport else None
+        server_serial = self._serials.get(ssl_object.context) if ssl_object else None
+        self.served += 1
+        self.client_serials[peer["serial"]] += 1
+        return web.json_response(
+            {
+                "caller": peer["spiffe_id"],
+                "caller_serial": peer["serial"],
+                "server_serial": server_serial,
+            }
+        )
+
+    async def _stats(self, _: web.Request) -> web.Response:
+        return web.json_response(self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "served": self.served,
+            "refused": self.refused,
+            "client_serials": list(self.client_serials),
+            "serial": serial_of(self.source.credential.leaf),
+        }
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen; returns the bound port (pick one with port=0)."""
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context())
+        await site.start()
+        return int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def _describe_peer(der: bytes) -> dict[str, str]:
+    try:
+        cert = load_certificate(der)
+        return {"spiffe_id": str(spiffe_id_of(cert)), "serial": serial_of(cert)}
+    except (BundleError, CertificateIdError):  # authorized already, so this is not expected
+        return {"spiffe_id": "?", "serial": "?"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m examples.mtls.server", description=__doc__)
+    add_credential_arguments(parser)
+    add_peer_arguments(parser, "allow", "clients")
+    parser.add_argument("--host", default="0.0.0.0")  # noqa: S104 - a pod listens on its IP
+    parser.add_argument("--port", type=int, default=8443)
+    args = parser.parse_args(argv)
+    credential = credential_paths(parser, args)
+    authorizer = authorizer_from(parser, args)
+    setup_logging(args.log_level)
+    try:
+        source = TLSSource(credential, args.trust_bundle)
+    except SourceError as exc:
+        log.error("%s", exc)
+        return 1
+    return asyncio.run(_serve(IdentityServer(source, authorizer), args))
+
+
+async def _serve(server: IdentityServer, args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    watcher = asyncio.create_task(server.source.watch(stop, interval=args.reload_interval))
+    port = await server.start(args.host, args.port)
+    log.info("serving on %s:%d as %s", args.host, port, server.source.credential.spiffe_id)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+        await watcher
+    json.dump(server.stats(), sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,457 @@
+"""The mTLS example pair over loopback: identity answers, refusals, and rotations with no failure.
+
+Credentials are made by the signer's own CA code and written in the kubelet's atomic-writer
+layout by the shim's writer, so the example reads exactly what a pod would. Waits are conditions
+with deadlines, never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from bundles.authz import Authorizer, allow_ids, allow_workloads
+from bundles.source import TLSSource
+from examples.mtls.client import IdentityClient
+from examples.mtls.server import IdentityServer
+from kubelet_shim.storage import AtomicDirStorage, FileSpec
+from signer import ca, certs, model
+
+TRUST_DOMAIN = "td.test"
+SERVER_ID = f"spiffe://{TRUST_DOMAIN}/ns/shop/sa/api"
+CLIENT_ID = f"spiffe://{TRUST_DOMAIN}/ns/shop/sa/web"
+DEADLINE = 15.0  # seconds any single condition may take to come true
+RELOAD_INTERVAL = 0.2
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+def new_ca(name: str) -> ca.CABundle:
+    return ca.new_ca(name, now())
+
+
+def pem(*certificates: x509.Certificate) -> bytes:
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates)
+
+
+@dataclass
+class Pod:
+    """One pod's projected volume, rewritten the way the shim does it."""
+
+    storage: AtomicDirStorage
+    uid: str
+    spiffe_id: str
+    serial: str = ""
+
+    @property
+    def directory(self) -> Path:
+        return self.storage.volume_dir(self.uid, "identity")
+
+    @property
+    def bundle(self) -> Path:
+        return self.directory / "credentialbundle.pem"
+
+    @property
+    def trust(self) -> Path:
+        return self.directory / "trust-bundle.pem"
+
+    def issue(
+        self, issuer: ca.CABundle, roots: list[x509.Certificate], *, split: bool = False
+    ) -> str:
+        """A new key and leaf from `issuer`, with `roots` as the trust bundle; the new serial."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        not_before = now() - dt.timedelta(minutes=1)
+        plan = model.LeafPlan(
+            public_key=key.public_key(),
+            spiffe_id=self.spiffe_id,
+            dns_names=(),
+            not_before=not_before,
+            not_after=not_before + dt.timedelta(hours=1),
+            begin_refresh_at=not_before + dt.timedelta(minutes=30),
+        )
+        serial = certs.random_serial()
+        chain = certs.sign_leaf(plan, ca.issuing_ca(issuer), serial).encode()
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        files = {"trust-bundle.pem": FileSpec(pem(*roots))}
+        if split:
+            files |= {"tls.key": FileSpec(key_pem, 0o600), "tls.crt": FileSpec(chain)}
+        else:
+            files["credentialbundle.pem"] = FileSpec(key_pem + chain, 0o600)
+        self.storage.write_volume(self.uid, "identity", files, None)
+        self.serial = f"{serial:x}"
+        return self.serial
+
+    def trust_only(self, roots: list[x509.Certificate]) -> None:
+        """Rewrite the trust bundle, keep the credential (a CA rotation's first and last step)."""
+        current = self.bundle.read_bytes()
+        files = {
+            "credentialbundle.pem": FileSpec(current, 0o600),
+            "trust-bundle.pem": FileSpec(pem(*roots)),
+        }
+        self.storage.write_volume(self.uid, "identity", files, None)
+
+    def source(self, *, split: bool = False) -> TLSSource:
+        if split:
+            return TLSSource((self.directory / "tls.key", self.directory / "tls.crt"), self.trust)
+        return TLSSource(self.bundle, self.trust)
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> AtomicDirStorage:
+    return AtomicDirStorage(tmp_path / "node")
+
+
+@pytest.fixture(scope="module")
+def ca1() -> ca.CABundle:
+    return new_ca("mtls one")
+
+
+async def eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {DEADLINE}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def pair(
+    server_pod: Pod,
+    client_pod: Pod,
+    *,
+    allow_clients: Authorizer | None = None,
+    expect_server: Authorizer | None = None,
+    split_client: bool = False,
+) -> AsyncIterator[tuple[IdentityServer, IdentityClient]]:
+    """A running server and a client for it, both following their files."""
+    server = IdentityServer(server_pod.source(), allow_clients or allow_workloads("shop", "web"))
+    client_source = client_pod.source(split=split_client)
+    stop = asyncio.Event()
+    watchers = [
+        asyncio.create_task(server.source.watch(stop, interval=RELOAD_INTERVAL)),
+        asyncio.create_task(client_source.watch(stop, interval=RELOAD_INTERVAL)),
+    ]
+    port = await server.start("127.0.0.1", 0)
+    url = f"https://127.0.0.1:{port}/"
+    try:
+        async with IdentityClient(client_source, expect_server or allow_ids([SERVER_ID]), url) as c:
+            yield server, c
+    finally:
+        stop.set()
+        await server.stop()
+        await asyncio.gather(*watchers)
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(test())
+
+
+@pytest.fixture
+def pods(storage: AtomicDirStorage, ca1: ca.CABundle) -> tuple[Pod, Pod]:
+    server_pod = Pod(storage, "uid-api", SERVER_ID)
+    client_pod = Pod(storage, "uid-web", CLIENT_ID)
+    server_pod.issue(ca1, [ca1.root])
+    client_pod.issue(ca1, [ca1.root])
+    return server_pod, client_pod
+
+
+# --- answers and refusals ------------------------------------------------------------------------
+
+
+def test_the_server_answers_with_the_callers_identity(pods: tuple[Pod, Pod]) -> None:
+    server_pod, client_pod = pods
+
+    async def scenario() -> None:
+        async with pair(server_pod, client_pod) as (server, client):
+            answer = await client.request()
+            assert answer == {
+                "caller": CLIENT_ID,
+                "caller_serial": client_pod.serial,
+                "server_serial": server_pod.serial,
+            }
+            assert (client.ok, client.failed, server.served, server.refused) == (1, 0, 1, 0)
+
+    run(scenario)
+
+
+def test_separate_key_and_chain_files_work_too(
+    storage: AtomicDirStorage, ca1: ca.CABundle, pods: tuple[Pod, Pod]
+) -> None:
+    server_pod, _ = pods
+    split = Pod(storage, "uid-split", CLIENT_ID)
+    split.issue(ca1, [ca1.root], split=True)
+
+    async def scenario() -> None:
+        async with pair(server_pod, split, split_client=True) as (_, client):
+            answer = await client.request()
+            assert answer is not None and answer["caller_serial"] == split.serial
+
+    run(scenario)
+
+
+def test_a_client_whose_id_is_not_allowed_is_refused_with_a_clear_log_line(
+    storage: AtomicDirStorage,
+    ca1: ca.CABundle,
+    pods: tuple[Pod, Pod],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server_pod, _ = pods
+    intruder = Pod(storage, "uid-intruder", f"spiffe://{TRUST_DOMAIN}/ns/other/sa/intruder")
+    intruder.issue(ca1, [ca1.root])
+
+    async def scenario() -> None:
+        async with pair(server_pod, intruder) as (server, client):
+            assert await client.request() is None
+            assert (client.failed, server.refused, server.served) == (1, 1, 0)
+            (error,) = client.errors
+            assert "403" in error
+
+    with caplog.at_level(logging.WARNING, logger="examples.mtls.server"):
+        run(scenario)
+    refusals = [r.getMessage() for r in caplog.records if "refused client" in r.getMessage()]
+    assert len(refusals) == 1
+    assert f"spiffe://{TRUST_DOMAIN}/ns/other/sa/intruder" in refusals[0]
+    assert "does not match namespace 'shop'" in refusals[0]
+
+
+def test_a_client_certificate_from_an_untrusted_ca_fails_the_handshake(
+    storage: AtomicDirStorage, ca1: ca.CABundle, pods: tuple[Pod, Pod]
+) -> None:
+    server_pod, _ = pods
+    stranger = Pod(storage, "uid-stranger", CLIENT_ID)
+    foreign = new_ca("foreign")
+    # It trusts the server's CA, so only the server's check can stop it.
+    stranger.issue(foreign, [foreign.root, ca1.root])
+
+    async def scenario() -> None:
+        async with pair(server_pod, stranger) as (server, client):
+            assert await client.request() is None
+            assert (client.failed, server.served, server.refused) == (1, 0, 0)
+
+    run(scenario)
+
+
+def test_the_client_refuses_a_server_with_another_id_before_sending_anything(
+    pods: tuple[Pod, Pod],
+) -> None:
+    server_pod, client_pod = pods
+    expected = allow_ids([f"spiffe://{TRUST_DOMAIN}/ns/shop/sa/not-api"])
+
+    async def scenario() -> None:
+        async with pair(server_pod, client_pod, expect_server=expected) as (server, client):
+            assert await client.request() is None
+            (error,) = client.errors
+            assert error.startswith("ServerNotAllowed")
+            assert SERVER_ID in error
+            assert server.served == 0
+
+    run(scenario)
+
+
+# --- rotation under load -------------------------------------------------------------------------
+
+
+def test_leaf_and_ca_rotations_under_steady_load_fail_no_request(
+    pods: tuple[Pod, Pod], ca1: ca.CABundle
+) -> None:
+    server_pod, client_pod = pods
+    ca2 = new_ca("mtls two")
+
+    def trusts(source: TLSSource, *roots: x509.Certificate) -> bool:
+        return source.trust_bundle.roots == roots
+
+    async def rotate(server: IdentityServer, client: IdentityClient) -> None:
+        async def new_leaves(issuer: ca.CABundle, roots: list[x509.Certificate]) -> None:
+            serial = server_pod.issue(issuer, roots)
+            await eventually(lambda: serial in client.server_serials, "the server's new leaf")
+            serial = client_pod.issue(issuer, roots)
+            await eventually(lambda: serial in server.client_serials, "the client's new leaf")
+
+        await eventually(lambda: client.ok >= 20, "the first answers")
+        for _ in range(3):
+            await new_leaves(ca1, [ca1.root])
+        # CA rotation: trust old + new everywhere, then issue from the new, then drop the old.
+        for pod in (server_pod, client_pod):
+            pod.trust_only([ca1.root, ca2.root])
+        await eventually(
+            lambda: all(trusts(s, ca1.root, ca2.root) for s in (server.source, client.source)),
+            "both sides to trust both roots",
+        )
+        await new_leaves(ca2, [ca1.root, ca2.root])
+        for pod in (server_pod, client_pod):
+            pod.trust_only([ca2.root])
+        await eventually(
+            lambda: all(trusts(s, ca2.root) for s in (server.source, client.source)),
+            "both sides to trust only the new root",
+        )
+        settled = client.ok
+        await eventually(lambda: client.ok >= settled + 50, "answers after the rotation")
+
+    async def scenario() -> None:
+        async with pair(server_pod, client_pod) as (server, client):
+            stop = asyncio.Event()
+            load = asyncio.create_task(client.run(rate=100, duration=None, stop=stop))
+            try:
+                await rotate(server, client)
+            finally:
+                stop.set()
+                await load
+
+            assert client.failed == 0, client.errors
+            assert server.refused == 0
+            # Each side saw every leaf the other had: the first, 3 rotations, the new CA's.
+            assert len(client.server_serials) == 5
+            assert len(server.client_serials) == 5
+            assert client.last is not None
+            assert client.last["server_serial"] == server_pod.serial
+
+    run(scenario)
+
+
+# --- as processes, the way a pod runs them -------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def server_process(
+    pods: tuple[Pod, Pod], tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    server_pod, _ = pods
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "examples.mtls.server",
+            f"--credential-bundle={server_pod.bundle}",
+            f"--trust-bundle={server_pod.trust}",
+            f"--allow-id={CLIENT_ID}",
+            "--host=127.0.0.1",
+            f"--port={port}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "server.log").open("w"),
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"server did not listen: {(tmp_path / 'server.log').read_text()}"
+                    ) from None
+                time.sleep(0.05)
+        yield process, port
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def test_the_commands_serve_and_count(
+    pods: tuple[Pod, Pod], server_process: tuple[subprocess.Popen[str], int]
+) -> None:
+    _, client_pod = pods
+    process, port = server_process
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.mtls.client",
+            f"--credential-bundle={client_pod.bundle}",
+            f"--trust-bundle={client_pod.trust}",
+            f"--server-id={SERVER_ID}",
+            f"--url=https://127.0.0.1:{port}/",
+            "--rate=40",
+            "--duration=1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    client_stats = json.loads(done.stdout)
+    assert client_stats["failed"] == 0
+    assert client_stats["ok"] >= 30
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    server_stats = json.loads(out)
+    assert server_stats["served"] == client_stats["ok"]
+    assert server_stats["client_serials"] == [client_pod.serial]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--trust-bundle=x", "--allow-id=" + CLIENT_ID], id="no credential"),
+        pytest.param(
+            ["--credential-bundle=x", "--key=k", "--trust-bundle=x", "--allow-id=" + CLIENT_ID],
+            id="a bundle and a key at once",
+        ),
+        pytest.param(["--credential-bundle=x", "--trust-bundle=x"], id="no client rule"),
+        pytest.param(
+            ["--credential-bundle=x", "--trust-bundle=x", "--allow-id=https://x"],
+            id="a client rule that is not a SPIFFE ID",
+        ),
+    ],
+)
+def test_server_usage_errors_exit_2(argv: list[str]) -> None:
+    from examples.mtls.server import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    assert caught.value.code == 2
+
+
+def test_the_example_modules_do_not_import_the_signer_or_the_shim() -> None:
+    code = (
+        "import sys, examples.mtls.server, examples.mtls.client; "
+        "print(sorted({'signer', 'kubelet_shim', 'kubernetes'} & set(sys.modules)))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "[]"
