@@ -251,23 +251,24 @@ def _checkpoint_problems(
     trust_roots: Sequence[x509.Certificate] | None,
     now: dt.datetime,
     since: str,
-) -> list[str]:
-    """What is wrong with the checkpoint on `line_no`, whose preceding line hashes to `head`."""
+) -> tuple[list[str], str | None]:
+    """What is wrong with the checkpoint on `line_no`, whose preceding line hashes to `head`:
+    (problems, and apart from them why its x5c chain does not reach the trust roots)."""
     where = f"line {line_no}: checkpoint"
     if not isinstance(token, str):
-        return [f"{where} has no JWT"]
+        return [f"{where} has no JWT"], None
     try:
         x5c = jwt.get_unverified_header(token).get("x5c")
         if not isinstance(x5c, list) or not x5c or not all(isinstance(c, str) for c in x5c):
-            return [f"{where} has no x5c certificate chain in its header"]
+            return [f"{where} has no x5c certificate chain in its header"], None
         chain = [x509.load_der_x509_certificate(base64.b64decode(c, validate=True)) for c in x5c]
     except (jwt.PyJWTError, binascii.Error, ValueError) as err:
-        return [f"{where} has an unreadable header or x5c chain: {err}"]
+        return [f"{where} has an unreadable header or x5c chain: {err}"], None
     leaf_key = chain[0].public_key()
     if not isinstance(leaf_key, ec.EllipticCurvePublicKey) or not isinstance(
         leaf_key.curve, ec.SECP256R1
     ):
-        return [f"{where} x5c leaf does not hold an ECDSA P-256 key"]
+        return [f"{where} x5c leaf does not hold an ECDSA P-256 key"], None
     try:
         claims = jwt.decode(
             token,
@@ -277,14 +278,14 @@ def _checkpoint_problems(
             options={"verify_exp": False, "verify_nbf": False, "verify_iat": False},
         )
     except jwt.PyJWTError as err:
-        return [f"{where} signature invalid: {err}"]
+        return [f"{where} signature invalid: {err}"], None
     claimed_head, claimed_lines, iat = claims.get("head"), claims.get("lines"), claims.get("iat")
     if (
         not isinstance(claimed_head, str)
         or not isinstance(claimed_lines, int)
         or not isinstance(iat, int)
     ):
-        return [f"{where} claims are missing head, lines or iat"]
+        return [f"{where} claims are missing head, lines or iat"], None
 
     problems = []
     # A good signature over another log: what precedes the checkpoint is not what it signed.
@@ -319,8 +320,8 @@ def _checkpoint_problems(
         try:
             verifier.verify(chain[0], chain[1:])
         except verification.VerificationError as err:
-            problems.append(f"{where} x5c chain does not verify to the trust roots: {err}")
-    return problems
+            return problems, f"{where} x5c chain does not verify to the trust roots: {err}"
+    return problems, None
 
 
 def _allows_signing(
@@ -348,6 +349,11 @@ def verify(
     entries = checkpoints = good_checkpoints = unsigned = 0
     prev_hash, prev_seq, after_bad = GENESIS, 0, False
     last_good = 0  # line number of the last checkpoint that verified
+    # Checkpoints whose signature and claims hold but whose root is no longer trusted (a CA
+    # rotation retired it). A later anchored checkpoint attests every line before it, these
+    # included, so it vouches for them; any left at the end are problems.
+    unanchored: list[tuple[int, str]] = []
+    superseded = 0
 
     for line_no, raw in enumerate(lines, start=1):
         data = _as_bytes(raw)
@@ -393,23 +399,30 @@ def verify(
         else:
             checkpoints += 1
             since = f"{last_good + 1}..{line_no - 1}"
-            found = _checkpoint_problems(
+            found, unanchored_reason = _checkpoint_problems(
                 line_no, line.body.get("jwt"), prev_hash, trust_roots, now, since
             )
             if found:
                 problems.extend(found)
                 broken.append(line_no)
+            elif unanchored_reason is not None:
+                unanchored.append((line_no, unanchored_reason))
             else:
                 good_checkpoints += 1
+                superseded += len(unanchored)
+                unanchored.clear()
                 last_good = line_no
                 unsigned = 0
         prev_hash, prev_seq, after_bad = digest, line.seq, False
 
+    for line_no, reason in unanchored:
+        problems.append(reason)
+        broken.append(line_no)
     return Verification(
         entries=entries,
         checkpoints=checkpoints,
         unsigned_tail=unsigned,
-        anchored=trust_roots is not None and 0 < good_checkpoints == checkpoints,
+        anchored=trust_roots is not None and 0 < good_checkpoints + superseded == checkpoints,
         first_broken_line=min(broken) if broken else None,
         problems=problems,
     )

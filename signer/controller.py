@@ -197,6 +197,15 @@ class Controller:
         bundle = self.cas.bundle
         if bundle is not None:
             self.metrics.ca_not_after.set(bundle.not_after.timestamp())
+            if (
+                self.audit is not None
+                and self._audit_chain
+                and self._audit_chain[-1] != bundle.intermediate
+            ):
+                # A new CA signs now: re-key the audit certificate under it and checkpoint, so
+                # the log stays verifiable once the old root is retired and withdrawn.
+                self._setup_audit_signer()
+                self._checkpoint()
         self.publisher.resync()
         self._rotation_wake.set()
 

@@ -120,6 +120,12 @@ class IdentityServer:
         ssl_object = transport.get_extra_info("ssl_object") if transport else None
         server_serial = self._serials.get(ssl_object.context) if ssl_object else None
         self.served += 1
+        if peer["serial"] not in self.client_serials:
+            log.info(
+                "first request from %s with certificate serial %s",
+                peer["spiffe_id"],
+                peer["serial"],
+            )
         self.client_serials[peer["serial"]] += 1
         return web.json_response(
             {

@@ -8,96 +8,21 @@ probe, its metrics, the files under its root, and the cluster objects its tests 
 from __future__ import annotations
 
 import base64
-import re
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from devcluster import kube, processes
-from devcluster.cluster import free_port
 from devcluster.testing import DevCluster, eventually
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
 PROJECTED = "kubernetes.io~projected"
+Shim = processes.Shim
 
 
-@dataclass
-class Shim(processes.Process):
-    root: Path = field(default_factory=Path)
-    metrics_port: int = 0
-
-    def _get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}{path}", timeout=2
-            ) as resp:
-                return int(resp.status), str(resp.read().decode())
-        except urllib.error.HTTPError as err:
-            return err.code, ""
-        except OSError:
-            return 0, ""
-
-    def ready(self) -> bool:
-        return self._get("/readyz")[0] == 200
-
-    def wait_ready(self, timeout: float = 30.0) -> Shim:
-        deadline = time.monotonic() + timeout
-        while not self.ready():
-            if not self.running:
-                raise RuntimeError(f"shim exited early:\n{self.output()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"shim not ready in {timeout}s:\n{self.output()[-3000:]}")
-            time.sleep(0.05)
-        return self
-
-    def metrics(self) -> str:
-        return self._get("/metrics")[1]
-
-    def sample(self, metric: str, **labels: str) -> float:
-        """The value of one series of the metrics text (0 when absent)."""
-        for line in self.metrics().splitlines():
-            name, _, rest = line.partition("{")
-            if name != metric or line.startswith("#"):
-                continue
-            found = dict(re.findall(r'(\w+)="([^"]*)"', rest.rpartition("}")[0]))
-            if all(found.get(k) == v for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    def volume_dir(self, pod_uid: str, volume: str = "identity") -> Path:
-        return self.root / "pods" / pod_uid / "volumes" / PROJECTED / volume
-
-
-def shim(
-    devcluster: DevCluster,
-    workdir: Path,
-    node: str,
-    *,
-    root: Path,
-    kubeconfig: Path | None = None,
-    cleanup_kubeconfig: Path | None = None,
-    extra: Sequence[str] = (),
-    log_name: str = "",
-) -> Shim:
-    """`podcert shim` as `node` (not started). `kubeconfig` defaults to that node's own."""
-    port = free_port()
-    args = [
-        "shim",
-        f"--kubeconfig={kubeconfig or devcluster.node_kubeconfig(node)}",
-        f"--node-name={node}",
-        f"--root={root}",
-        f"--metrics-port={port}",
-        "--metrics-host=127.0.0.1",
-        *([f"--cleanup-kubeconfig={cleanup_kubeconfig}"] if cleanup_kubeconfig else []),
-        *extra,
-    ]
-    log = workdir / f"shim-{log_name or node}.log"
-    return Shim(args=args, log=log, root=root, metrics_port=port)
+def shim(devcluster: DevCluster, workdir: Path, node: str, **kwargs: Any) -> Shim:
+    """`podcert shim` as `node` (not started); see devcluster.processes.shim."""
+    return processes.shim(devcluster.root, workdir, node, **kwargs)
 
 
 def cleanup_identity(devcluster: DevCluster, namespace: str) -> Path:

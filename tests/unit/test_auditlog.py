@@ -746,3 +746,29 @@ def test_the_module_imports_neither_kubernetes_nor_aiohttp() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_checkpoints_under_a_retired_root_are_vouched_for_by_a_later_anchored_one(
+    tmp_path: Path, pki: Pki
+) -> None:
+    # A CA rotation: the first checkpoints chain to the old root, which is then withdrawn; the
+    # signer re-keys its audit certificate under the new root and checkpoints again.
+    old = make_pki("old")
+    path = tmp_path / "audit.jsonl"
+    with AuditLog(path, checkpoint_every=4) as log:
+        log.set_checkpoint_signer(old.key, old.chain)
+        for i in range(1, 9):
+            log.append(entry(i))
+        log.set_checkpoint_signer(pki.key, pki.chain)
+        for i in range(9, 13):
+            log.append(entry(i))
+    lines = read_lines(path)
+    result = verify(lines, [pki.root], T0 + dt.timedelta(days=2))
+    assert result.ok, result.problems
+    assert result.anchored
+    # Without the later anchored checkpoint, the old ones are reported.
+    cut = lines[:10]  # entries 1-8 and their two checkpoints under the old root
+    alone = verify(cut, [pki.root], T0 + dt.timedelta(days=2))
+    assert not alone.ok
+    assert alone.first_broken_line == 5
+    assert "does not verify to the trust roots" in alone.problems[0]
