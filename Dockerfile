@@ -8,6 +8,7 @@ COPY signer ./signer
 COPY kubelet_shim ./kubelet_shim
 COPY bundles ./bundles
 COPY devcluster ./devcluster
+COPY examples ./examples
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
