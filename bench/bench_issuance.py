@@ -14,6 +14,7 @@ import argparse
 import base64
 import datetime as dt
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -84,7 +85,41 @@ def make_requests(root: Path, namespace: str, signer: str, count: int) -> list[J
         return list(pool.map(one, range(count), pods))
 
 
-def ceiling(root: Path, pcrs: list[JSON], workers: int) -> float:
+class Observer:
+    """Times settled requests in a namespace by a watch, the same way for both writers: from the
+    first settled request to the last, so start-up costs of either side are left out."""
+
+    def __init__(self, root: Path, namespace: str, count: int) -> None:
+        self.rest = Rest(kube.admin_client(root))
+        self.path = path_of(PCRS, "podcertificaterequests", namespace)
+        self.version = self.rest.request("GET", self.path)["metadata"]["resourceVersion"]
+        self.count = count
+        self.settled: set[str] = set()
+        self.first = self.last = 0.0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while len(self.settled) < self.count:
+            for event in self.rest.watch(self.path, self.version, timeout_seconds=60):
+                obj = event["object"]
+                self.version = obj["metadata"]["resourceVersion"]
+                name = obj["metadata"]["name"]
+                if objects.outcome(obj) and name not in self.settled:
+                    self.last = time.monotonic()
+                    self.first = self.first or self.last
+                    self.settled.add(name)
+                    if len(self.settled) >= self.count:
+                        return
+
+    def rate(self, timeout: float = 600.0) -> float:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"only {len(self.settled)} of {self.count} settled")
+        return (self.count - 1) / max(self.last - self.first, 1e-3)
+
+
+def ceiling(root: Path, namespace: str, pcrs: list[JSON], workers: int) -> float:
     """Requests/second of a writer that only PUTs a precomputed certificate into status."""
     bundle = ca.new_ca("bench", dt.datetime.now(dt.UTC))
     issuer = ca.issuing_ca(bundle)
@@ -101,8 +136,6 @@ def ceiling(root: Path, pcrs: list[JSON], workers: int) -> float:
     chain = certs.sign_leaf(plan, issuer, certs.random_serial())
     rest = Rest(kube.admin_client(root))
 
-    done: list[float] = []
-
     def put(pcr: JSON) -> None:
         body = objects.issued_status(pcr, chain, plan, now)
         body.update({"apiVersion": PCRS, "kind": "PodCertificateRequest"})
@@ -112,22 +145,17 @@ def ceiling(root: Path, pcrs: list[JSON], workers: int) -> float:
             path_of(PCRS, "podcertificaterequests", meta["namespace"], meta["name"]) + "/status",
             body=body,
         )
-        done.append(time.monotonic())
 
+    observer = Observer(root, namespace, len(pcrs))
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(put, pcrs))
-    # Timed like the signer: from the first settled request to the last.
-    return (len(pcrs) - 1) / max(max(done) - min(done), 1e-3)
+    return observer.rate()
 
 
 def signer_rate(
     root: Path, work: Path, signer: str, namespace: str, count: int, workers: int
 ) -> float:
-    """Requests/second of `podcert signer --workers W`, from its first settled request to its
-    last, timed by a watch on the requests (start-up and CA creation are excluded)."""
-    rest = Rest(kube.admin_client(root))
-    listing = path_of(PCRS, "podcertificaterequests", namespace)
-    version = rest.request("GET", listing)["metadata"]["resourceVersion"]
+    """Requests/second of `podcert signer --workers W` (its start-up is left out)."""
     proc = processes.signer(
         root,
         work,
@@ -135,25 +163,14 @@ def signer_rate(
         namespace=f"bench-signer-{workers}",
         extra=[f"--workers={workers}", "--no-leader-elect", "--log-level=WARNING"],
     )
-    settled: set[str] = set()
-    first = last = 0.0
+    observer = Observer(root, namespace, count)
     proc.start()
     try:
-        while len(settled) < count:
-            for event in rest.watch(listing, version, timeout_seconds=60):
-                obj = event["object"]
-                version = obj["metadata"]["resourceVersion"]
-                if objects.outcome(obj) and obj["metadata"]["name"] not in settled:
-                    last = time.monotonic()
-                    first = first or last
-                    settled.add(obj["metadata"]["name"])
-                    if len(settled) >= count:
-                        break
-            if not proc.running:
-                raise RuntimeError(proc.output()[-2000:])
+        return observer.rate()
     finally:
+        if not proc.running:
+            print(proc.output()[-2000:])
         proc.stop()
-    return (count - 1) / max(last - first, 1e-3)
 
 
 def main() -> None:
@@ -170,7 +187,7 @@ def main() -> None:
             for workers in args.workers:
                 signer = f"bench.podcert.dev/w{workers}"
                 a = make_requests(root, f"ceil-{workers}", signer, args.requests)
-                top = ceiling(root, a, workers)
+                top = ceiling(root, f"ceil-{workers}", a, workers)
                 make_requests(root, f"sign-{workers}", signer, args.requests)
                 got = signer_rate(
                     root, Path(tmp), signer, f"sign-{workers}", args.requests, workers
