@@ -429,6 +429,12 @@ class Agent:
         if known is not None:
             return known
         try:
+            # First look at this volume since the start: finish whatever a previous run was
+            # killed in the middle of, since content found current is not written again.
+            self.storage.recover_volume(uid, volume)
+        except StorageError as err:
+            log.warning("cannot finish an interrupted write: %s", err, extra={"pod_uid": uid})
+        try:
             content = dict(self.storage.read_volume(uid, volume) or {})
         except StorageError as err:
             log.warning("volume unreadable, will replace it: %s", err, extra={"pod_uid": uid})

@@ -11,8 +11,9 @@ the kubelet's half is a unit test with fixed datetimes:
 - a pending request that vanished before issuance (the 15-minute cleaner, or a deletion) is
   abandoned `abandon_after` later and replaced; the delay absorbs informer lag;
 - a request nobody answers is reported once after `unanswered_after` (the kubelet is silent);
-- `force_after` (from a pod annotation) makes a credential issued before that instant due then:
-  emergency rotation, or a scheduled one when the instant is in the future.
+- `force_after` (from a pod annotation) makes a credential whose key was made before that
+  instant due then, even one whose request was still pending at the instant: emergency
+  rotation, or a scheduled one when the instant is in the future.
 
 `projection_state` is the metrics label. The staleness events (CertificateOverdueForRefresh,
 CertificateExpired) come from changes of `refresh.credential_state` of `served(state)`, which also
@@ -63,10 +64,12 @@ class Credential:
     not_after: datetime
     begin_refresh_at: datetime | None
     refresh_at: datetime  # begin_refresh_at plus this credential's jitter, drawn once
-    issued_at: datetime  # when the shim saw it issued; what force_after is compared with
+    # When its key was made and requested (not when the issuance was seen): what force_after
+    # is compared with, so a rotation also replaces a key whose request was pending across it.
+    requested_at: datetime
 
     def due_at(self, force_after: datetime | None) -> datetime:
-        if force_after is not None and self.issued_at < force_after:
+        if force_after is not None and self.requested_at < force_after:
             return min(self.refresh_at, force_after)
         return self.refresh_at
 
@@ -286,7 +289,7 @@ def step(
             not_after=event.not_after,
             begin_refresh_at=event.begin_refresh_at,
             refresh_at=refresh_at,
-            issued_at=now,
+            requested_at=state.created_at,
         )
         return (
             Fresh(credential, unwritten_key=state.key, serving=state.previous),
@@ -397,9 +400,9 @@ def _found(
         not_after=event.not_after,
         begin_refresh_at=event.begin_refresh_at,
         refresh_at=refresh_at,
-        # Unknown; notBefore is the earliest it can have been, so an emergency rotation newer
-        # than the certificate still applies to it.
-        issued_at=event.not_before,
+        # Unknown; notBefore (backdated by the signer) is the best bound there is, so an
+        # emergency rotation newer than the certificate still applies to it.
+        requested_at=event.not_before,
     )
     return Fresh(credential), []
 

@@ -60,6 +60,11 @@ class Storage(Protocol):
         """The current content (relative path -> bytes), or None when never written."""
         ...
 
+    def recover_volume(self, pod_uid: str, volume: str) -> None:
+        """Finish what a writer killed mid-write left (the live version's visible names, stray
+        versions) without changing the content; raises StorageError."""
+        ...
+
     def remove_pod(self, pod_uid: str) -> None: ...
 
     def list_pods(self) -> list[str]: ...
@@ -67,11 +72,21 @@ class Storage(Protocol):
     def list_volumes(self, pod_uid: str) -> list[str]: ...
 
 
+# The kubelet's atomic writer limits (maxPathLength, maxFileNameLength); no Linux file system
+# takes longer names, and a volume whose write can never succeed would never be served.
+MAX_PATH_BYTES: Final = 4096
+MAX_NAME_BYTES: Final = 255
+# Ours: the kubelet has no depth limit, but a tree thousands of levels deep cannot be removed by
+# recursive clean-up (shutil.rmtree), so it would outlive its pod. No projection needs 128.
+MAX_PATH_DEPTH: Final = 128
+
+
 def path_problem(path: str) -> str | None:
     """Why `path` may not be used inside a volume, or None when it is safe.
 
-    The kubelet's rules (relative, no `..` component, no leading `..`) plus the ones a file tree
-    needs: no empty or `.` components, no NUL.
+    The kubelet's rules (relative, no `..` component, no leading `..`, at most 4096 bytes with
+    names of at most 255) plus the ones a file tree needs: no empty or `.` components, no NUL,
+    valid UTF-8, and no deeper nesting than clean-up can remove again.
     """
     if not path:
         return "must not be empty"
@@ -86,6 +101,16 @@ def path_problem(path: str) -> str | None:
         return "must not start with '..'"
     if any(part in ("", ".") for part in parts):
         return "must not contain empty or '.' components"
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates: no file system takes them
+        return "must be valid UTF-8"
+    if size > MAX_PATH_BYTES:
+        return f"must be at most {MAX_PATH_BYTES} bytes long"
+    if any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in parts):
+        return f"must not have a name longer than {MAX_NAME_BYTES} bytes"
+    if len(parts) > MAX_PATH_DEPTH:
+        return f"must not nest more than {MAX_PATH_DEPTH} levels deep"
     return None
 
 
@@ -146,6 +171,11 @@ class MemoryStorage:
         if files is None:
             return None
         return {path: spec.data for path, spec in files.items()}
+
+    def recover_volume(self, pod_uid: str, volume: str) -> None:
+        _check_name("pod UID", pod_uid)
+        _check_name("volume name", volume)
+        # Writes here are all or nothing: no crash leaves anything to finish.
 
     def files(self, pod_uid: str, volume: str) -> Mapping[str, FileSpec] | None:
         return self._volumes.get((pod_uid, volume))
@@ -349,6 +379,23 @@ class AtomicDirStorage:
             if self._current_dir(target) == current:
                 return content
         raise StorageError(str(target), "content kept changing while being read")
+
+    def recover_volume(self, pod_uid: str, volume: str) -> None:
+        """Finish a write whose writer was killed after its swap: link the visible names of the
+        version `..data` names (a first write shows no file until then) and remove the versions
+        it replaced (one holds the previous private key). The content does not change, so an
+        agent that finds it current after a restart need not write it again.
+        """
+        target = self.volume_dir(pod_uid, volume)
+        current = self._current_dir(target)
+        if current is None:
+            return  # never written; a crash before the first swap left only hidden debris
+        try:
+            names = {entry.name for entry in os.scandir(target / current)}
+            self._link_user_visible(target, names)
+            self._remove_stale_dirs(target, keep=current)
+        except OSError as exc:
+            raise StorageError(str(target), f"cannot finish an interrupted write: {exc}") from exc
 
     def remove_pod(self, pod_uid: str) -> None:
         pod_dir = self._pod_dir(pod_uid)

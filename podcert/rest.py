@@ -104,8 +104,8 @@ class Rest:
             ) from None
         except OSError as err:  # connection refused/reset: the API server is away
             raise ApiError(0, "Unavailable", str(err)) from None
-        except Exception as err:  # urllib3's own errors do not derive from OSError
-            if type(err).__module__.startswith("urllib3"):
+        except Exception as err:
+            if _from_urllib3(err):
                 raise ApiError(0, "Unavailable", str(err)) from None
             raise
 
@@ -163,10 +163,19 @@ class Rest:
                         status = event.get("object", {})
                         raise _error(int(status.get("code", 500)), json.dumps(status).encode())
                     yield event
-        except (OSError, ValueError) as err:
-            raise ApiError(0, "Unavailable", f"watch stream broke: {err}") from None
+        except Exception as err:
+            # A stream cut short (the API server went away mid-response) surfaces as urllib3's
+            # ProtocolError: as much an outage as a refused connection, not an unexpected bug.
+            if isinstance(err, OSError | ValueError) or _from_urllib3(err):
+                raise ApiError(0, "Unavailable", f"watch stream broke: {err}") from None
+            raise
         finally:
             raw.release_conn()
+
+
+def _from_urllib3(err: BaseException) -> bool:
+    """urllib3's own errors (ProtocolError, MaxRetryError...) do not derive from OSError."""
+    return type(err).__module__.startswith("urllib3")
 
 
 def path_of(group_version: str, resource: str, namespace: str | None = None, name: str = "") -> str:

@@ -106,7 +106,7 @@ def test_issuance_writes_the_pending_key_with_the_chain(key1: PrivateKey) -> Non
     assert state.unwritten_key is key1
     assert state.on_disk is None  # nothing served until the write lands
     credential = state.credential
-    assert credential.issued_at == T0 + MIN
+    assert credential.requested_at == T0  # when the key was made, not when it was issued
     hint = T0 + MIN + 16 * HOUR
     assert hint <= credential.refresh_at <= hint + 5 * MIN
 
@@ -343,6 +343,22 @@ def test_force_after_makes_an_older_credential_due_now(key1: PrivateKey) -> None
 def test_force_after_spares_a_credential_issued_after_it(key1: PrivateKey) -> None:
     state = holding(key1, at=T0 + 3 * HOUR)
     assert run(state, Tick(), T0 + 4 * HOUR, force_after=T0 + 2 * HOUR) == (state, [])
+
+
+def test_force_after_replaces_a_key_requested_before_it_and_issued_after_it(
+    key1: PrivateKey, key2: PrivateKey
+) -> None:
+    force = T0 + 2 * MIN  # asked while the request was pending (a slow or absent signer)
+    pending = Pending("pcr-1", key1, T0)
+    state, _ = run(pending, issued("pcr-1", T0 + 5 * MIN), T0 + 5 * MIN, force_after=force)
+    state, _ = run(state, CredentialWritten("pcr-1"), T0 + 5 * MIN, force_after=force)
+    now = T0 + 6 * MIN
+    assert run(state, Tick(), now, force_after=force) == (state, [CreateRequest("forced")])
+    # The replacement's key is made after the instant: rotated once, no loop.
+    state, _ = run(state, RequestCreated("pcr-2", key2), now, force_after=force)
+    state, _ = run(state, issued("pcr-2", now), now, force_after=force)
+    state, _ = run(state, CredentialWritten("pcr-2"), now, force_after=force)
+    assert run(state, Tick(), now + MIN, force_after=force) == (state, [])
 
 
 def test_force_after_in_the_future_schedules_the_rotation(key1: PrivateKey) -> None:

@@ -418,6 +418,39 @@ def test_a_new_instance_recovers_what_is_on_disk(disk: AtomicDirStorage, tmp_pat
     }
 
 
+def test_recover_finishes_a_write_killed_after_its_swap(
+    disk: AtomicDirStorage, tmp_path: Path
+) -> None:
+    disk.write_volume(UID, "identity", payload("one"), owner=None)
+    disk.write_volume(UID, "identity", payload("two"), owner=None)
+    # What a writer killed right after the swap leaves: the replaced version (with its key)
+    # still there, a visible name not linked yet, a link being made aside.
+    replaced = vol(disk) / "..2020_01_01_00_00_00.123"
+    replaced.mkdir()
+    (replaced / "credential.pem").write_bytes(b"KEY one\nCERT one")
+    (vol(disk) / "credential.pem").unlink()
+    (vol(disk) / "..data_tmp.credential.pem").symlink_to("..data/credential.pem")
+
+    AtomicDirStorage(tmp_path).recover_volume(UID, "identity")
+    assert link(vol(disk) / "credential.pem") == "..data/credential.pem"
+    assert (vol(disk) / "credential.pem").read_bytes() == b"KEY two\nCERT two"
+    assert link(vol(disk) / "ca") == "..data/ca"
+    assert not replaced.exists()
+    assert not os.path.lexists(vol(disk) / "..data_tmp.credential.pem")
+    assert hidden_dirs(vol(disk)) == [link(vol(disk) / "..data")]
+    assert disk.read_volume(UID, "identity") == contents(payload("two"))
+
+
+def test_recover_changes_nothing_in_a_whole_volume(disk: AtomicDirStorage) -> None:
+    def entries() -> list[tuple[str, str]]:
+        return sorted((p.name, link(p) if p.is_symlink() else "") for p in vol(disk).iterdir())
+
+    disk.write_volume(UID, "identity", payload("one"), owner=None)
+    before = entries()
+    disk.recover_volume(UID, "identity")
+    assert entries() == before
+
+
 def test_remove_pod_keeps_other_plugins_volumes(disk: AtomicDirStorage, tmp_path: Path) -> None:
     disk.write_volume(UID, "identity", payload("one"), owner=None)
     other_plugin = tmp_path / "pods" / UID / "volumes" / "kubernetes.io~secret"
@@ -464,6 +497,19 @@ def test_contract_round_trip(any_storage: Storage) -> None:
     any_storage.remove_pod(UID)
     assert any_storage.list_pods() == []
     assert any_storage.read_volume(UID, "identity") is None
+
+
+def test_contract_recover_leaves_content_and_unwritten_volumes_alone(
+    any_storage: Storage,
+) -> None:
+    any_storage.recover_volume(UID, "identity")
+    assert any_storage.read_volume(UID, "identity") is None
+    assert any_storage.list_pods() == []
+    any_storage.write_volume(UID, "identity", payload("one"), owner=None)
+    any_storage.recover_volume(UID, "identity")
+    assert any_storage.read_volume(UID, "identity") == contents(payload("one"))
+    with pytest.raises(UnsafePathError):
+        any_storage.recover_volume(UID, "..")
 
 
 def test_contract_rejects_traversal(any_storage: Storage) -> None:

@@ -229,6 +229,36 @@ CTB = f"{BASE}.clusterTrustBundle"
             f"{PC}.keyPath",
             id="key path over the writer's data link",
         ),
+        pytest.param(
+            cert(credentialBundlePath="x" * 256),
+            "Invalid",
+            f"{PC}.credentialBundlePath",
+            id="file name over 255 bytes, which no file system holds",
+        ),
+        pytest.param(
+            cert(credentialBundlePath="é" * 128),
+            "Invalid",
+            f"{PC}.credentialBundlePath",
+            id="file name of 128 characters but 256 bytes",
+        ),
+        pytest.param(
+            cert(credentialBundlePath="d/" * 2048 + "b"),
+            "Invalid",
+            f"{PC}.credentialBundlePath",
+            id="path over 4096 bytes",
+        ),
+        pytest.param(
+            cert(credentialBundlePath="d/" * 128 + "b"),
+            "Invalid",
+            f"{PC}.credentialBundlePath",
+            id="path nested 129 levels deep, too deep to remove again",
+        ),
+        pytest.param(
+            cert(credentialBundlePath="a\ud800.pem"),
+            "Invalid",
+            f"{PC}.credentialBundlePath",
+            id="path that is not valid UTF-8",
+        ),
         pytest.param(cert(credentialBundlePath=None), "Required", PC, id="no file to write"),
         pytest.param(
             cert(keyPath="same.pem", certificateChainPath="same.pem"),
@@ -316,6 +346,23 @@ def test_a_broken_source_is_reported_and_its_neighbours_still_served(
     assert (error.kind, error.field_path) == (kind, field_path)
     assert (error.volume, error.index) == ("identity", 1)
     assert parsed.errors_for("identity") == (error,)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("x" * 255, id="a 255-byte file name"),
+        pytest.param("d/" * 127 + "b", id="128 levels"),
+        pytest.param("/".join(["n" * 255] * 16), id="4095 bytes"),
+        pytest.param("ключи/証明書/🔐.pem", id="unicode"),
+    ],
+)
+def test_paths_at_the_limits_are_served(path: str) -> None:
+    parsed = parse_pod(pod(cert(credentialBundlePath=path)))
+    assert not parsed.errors
+    [(_, source)] = parsed.work_items()
+    assert isinstance(source, CertificateSource)
+    assert source.credential_bundle_path == path
 
 
 @pytest.mark.parametrize(
