@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,32 @@ def load_client(kubeconfig: Path | None) -> client.ApiClient:
         )
     # Several worker threads share one pool: make it as wide as they are.
     configuration.connection_pool_maxsize = 32
+    hook = getattr(configuration, "refresh_api_key_hook", None)
+    if hook is not None:
+        configuration.refresh_api_key_hook = _throttled(hook, TOKEN_REFRESH_PERIOD)
     return client.ApiClient(configuration)
+
+
+# The client calls its token-refresh hook before EVERY request, and for a token kubeconfig the
+# hook rebuilds the whole configuration, rescanning the environment for proxies (0.1-0.4 ms a
+# request in a pod with many Service variables). Tokens live for hours; a re-read every 30 s is
+# plenty to follow a rotated service-account token.
+TOKEN_REFRESH_PERIOD = 30.0
+
+
+def _throttled(hook: Any, period: float) -> Any:
+    lock = threading.Lock()
+    last = [float("-inf")]
+
+    def refresh(configuration: Any) -> None:
+        with lock:
+            now = time.monotonic()
+            if now - last[0] < period:
+                return
+            last[0] = now
+        hook(configuration)
+
+    return refresh
 
 
 def _error(status: int, data: bytes) -> ApiError:
