@@ -39,6 +39,7 @@ from bundles.formats import (
     load_trust_bundle,
 )
 from bundles.spiffe import CertificateIdError, spiffe_id_of
+from podcert.times import parse_time
 
 JSON = Mapping[str, Any]
 
@@ -667,16 +668,6 @@ def _str(obj: object, *path: str) -> str:
     return obj if isinstance(obj, str) else ""
 
 
-def _parse_time(value: object) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
 def _sources(pod: JSON) -> list[_Source]:
     found: list[_Source] = []
     volumes = (pod.get("spec") or {}).get("volumes")
@@ -747,11 +738,11 @@ def _request(pcr: JSON) -> _Request | None:
         pod_name=_str(spec, "podName"),
         signer_name=_str(spec, "signerName"),
         node_name=_str(spec, "nodeName"),
-        created=_parse_time(meta.get("creationTimestamp")),
+        created=parse_time(meta.get("creationTimestamp")),
         outcome=outcome,
         message=message,
         chain=chain,
-        begin_refresh_at=_parse_time(
+        begin_refresh_at=parse_time(
             status.get("beginRefreshAt") if isinstance(status, Mapping) else None
         ),
     )

@@ -43,6 +43,7 @@ from kubelet_shim.volumes import (
 )
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
+from podcert.times import parse_time
 from podcert.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger("podcert.shim")
@@ -655,7 +656,7 @@ class Agent:
             except ValueError:
                 continue
             if first.public_bytes(serialization.Encoding.DER) == wanted:
-                return _parse_time(status.get("beginRefreshAt"))
+                return parse_time(status.get("beginRefreshAt"))
         return None
 
     def _after(
@@ -801,8 +802,8 @@ def request_event(
     if kind == "Failed":
         return projection.RequestFailed(name, reason, message)
     chain_text = status.get("certificateChain")
-    not_before = _parse_time(status.get("notBefore"))
-    not_after = _parse_time(status.get("notAfter"))
+    not_before = parse_time(status.get("notBefore"))
+    not_after = parse_time(status.get("notAfter"))
     if not isinstance(chain_text, str) or not_before is None or not_after is None:
         return projection.RequestFailed(
             name, "InvalidIssuedStatus", "issued without certificateChain, notBefore or notAfter"
@@ -829,7 +830,7 @@ def request_event(
         chain_pem=chain_pem,
         not_before=not_before,
         not_after=not_after,
-        begin_refresh_at=_parse_time(status.get("beginRefreshAt")),
+        begin_refresh_at=parse_time(status.get("beginRefreshAt")),
     )
 
 
@@ -849,16 +850,6 @@ def _outcome(pcr: Mapping[str, Any]) -> str | None:
     return condition[0] if condition else None
 
 
-def _parse_time(value: object) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
 def _pod_from(obj: Mapping[str, Any]) -> _Pod | None:
     volumes = parse_pod(obj)
     if not volumes.uid:
@@ -868,7 +859,7 @@ def _pod_from(obj: Mapping[str, Any]) -> _Pod | None:
     force_after = None
     raw = annotations.get(ROTATE_ANNOTATION) if isinstance(annotations, Mapping) else None
     if raw is not None:
-        force_after = _parse_time(raw)
+        force_after = parse_time(raw)
         if force_after is None:
             log.warning(
                 "ignoring %s=%r: not an RFC 3339 time",

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from podcert.rest import JSON, ApiError, Rest, path_of
-from signer import objects
+from podcert.times import format_time
 
 log = logging.getLogger("podcert.signer")
 
@@ -106,7 +106,7 @@ class SignerKube:
         """A core/v1 Event on the request (what `kubectl describe` shows). Best effort."""
         meta = pcr.get("metadata") or {}
         namespace = str(meta.get("namespace", "default"))
-        stamp = objects.format_time(now)
+        stamp = format_time(now)
         event = {
             "apiVersion": "v1",
             "kind": "Event",

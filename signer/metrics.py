@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     generate_latest,
 )
+
+from podcert import health
 
 
 class Metrics:
@@ -64,31 +64,5 @@ def serve(
     ready: Callable[[], bool],
     host: str = "0.0.0.0",  # noqa: S104 (a pod's metrics port is meant to be scraped)
 ) -> ThreadingHTTPServer:
-    """Serve in a daemon thread; returns the server (its port is server.server_address[1])."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._answer(200, metrics.render(), CONTENT_TYPE_LATEST)
-            elif self.path == "/healthz":
-                self._answer(200, b"ok\n")
-            elif self.path == "/readyz":
-                ok = ready()
-                self._answer(200 if ok else 503, b"ok\n" if ok else b"not ready\n")
-            else:
-                self._answer(404, b"not found\n")
-
-        def _answer(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return  # scrapes are not news
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    return server
+    """Serve /metrics, /healthz and /readyz in a daemon thread."""
+    return health.serve(metrics.render, port, ready, host=host)

@@ -12,6 +12,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Final
 
+from podcert.times import format_time, parse_time
 from signer import model
 
 JSON = dict[str, Any]
@@ -44,20 +45,6 @@ def _b64(obj: Mapping[str, Any], field: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise ObjectError(f"spec.{field}: not valid base64") from None
-
-
-def parse_time(value: object) -> dt.datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
-def format_time(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def outcome(pcr: Mapping[str, Any]) -> str | None:
