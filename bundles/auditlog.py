@@ -39,6 +39,7 @@ from typing import Any, Final, Literal, get_args
 
 import jwt
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
 
@@ -196,7 +197,9 @@ class Line:
 
 
 def _as_bytes(raw: bytes | str) -> bytes:
-    data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    # surrogatepass: text holding lone surrogates (bytes decoded with surrogateescape, say) still
+    # becomes bytes, which then fail as JSON like any other damaged line.
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     # Accept lines with or without their newline (file iteration keeps it, splitlines drops it).
     return data.removesuffix(b"\n")
 
@@ -209,6 +212,8 @@ def parse_line(data: bytes) -> Line:
         obj = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ValueError("not valid JSON (torn or edited line)") from None
+    except RecursionError:  # e.g. "[[[[..." : the decoder recurses once per level
+        raise ValueError("nested too deeply to be an audit log line") from None
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     seq, prev, kind = obj.get("seq"), obj.get("prev"), obj.get("kind")
@@ -264,7 +269,10 @@ def _checkpoint_problems(
         chain = [x509.load_der_x509_certificate(base64.b64decode(c, validate=True)) for c in x5c]
     except (jwt.PyJWTError, binascii.Error, ValueError) as err:
         return [f"{where} has an unreadable header or x5c chain: {err}"], None
-    leaf_key = chain[0].public_key()
+    try:
+        leaf_key = chain[0].public_key()
+    except (ValueError, UnsupportedAlgorithm):
+        return [f"{where} x5c leaf holds a key that cannot be decoded"], None
     if not isinstance(leaf_key, ec.EllipticCurvePublicKey) or not isinstance(
         leaf_key.curve, ec.SECP256R1
     ):
@@ -299,7 +307,10 @@ def _checkpoint_problems(
             f"{where} attests {claimed_lines} line(s), but {line_no - 1} precede it: "
             f"lines were removed from or added to lines {since}"
         )
-    signed_at = dt.datetime.fromtimestamp(iat, dt.UTC)
+    try:
+        signed_at = dt.datetime.fromtimestamp(iat, dt.UTC)
+    except (OverflowError, OSError, ValueError):  # which one depends on the platform
+        return [*problems, f"{where} claims an iat that is not a date"], None
     if signed_at > now + _MAX_CLOCK_SKEW:
         problems.append(f"{where} is dated {_format_time(signed_at)}, in the future")
     if trust_roots is not None:

@@ -232,8 +232,15 @@ def parse_pod(pod: object) -> PodVolumes:
         if "projected" not in raw:
             continue
         volume = _parse_volume(c, raw, path)
-        if volume is not None:
-            volumes.append(volume)
+        if volume is None:
+            continue
+        if any(volume.name == earlier.name for earlier in volumes):
+            # The API server refuses this; served anyway, both would share one directory and
+            # one set of work items, each overwriting the other.
+            c.volume, c.index = None, None
+            c.add("Duplicate", f"{path}.name", f"{volume.name!r} names an earlier volume too")
+            continue
+        volumes.append(volume)
     return PodVolumes(
         namespace, name, uid, node_name, service_account, tuple(volumes), tuple(c.errors)
     )

@@ -436,6 +436,12 @@ class _Reader:
         except yaml.YAMLError as exc:  # e.g. an unknown tag such as !!python/object
             problem = getattr(exc, "problem", None) or str(exc)
             raise self.error(node, path, problem) from exc
+        except Exception as exc:
+            # An explicit tag on text that does not fit it ("!!int web", "!!bool x",
+            # "!!timestamp x"): PyYAML's converters then raise ValueError, KeyError, IndexError
+            # or AttributeError, none of them a YAMLError.
+            kind = node.tag.rsplit(":", 1)[-1]
+            raise self.error(node, path, f"{show(node.value, 40)} is not a valid {kind}") from exc
 
 
 def _yaml_type(value: object) -> str:

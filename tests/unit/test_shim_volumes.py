@@ -348,6 +348,18 @@ def test_a_broken_source_is_reported_and_its_neighbours_still_served(
     assert parsed.errors_for("identity") == (error,)
 
 
+def test_a_second_volume_of_the_same_name_is_reported_not_served() -> None:
+    raw = pod(cert())
+    twin = {"name": "identity", "projected": {"sources": [cert(keyType="ED25519")]}}
+    raw["spec"]["volumes"].append(twin)
+    parsed = parse_pod(raw)
+    assert [v.name for v in parsed.volumes] == ["identity"]
+    [(_, source)] = parsed.work_items()
+    assert isinstance(source, CertificateSource) and source.key_type == "ECDSAP256"
+    [error] = parsed.errors
+    assert (error.kind, error.field_path) == ("Duplicate", "spec.volumes[2].name")
+
+
 @pytest.mark.parametrize(
     "path",
     [

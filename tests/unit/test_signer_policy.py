@@ -270,6 +270,26 @@ def signer_yaml(body: str) -> str:
             "policy.yaml:2: signers[0].name: could not determine a constructor",
             id="python object tag is refused",
         ),
+        pytest.param(
+            "!!int signers:\n",
+            "policy.yaml:1: (top level): 'signers' is not a valid int",
+            id="an int tag on a word",
+        ),
+        pytest.param(
+            "signers:\n  - name: !!bool maybe\n",
+            "policy.yaml:2: signers[0].name: 'maybe' is not a valid bool",
+            id="a bool tag on a word",
+        ),
+        pytest.param(
+            f"signers:\n  - name: {NAME}\n    maxLifetimeSeconds: !!int ''\n",
+            "policy.yaml:3: signers[0].maxLifetimeSeconds: '' is not a valid int",
+            id="an int tag on nothing",
+        ),
+        pytest.param(
+            "signers:\n  - name: !!timestamp soon\n",
+            "policy.yaml:2: signers[0].name: 'soon' is not a valid timestamp",
+            id="a timestamp tag on a word",
+        ),
     ],
 )
 def test_bad_files_are_rejected_naming_file_line_and_field(text: str, message: str) -> None:
