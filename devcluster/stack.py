@@ -6,6 +6,7 @@ end-to-end tests, so both exercise exactly the same path.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -212,8 +213,6 @@ class Stack:
 
 
 def _listening(port: int) -> bool:
-    import socket
-
     with socket.socket() as sock:
         sock.settimeout(0.2)
         return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+
 from devcluster import cluster, kube
 from devcluster.stack import Stack, wait_for
 from kubelet_shim import keys
@@ -44,9 +46,7 @@ def step(title: str) -> None:
     say(f"\n== {title} ==")
 
 
-def _spiffe(leaf: Any) -> str:
-    from cryptography import x509
-
+def _spiffe(leaf: x509.Certificate) -> str:
     san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     return str(san.get_values_for_type(x509.UniformResourceIdentifier)[0])
 
