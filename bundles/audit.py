@@ -39,6 +39,8 @@ from bundles.formats import (
     load_trust_bundle,
 )
 from bundles.spiffe import CertificateIdError, spiffe_id_of
+from podcert import pcrs
+from podcert.pcrs import terminal_condition
 from podcert.times import parse_time
 
 JSON = Mapping[str, Any]
@@ -694,30 +696,12 @@ def _sources(pod: JSON) -> list[_Source]:
     return found
 
 
-_OUTCOMES: Final[Mapping[object, Literal["Issued", "Denied", "Failed"]]] = {
-    "Issued": "Issued",
-    "Denied": "Denied",
-    "Failed": "Failed",
-}
-
-
-def _outcome(status: object) -> Literal["Issued", "Denied", "Failed"] | None:
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    for condition in conditions if isinstance(conditions, list) else ():
-        if isinstance(condition, Mapping) and condition.get("status") == "True":
-            found = _OUTCOMES.get(condition.get("type"))
-            if found is not None:
-                return found
-    if isinstance(status, Mapping) and status.get("certificateChain"):
-        return "Issued"
-    return None
-
-
 def _request(pcr: JSON) -> _Request | None:
     meta, spec, status = pcr.get("metadata"), pcr.get("spec"), pcr.get("status") or {}
     if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
         return None
-    outcome = _outcome(status)
+    condition = terminal_condition(status)
+    outcome = pcrs.outcome(pcr)
     chain: tuple[x509.Certificate, ...] = ()
     pem = status.get("certificateChain") if isinstance(status, Mapping) else None
     if outcome == "Issued" and isinstance(pem, str):
@@ -725,11 +709,7 @@ def _request(pcr: JSON) -> _Request | None:
             chain = tuple(x509.load_pem_x509_certificates(pem.encode()))
         except ValueError:
             chain = ()  # the API server checked it on write; a broken one is not ours to judge
-    message = ""
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    for condition in conditions if isinstance(conditions, list) else ():
-        if isinstance(condition, Mapping) and condition.get("type") == outcome:
-            message = f"{_str(condition, 'reason')}: {_str(condition, 'message')}".strip(": ")
+    message = f"{condition[1]}: {condition[2]}".strip(": ") if condition else ""
     return _Request(
         uid=_str(meta, "uid"),
         namespace=_str(meta, "namespace"),

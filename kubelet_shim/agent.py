@@ -41,6 +41,8 @@ from kubelet_shim.volumes import (
     WorkKey,
     parse_pod,
 )
+from podcert import pcrs
+from podcert.pcrs import terminal_condition
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from podcert.times import parse_time
@@ -236,7 +238,7 @@ class Agent:
             pending_of_gone = {
                 _pod_uid(pcr)
                 for pcr in self._pcrs.values()
-                if _pod_uid(pcr) not in known and _outcome(pcr) is None
+                if _pod_uid(pcr) not in known and pcrs.outcome(pcr) is None
             }
         try:
             on_disk = set(self.storage.list_pods())
@@ -278,7 +280,7 @@ class Agent:
             uids = {
                 _pod_uid(obj)
                 for obj in items
-                if _pod_uid(obj) in self._pods or _outcome(obj) is None
+                if _pod_uid(obj) in self._pods or pcrs.outcome(obj) is None
             }
         for uid in sorted(uids):
             if uid:
@@ -288,7 +290,7 @@ class Agent:
         uid = _pod_uid(obj)
         with self._lock:
             self._index_pcr(obj, present=kind != "DELETED")
-            wanted = uid in self._pods or (kind != "DELETED" and _outcome(obj) is None)
+            wanted = uid in self._pods or (kind != "DELETED" and pcrs.outcome(obj) is None)
         if uid and wanted:
             self.queue.add(uid)
 
@@ -727,7 +729,7 @@ class Agent:
             pending = [
                 self._pcrs[k]
                 for k in self._pcrs_by_pod.get(uid, ())
-                if _outcome(self._pcrs[k]) is None
+                if pcrs.outcome(self._pcrs[k]) is None
             ]
         for pcr in pending:
             meta = pcr["metadata"]
@@ -793,7 +795,7 @@ def request_event(
     if pcr is None:
         return projection.RequestVanished(name)
     status = pcr.get("status") or {}
-    condition = _terminal_condition(status)
+    condition = terminal_condition(status)
     if condition is None:
         return projection.RequestPending(name)
     kind, reason, message = condition
@@ -832,22 +834,6 @@ def request_event(
         not_after=not_after,
         begin_refresh_at=parse_time(status.get("beginRefreshAt")),
     )
-
-
-def _terminal_condition(status: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    conditions = status.get("conditions")
-    for cond in conditions if isinstance(conditions, list) else ():
-        if not isinstance(cond, Mapping) or cond.get("status") != "True":
-            continue
-        kind = cond.get("type")
-        if kind in ("Issued", "Denied", "Failed"):
-            return str(kind), str(cond.get("reason") or ""), str(cond.get("message") or "")
-    return None
-
-
-def _outcome(pcr: Mapping[str, Any]) -> str | None:
-    condition = _terminal_condition(pcr.get("status") or {})
-    return condition[0] if condition else None
 
 
 def _pod_from(obj: Mapping[str, Any]) -> _Pod | None:

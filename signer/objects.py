@@ -10,14 +10,13 @@ import base64
 import binascii
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
+from podcert.pcrs import outcome as outcome
 from podcert.times import format_time, parse_time
 from signer import model
 
 JSON = dict[str, Any]
-
-TERMINAL: Final = frozenset({"Issued", "Denied", "Failed"})
 
 
 class ObjectError(ValueError):
@@ -45,22 +44,6 @@ def _b64(obj: Mapping[str, Any], field: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise ObjectError(f"spec.{field}: not valid base64") from None
-
-
-def outcome(pcr: Mapping[str, Any]) -> str | None:
-    """ "Issued", "Denied" or "Failed" when the request is settled, else None."""
-    status = pcr.get("status")
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    for cond in conditions if isinstance(conditions, list) else ():
-        if (
-            isinstance(cond, Mapping)
-            and cond.get("type") in TERMINAL
-            and cond.get("status") == "True"
-        ):
-            return str(cond["type"])
-    if isinstance(status, Mapping) and status.get("certificateChain"):
-        return "Issued"
-    return None
 
 
 def request_from(pcr: Mapping[str, Any]) -> model.Request:

@@ -13,6 +13,7 @@ from typing import Any
 
 from devcluster import kube, processes
 from devcluster.testing import DevCluster, eventually
+from podcert.pcrs import outcome as outcome
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
@@ -112,13 +113,6 @@ def requests_of(devcluster: DevCluster, namespace: str, pod_uid: str | None = No
         "GET", path_of(PCRS, "podcertificaterequests", namespace)
     )["items"]
     return [i for i in items if pod_uid is None or i["spec"]["podUID"] == pod_uid]
-
-
-def outcome(pcr: JSON) -> str | None:
-    for cond in (pcr.get("status") or {}).get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") in ("Issued", "Denied", "Failed"):
-            return str(cond["type"])
-    return None
 
 
 def pod_events(devcluster: DevCluster, pod: Any) -> list[JSON]:
