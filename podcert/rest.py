@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -52,7 +52,7 @@ def load_client(kubeconfig: Path | None) -> client.ApiClient:
     configuration.connection_pool_maxsize = 32
     hook = getattr(configuration, "refresh_api_key_hook", None)
     if hook is not None:
-        configuration.refresh_api_key_hook = _throttled(hook, TOKEN_REFRESH_PERIOD)
+        configuration.refresh_api_key_hook = ThrottledRefresh(hook, TOKEN_REFRESH_PERIOD)
     return client.ApiClient(configuration)
 
 
@@ -63,19 +63,32 @@ def load_client(kubeconfig: Path | None) -> client.ApiClient:
 TOKEN_REFRESH_PERIOD = 30.0
 
 
-def _throttled(hook: Any, period: float) -> Any:
-    lock = threading.Lock()
-    last = [float("-inf")]
+class ThrottledRefresh:
+    """Runs the client's token-refresh hook at most once per `period` seconds.
 
-    def refresh(configuration: Any) -> None:
-        with lock:
-            now = time.monotonic()
-            if now - last[0] < period:
+    Both of the client's loaders (kubeconfig and in-cluster) install a fresh hook each time
+    theirs runs; this one stays in front by taking the newcomer as its inner hook."""
+
+    def __init__(
+        self, hook: Any, period: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.hook = hook
+        self.period = period
+        self.clock = clock
+        self._last = float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self, configuration: Any) -> None:
+        with self._lock:
+            now = self.clock()
+            if now - self._last < self.period:
                 return
-            last[0] = now
-        hook(configuration)
-
-    return refresh
+            self._last = now
+            self.hook(configuration)
+            installed = getattr(configuration, "refresh_api_key_hook", None)
+            if installed is not self:
+                self.hook = installed
+                configuration.refresh_api_key_hook = self
 
 
 def _error(status: int, data: bytes) -> ApiError:
