@@ -52,7 +52,8 @@ def load_client(kubeconfig: Path | None) -> client.ApiClient:
     configuration.connection_pool_maxsize = 32
     hook = getattr(configuration, "refresh_api_key_hook", None)
     if hook is not None:
-        configuration.refresh_api_key_hook = ThrottledRefresh(hook, TOKEN_REFRESH_PERIOD)
+        throttled: Any = ThrottledRefresh(hook, TOKEN_REFRESH_PERIOD)  # typed None upstream
+        configuration.refresh_api_key_hook = throttled
     return client.ApiClient(configuration)
 
 
