@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -52,6 +53,8 @@ class Settings:
     publish_trust_bundles: bool = True
     # How often the leader asks the CA schedule whether a rotation step is due.
     rotation_check_interval: float = 30.0
+    # Workers wait this long for the pod/node/ServiceAccount caches' first full list.
+    facts_sync_timeout: float = 60.0
 
 
 DEFAULT_SETTINGS: Final = Settings()
@@ -114,6 +117,8 @@ class Controller:
             objects.service_account_from,
             self._stop,
         )
+        self._facts_gate = threading.Lock()
+        self._facts_waited = False
         self._rotation_wake = threading.Event()
         self.publisher = Publisher(
             kube,
@@ -281,7 +286,31 @@ class Controller:
 
     # --- workers ---------------------------------------------------------------------------
 
+    def _wait_for_facts(self) -> None:
+        """Hold the workers until the fact caches hold a full list, as controllers wait for
+        their informers: otherwise every request of a start-up backlog is read live, three
+        GETs each, while the lists are still loading. After the timeout they start anyway;
+        live reads keep every decision correct, only slower."""
+        with self._facts_gate:
+            if self._facts_waited:
+                return
+            self._facts_waited = True
+            deadline = time.monotonic() + self.settings.facts_sync_timeout
+            for cache in (self.pods, self.nodes, self.service_accounts):
+                while not cache.reflector.synced.wait(0.2):
+                    if self._stop.is_set():
+                        return
+                    if time.monotonic() > deadline:
+                        log.warning(
+                            "the %s cache has not synced in %.0fs: settling requests with "
+                            "live reads until it does",
+                            cache.reflector.name,
+                            self.settings.facts_sync_timeout,
+                        )
+                        return
+
     def _work(self) -> None:
+        self._wait_for_facts()
         while True:
             try:
                 key = self.queue.get()
