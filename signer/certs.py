@@ -8,6 +8,7 @@ are arguments and randomness is injectable: no clock reads here.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import random
 import secrets
@@ -78,8 +79,9 @@ def sign_leaf(plan: model.LeafPlan, ca: model.IssuingCA, serial: int) -> str:
         .add_extension(_authority_key_identifier(issuer), critical=False)
         .sign(ca.key, signature_hash(ca.key))
     )
-    chain = [leaf] if _same_certificate(issuer, ca.root) else [leaf, issuer]
-    return "".join(c.public_bytes(serialization.Encoding.PEM).decode("ascii") for c in chain)
+    return leaf.public_bytes(serialization.Encoding.PEM).decode("ascii") + _chain_tail(
+        issuer, ca.root
+    )
 
 
 def signature_hash(
@@ -168,6 +170,17 @@ def _ceil_to_second(moment: dt.datetime) -> dt.datetime:
     return whole if whole == moment else whole + dt.timedelta(seconds=1)
 
 
+# The issuer's parts of every leaf are the same until the CA changes: worked out once per CA.
+@functools.lru_cache(maxsize=16)
+def _chain_tail(issuer: x509.Certificate, root: x509.Certificate) -> str:
+    """What follows the leaf in the chain: the intermediate, or nothing when the issuer is the
+    root itself (clients get roots from the trust bundle)."""
+    if _same_certificate(issuer, root):
+        return ""
+    return issuer.public_bytes(serialization.Encoding.PEM).decode("ascii")
+
+
+@functools.lru_cache(maxsize=16)
 def _authority_key_identifier(issuer: x509.Certificate) -> x509.AuthorityKeyIdentifier:
     # Copy the issuer's own SKI when it has one, so the two always match byte for byte.
     try:
