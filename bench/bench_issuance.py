@@ -235,13 +235,8 @@ def main() -> None:
             for workers in args.workers:
                 tops, gots, ratios = [], [], []
                 for r in range(args.rounds):
-                    signer = f"bench.podcert.dev/w{workers}"
-                    ns = f"w{workers}-r{r}"
-                    pcrs = make_requests(root, f"{ns}-ceiling", signer, args.requests)
-                    top = ceiling(root, f"{ns}-ceiling", pcrs, workers, component_pids(root))
-                    make_requests(root, f"{ns}-signer", signer, args.requests)
-                    got = signer_phase(
-                        root, Path(tmp), signer, f"{ns}-signer", args.requests, workers
+                    top, got = one_round(
+                        root, Path(tmp), f"w{workers}-r{r}", args.requests, workers, r
                     )
                     tops.append(top.rate)
                     gots.append(got.rate)
@@ -258,6 +253,40 @@ def main() -> None:
                 )
         finally:
             cluster.down(root)
+
+
+def one_round(
+    root: Path, work: Path, ns: str, count: int, workers: int, index: int
+) -> tuple[Phase, Phase]:
+    """A fresh batch for each side, then the two runs back to back, in alternating order so
+    drift of the VM hits both sides alike; then the batches are deleted. Each side has its own
+    signer name, so the signer never touches the writer's batch."""
+    signer = f"bench.podcert.dev/w{workers}"
+    pcrs = make_requests(root, f"{ns}-ceiling", f"{signer}-ceiling", count)
+    make_requests(root, f"{ns}-signer", signer, count)
+
+    def run_ceiling() -> Phase:
+        return ceiling(root, f"{ns}-ceiling", pcrs, workers, component_pids(root))
+
+    def run_signer() -> Phase:
+        return signer_phase(root, work, signer, f"{ns}-signer", count, workers)
+
+    if index % 2:
+        got, top = run_signer(), run_ceiling()
+    else:
+        top, got = run_ceiling(), run_signer()
+    for side in ("ceiling", "signer"):
+        clear(root, f"{ns}-{side}")
+    return top, got
+
+
+def clear(root: Path, namespace: str) -> None:
+    """Delete a batch's pods and requests, so the cluster (and the pod list every signer run
+    starts with) does not grow from one round to the next."""
+    rest = Rest(kube.admin_client(root))
+    now = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+    for gv, resource in (("v1", "pods"), (PCRS, "podcertificaterequests")):
+        rest.request("DELETE", path_of(gv, resource, namespace), body=now)
 
 
 def pin(state: cluster.State) -> None:
