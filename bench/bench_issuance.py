@@ -198,7 +198,6 @@ def signer_phase(
         extra=[f"--workers={workers}", f"--audit-log={work / namespace / 'audit.jsonl'}"],
     )
     proc.start()
-    assert proc.proc is not None
     observer = Observer(root, namespace, count, component_pids(root, ("signer", proc)))
     try:
         return observer.result()

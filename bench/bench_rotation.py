@@ -26,15 +26,9 @@ def rotate_both(stack: Stack, pods: dict[str, JSON]) -> tuple[float, float]:
     """Re-key both pods; seconds to the last new leaf on disk, and to the server seeing the
     client's new certificate."""
     start = time.monotonic()
-    for name, pod in pods.items():
-        old = stack.leaf(pod)
-        stack.rotate(name)
-        new = stack.wait_identity(pod, not_serial=old.serial_number if old else None)
-        if name == "web":
-            client_serial = new.serial_number
+    new = {name: stack.rekey(name, pod)[1] for name, pod in pods.items()}
     on_disk = time.monotonic() - start
-    line = f"with certificate serial {client_serial:x}"
-    wait_for(lambda: line in stack.pair["server"].output(), 30, "the server to see the client")
+    stack.wait_server_sees(new["web"], 30)
     return on_disk, time.monotonic() - start
 
 

@@ -189,6 +189,20 @@ class Stack:
             f"--pod={pod}",
         )
 
+    def rekey(
+        self, name: str, pod: JSON, timeout: float = 15.0
+    ) -> tuple[x509.Certificate | None, x509.Certificate]:
+        """Emergency re-key of one pod; its leaf before, and the new one once it is on disk."""
+        old = self.leaf(pod)
+        self.rotate(name)
+        new = self.wait_identity(pod, timeout, not_serial=old.serial_number if old else None)
+        return old, new
+
+    def wait_server_sees(self, client: x509.Certificate, timeout: float) -> None:
+        """Until the example server has logged a request made with `client`'s certificate."""
+        line = f"with certificate serial {client.serial_number:x}"
+        wait_for(lambda: line in self.pair["server"].output(), timeout, "the new client serial")
+
     def ca(self, action: str, *flags: str) -> str:
         return self.podcert(
             "signer",

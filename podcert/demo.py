@@ -132,9 +132,7 @@ def _story(stack: Stack, work: Path, rate: float) -> bool:
 
     step("6. A leaf rotation of both pods (emergency re-key: podcert shim rotate)")
     for name, pod in pods.items():
-        old = stack.leaf(pod)
-        stack.rotate(name)
-        new = stack.wait_identity(pod, not_serial=old.serial_number if old else None)
+        old, new = stack.rekey(name, pod)
         say(f"   {name}: serial {old.serial_number if old else 0:x} -> {new.serial_number:x}")
 
     step("7. A full CA rotation: prepare, activate, retire")
@@ -143,9 +141,7 @@ def _story(stack: Stack, work: Path, rate: float) -> bool:
     say("   prepared: the new root is in both pods' trust files next to the old one")
     stack.ca("activate")
     for name, pod in pods.items():
-        old = stack.leaf(pod)
-        stack.rotate(name)
-        new = stack.wait_identity(pod, not_serial=old.serial_number if old else None)
+        _, new = stack.rekey(name, pod)
         say(f"   activated: {name} re-issued by the new CA ({new.issuer.rfc4514_string()})")
     stack.ca("retire", "--force")
     wait_for(lambda: all(stack.trust_roots(p) == 1 for p in pods.values()), 15, "one root")

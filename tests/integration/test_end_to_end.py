@@ -40,16 +40,11 @@ def test_pair_survives_leaf_and_ca_rotations_with_zero_failures(
 
     def rotate_both() -> None:
         for name, pod in pods.items():
-            old = stack.leaf(pod)
-            stack.rotate(name)
-            new = stack.wait_identity(pod, not_serial=old.serial_number if old else None)
+            _, new = stack.rekey(name, pod)
             if name == "web":
                 seen_client_serials.add(new.serial_number)
                 # The server sees the client's new certificate, without a restart of either.
-                line = f"with certificate serial {new.serial_number:x}"
-                wait_for(
-                    lambda s=line: s in stack.pair["server"].output(), 10, "the new client serial"
-                )
+                stack.wait_server_sees(new, 10)
 
     for _ in range(3):
         rotate_both()
