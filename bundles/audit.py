@@ -66,6 +66,8 @@ FindingKind = Literal[
     "bad-spiffe-id",
     "untrusted-chain",
     "key-reused",
+    "wrong-identity",  # a credential whose SPIFFE ID or issuance names another pod or account
+    "credential-shared",  # one certificate or key in two projections
     "not-in-audit-log",
     "root-expiring",
     "root-without-ca",
@@ -111,6 +113,15 @@ class Settings:
     # reported: the signer checkpoints on a timer (a minute by default), so an older unsigned
     # tail means checkpointing stopped, or checkpoints were stripped from a rewritten log.
     unsigned_max_age: dt.timedelta = dt.timedelta(minutes=15)
+    # A certificate the cluster or a node holds that was issued longer ago than this must be
+    # covered by a signed checkpoint (the signer checkpoints every minute). Judged by times the
+    # attacker of a log cannot write: the cluster's and the checkpoints' own signed `iat`.
+    checkpoint_max_lag: dt.timedelta = dt.timedelta(minutes=5)
+    # The signer's `podcert_signer_audit_checkpoint` metric: the log must reach this checkpoint.
+    min_checkpoint: int | None = None
+    # Check the audit log's hash chain only, as the operator asked: with no trust roots the
+    # checkpoints cannot be tied to the signer, which is otherwise a finding.
+    log_chain_only: bool = False
     # Where the refresh point lies when no request tells it (the kubelet's half-life hint).
     hintless_refresh_fraction: float = 0.5
     namespaces: frozenset[str] = frozenset()
@@ -148,7 +159,8 @@ class Snapshot:
     requests: tuple[JSON, ...] | None = None  # PodCertificateRequests (API dicts)
     volumes: tuple[VolumeFiles, ...] | None = None  # a node's projected volumes
     trust: tuple[TrustSource, ...] = ()
-    audit_log: tuple[bytes, ...] | None = None  # lines, without newlines
+    # Each signer replica's audit log: (name, lines without newlines). Joined as one record.
+    audit_logs: tuple[tuple[str, tuple[bytes, ...]], ...] | None = None
     ca_roots: bytes | None = None  # PEM: the roots the signer holds CA keys for
     inputs: tuple[str, ...] = ()  # what was read, for the report header
 
@@ -201,11 +213,14 @@ class Root:
 
 @dataclass(frozen=True)
 class AuditLogReport:
+    name: str
     lines: int
     entries: int
     checkpoints: int
     unsigned_tail: int
     anchored: bool
+    last_checkpoint: int | None
+    last_checkpoint_at: dt.datetime | None
     first_broken_line: int | None
     problems: tuple[str, ...]
 
@@ -220,13 +235,18 @@ class Report:
     inputs: tuple[str, ...]
     projections: tuple[Projection, ...]
     roots: tuple[Root, ...]
-    audit_log: AuditLogReport | None
+    audit_logs: tuple[AuditLogReport, ...] | None
     findings: tuple[Finding, ...]  # every finding, the projections' included
     notes: tuple[str, ...]  # what could not be checked, and why
 
     @property
     def healthy(self) -> bool:
         return not self.findings
+
+    @property
+    def audit_log(self) -> AuditLogReport | None:
+        """The first (usually the only) audit log's report."""
+        return self.audit_logs[0] if self.audit_logs else None
 
     def summary(self) -> str:
         states = Counter(p.state for p in self.projections)
@@ -235,10 +255,9 @@ class Report:
             order = sorted(states, key=lambda s: (-_SEVERITY[s], s))
             parts[0] += " (" + ", ".join(f"{states[s]} {s}" for s in order) + ")"
         parts.append(f"{len(self.roots)} trust root(s)")
-        if self.audit_log is not None:
-            log = self.audit_log
+        for log in self.audit_logs or ():
             verdict = "verified" if log.ok else f"broken at line {log.first_broken_line}"
-            anchored = ", anchored" if log.anchored else ""
+            anchored = ", anchored" if log.anchored else ", NOT anchored"
             parts.append(f"audit log {log.entries} entries {verdict}{anchored}")
         kinds = Counter(f.kind for f in self.findings)
         if kinds:
@@ -285,17 +304,23 @@ class Report:
                 }
                 for r in self.roots
             ],
-            "auditLog": None
-            if self.audit_log is None
-            else {
-                "lines": self.audit_log.lines,
-                "entries": self.audit_log.entries,
-                "checkpoints": self.audit_log.checkpoints,
-                "unsignedTail": self.audit_log.unsigned_tail,
-                "anchored": self.audit_log.anchored,
-                "firstBrokenLine": self.audit_log.first_broken_line,
-                "problems": list(self.audit_log.problems),
-            },
+            "auditLogs": None
+            if self.audit_logs is None
+            else [
+                {
+                    "name": log.name,
+                    "lines": log.lines,
+                    "entries": log.entries,
+                    "checkpoints": log.checkpoints,
+                    "lastCheckpoint": log.last_checkpoint,
+                    "lastCheckpointAt": _time(log.last_checkpoint_at),
+                    "unsignedTail": log.unsigned_tail,
+                    "anchored": log.anchored,
+                    "firstBrokenLine": log.first_broken_line,
+                    "problems": list(log.problems),
+                }
+                for log in self.audit_logs
+            ],
             "notes": list(self.notes),
         }
 
@@ -662,6 +687,8 @@ class _Request:
     message: str
     chain: tuple[x509.Certificate, ...]
     begin_refresh_at: dt.datetime | None
+    service_account: str = ""
+    issued_at: dt.datetime | None = None  # the Issued condition's time, written by the signer
 
 
 def _str(obj: object, *path: str) -> str:
@@ -725,7 +752,17 @@ def _request(pcr: JSON) -> _Request | None:
         begin_refresh_at=parse_time(
             status.get("beginRefreshAt") if isinstance(status, Mapping) else None
         ),
+        service_account=_str(spec, "serviceAccountName"),
+        issued_at=_issued_at(status) if outcome == "Issued" else None,
     )
+
+
+def _issued_at(status: object) -> dt.datetime | None:
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for cond in conditions if isinstance(conditions, list) else ():
+        if isinstance(cond, Mapping) and cond.get("type") == "Issued":
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
 
 
 def _entries(lines: Sequence[bytes]) -> list[Entry]:
@@ -750,6 +787,7 @@ class _Proj:
     namespace: str | None = None
     pod: str | None = None
     node: str | None = None
+    service_account: str | None = None
     volume: str | None = None
     path: str | None = None
     signer_name: str | None = None
@@ -794,7 +832,8 @@ def audit_findings(
             "no trust bundle given: chains on disk were checked against each pod's own trust bundle"
         )
 
-    entries = _entries(snapshot.audit_log) if snapshot.audit_log is not None else []
+    logs = snapshot.audit_logs
+    entries = [e for _, lines in logs or () for e in _entries(lines)]
     requests = [r for r in map(_request, snapshot.requests or ()) if r is not None]
     projections = _join(snapshot, facts, requests, entries)
 
@@ -803,11 +842,13 @@ def audit_findings(
     served |= {e.signer_name for e in entries}
     issued_serials = (
         {int(e.serial, 16) for e in entries if e.decision == "issued" and e.serial}
-        if snapshot.audit_log is not None
+        if logs is not None
         else None
     )
+    issued_to = _issued_to(requests, entries)
+    copies = _shared(projections)
     reports = [
-        _assess(p, now, settings, trust, served, issued_serials)
+        _assess(p, now, settings, trust, served, issued_serials, issued_to, copies)
         for p in projections
         if _selected(p, settings)
     ]
@@ -820,17 +861,24 @@ def audit_findings(
         notes.append("neither the cluster nor a node root was read: no projection to report")
 
     roots = _roots(snapshot, trust, facts, now, settings, findings, notes)
-    log_report = None
-    if snapshot.audit_log is not None:
-        log_report = _audit_log(
-            snapshot.audit_log, entries, trust, snapshot.ca_roots, now, settings, findings, notes
+    log_reports = None
+    if logs is not None:
+        log_reports = _audit_logs(
+            logs,
+            trust,
+            snapshot.ca_roots,
+            _issuances(requests, facts),
+            now,
+            settings,
+            findings,
+            notes,
         )
     return Report(
         now=now,
         inputs=snapshot.inputs,
         projections=tuple(reports),
         roots=roots,
-        audit_log=log_report,
+        audit_logs=log_reports,
         findings=tuple(findings),
         notes=tuple(notes),
     )
@@ -895,6 +943,7 @@ def _join(
                     namespace=namespace,
                     pod=name,
                     node=_str(pod, "spec", "nodeName") or None,
+                    service_account=_str(pod, "spec", "serviceAccountName") or None,
                     volume=source.volume,
                     path=source.shown_path,
                     signer_name=source.signer_name or None,
@@ -936,6 +985,7 @@ def _join(
         owner.namespace = owner.namespace or request.namespace
         owner.pod = owner.pod or request.pod_name
         owner.node = owner.node or request.node_name
+        owner.service_account = owner.service_account or request.service_account or None
         request_owner[request.uid] = owner
 
     # Audit log entries: by request UID, by the serial on disk, then by (namespace, pod, signer).
@@ -1005,6 +1055,8 @@ def _assess(
     trust: _TrustIndex,
     served: set[str],
     issued_serials: set[int] | None,
+    issued_to: Mapping[str, _Holder],
+    copies: Mapping[int, str],
 ) -> Projection:
     subject = _subject(proj.namespace, proj.pod, proj.pod_uid, proj.volume, proj.path)
     findings: list[Finding] = []
@@ -1088,6 +1140,26 @@ def _assess(
 
     if current is not None:
         findings.extend(_credential_findings(current, proj, subject, trust, issued_serials))
+        findings.extend(_identity_findings(current, proj, subject, issued_to))
+    if id(proj) in copies:
+        findings.append(Finding("credential-shared", subject, copies[id(proj)]))
+    if issued_serials is not None:
+        # Joined with the cluster: every certificate a request holds must be in the log. This is
+        # what catches a log cut back to an earlier checkpoint (a consistent, signed prefix).
+        on_disk = current.serial if current is not None and proj.disk is not None else None
+        missing = sorted(
+            facts.serial
+            for facts in request_facts.values()
+            if int(facts.serial, 16) not in issued_serials and facts.serial != on_disk
+        )
+        for serial in missing:
+            findings.append(
+                Finding(
+                    "not-in-audit-log",
+                    subject,
+                    f"serial {_short(serial)} was issued by request but is not in the audit log",
+                )
+            )
 
     # Rotations and key reuse across every leaf seen for the projection.
     leaves: dict[str, CertFacts] = {f.serial: f for f in request_facts.values()}
@@ -1186,6 +1258,91 @@ def _credential_findings(
         )
 
 
+@dataclass(frozen=True)
+class _Holder:
+    """Whom a serial was issued to, by a request (with the pod's UID) or an audit log entry."""
+
+    namespace: str
+    pod: str
+    pod_uid: str | None
+    service_account: str
+
+
+def _issued_to(requests: Sequence[_Request], entries: Sequence[Entry]) -> dict[str, _Holder]:
+    """serial (normalised hex) -> to whom it was issued; a request's word wins (it has the UID)."""
+    holders: dict[str, _Holder] = {}
+    for entry in entries:
+        if entry.decision == "issued" and entry.serial:
+            holders[_norm_serial(entry.serial)] = _Holder(
+                entry.namespace, entry.pod, None, entry.service_account
+            )
+    for request in requests:
+        if request.chain:
+            holders[f"{request.chain[0].serial_number:x}"] = _Holder(
+                request.namespace, request.pod_name, request.pod_uid, request.service_account
+            )
+    return holders
+
+
+def _identity_findings(
+    current: CertFacts, proj: _Proj, subject: str, issued_to: Mapping[str, _Holder]
+) -> Iterator[Finding]:
+    """A credential must name the pod that holds it: its SPIFFE ID's namespace and service
+    account are the pod's, and it was issued (by request or audit log) to this very pod."""
+    serial = _short(current.serial)
+    spiffe_path = (current.spiffe_id or "").split("://", 1)[-1].partition("/")[2]
+    if current.spiffe_id and proj.namespace and proj.service_account:
+        expected = f"ns/{proj.namespace}/sa/{proj.service_account}"
+        if spiffe_path != expected:
+            yield Finding(
+                "wrong-identity",
+                subject,
+                f"serial {serial} names {current.spiffe_id}, but the pod runs as "
+                f"{proj.namespace}/{proj.service_account} (…/{expected})",
+            )
+            return
+    holder = issued_to.get(current.serial)
+    if holder is None or proj.disk is None:
+        return  # only a credential on disk can sit in the wrong pod
+    other_pod = holder.pod_uid is not None and holder.pod_uid != proj.pod_uid
+    if proj.namespace and proj.pod:
+        other_pod = other_pod or (holder.namespace, holder.pod) != (proj.namespace, proj.pod)
+    if other_pod:
+        yield Finding(
+            "wrong-identity",
+            subject,
+            f"serial {serial} was issued to pod {holder.namespace}/{holder.pod}, not to this one",
+        )
+
+
+def _shared(projections: Sequence[_Proj]) -> dict[int, str]:
+    """id(projection) -> why its credential on disk is also another projection's (the same
+    certificate, or another certificate for the same key): a copied credential."""
+    by_serial: dict[str, list[_Proj]] = defaultdict(list)
+    by_key: dict[str, list[_Proj]] = defaultdict(list)
+    for proj in projections:
+        if proj.disk is not None and proj.disk.cert is not None:
+            by_serial[proj.disk.cert.serial].append(proj)
+            by_key[proj.disk.cert.spki_sha256].append(proj)
+    out: dict[int, str] = {}
+    for what, groups in (("certificate", by_serial), ("private key", by_key)):
+        for value, holders in groups.items():
+            if len(holders) < 2:
+                continue
+            for proj in holders:
+                others = [
+                    _subject(o.namespace, o.pod, o.pod_uid, o.volume, o.path)
+                    for o in holders
+                    if o is not proj
+                ]
+                out.setdefault(
+                    id(proj),
+                    f"the same {what} ({value[:16]}) is also in {', '.join(sorted(others)[:3])}"
+                    + (f" and {len(others) - 3} more" if len(others) > 3 else ""),
+                )
+    return out
+
+
 # --- trust anchors ------------------------------------------------------------------------------
 
 
@@ -1252,26 +1409,94 @@ def _roots(
 # --- the audit log ------------------------------------------------------------------------------
 
 
-def _audit_log(
-    lines: Sequence[bytes],
-    entries: Sequence[Entry],
+def _issuances(
+    requests: Sequence[_Request], facts: Sequence[VolumeFacts]
+) -> dict[str, dt.datetime]:
+    """serial -> when the cluster or a node says it was issued: the Issued condition's time
+    (the signer's clock), else the leaf's notBefore (backdated, so earlier: the lenient side)."""
+    out: dict[str, dt.datetime] = {}
+    for volume in facts:
+        for credential in volume.credentials:
+            if credential.cert is not None:
+                out[credential.cert.serial] = credential.cert.not_before
+    for request in requests:
+        if request.chain:
+            leaf = request.chain[0]
+            out[f"{leaf.serial_number:x}"] = request.issued_at or leaf.not_valid_before_utc
+    return out
+
+
+def _audit_logs(
+    logs: Sequence[tuple[str, Sequence[bytes]]],
     trust: _TrustIndex,
     ca_roots: bytes | None,
+    issuances: Mapping[str, dt.datetime],
     now: dt.datetime,
     settings: Settings,
     findings: list[Finding],
     notes: list[str],
-) -> AuditLogReport:
+) -> tuple[AuditLogReport, ...]:
+    """Verify each replica's log, then judge them together against what the cluster holds."""
     roots = list(trust.all)
     if ca_roots is not None:
         with contextlib.suppress(ValueError):  # already noted by _roots
             roots += x509.load_pem_x509_certificates(ca_roots)
     roots = list(dict.fromkeys(roots))
     if not roots:
-        notes.append(
-            "no trust roots given: audit log checkpoints were checked against their own x5c "
-            "certificates only, not anchored"
-        )
+        if settings.log_chain_only:
+            notes.append(
+                "--chain-only: the audit log's hash chain was checked, its checkpoints were not "
+                "tied to the signer; the log is not vouched for"
+            )
+        else:
+            findings.append(
+                Finding(
+                    "audit-log",
+                    "audit log",
+                    "no trust roots were given, so nothing ties the checkpoints to the signer and "
+                    "anyone could have written this log: give --kubeconfig or --trust-bundle "
+                    "(or --chain-only to check the hash chain alone)",
+                )
+            )
+    reports = [
+        _audit_log(name, lines, roots, now, settings, findings, anchor=bool(roots))
+        for name, lines in logs
+    ]
+    if not roots:
+        return tuple(reports)
+
+    # Times an attacker of the log cannot write: the cluster's, and the checkpoints' signed iat.
+    signed_until = max(
+        (r.last_checkpoint_at for r in reports if r.last_checkpoint_at is not None), default=None
+    )
+    due = {s: t for s, t in issuances.items() if now - t > settings.checkpoint_max_lag}
+    if due:
+        newest = max(due.values())
+        if signed_until is None or signed_until < newest:
+            signed = _time(signed_until) if signed_until else "never"
+            findings.append(
+                Finding(
+                    "audit-log",
+                    "audit log",
+                    f"the cluster holds certificates issued until {_time(newest)}, but the newest "
+                    f"signed checkpoint is from {signed}: checkpoints stopped, or the log was cut "
+                    "back or stripped of them",
+                )
+            )
+    return tuple(reports)
+
+
+def _audit_log(
+    name: str,
+    lines: Sequence[bytes],
+    roots: list[x509.Certificate],
+    now: dt.datetime,
+    settings: Settings,
+    findings: list[Finding],
+    *,
+    anchor: bool,
+) -> AuditLogReport:
+    subject = f"audit log {name}"
     result = verify(lines, roots or None, now)
     problems = tuple(result.problems)
     if problems:
@@ -1279,31 +1504,53 @@ def _audit_log(
         findings.append(
             Finding(
                 "audit-log",
-                "audit log",
+                subject,
                 f"first broken line {result.first_broken_line}; {problems[0]}{more}",
             )
         )
-    elif result.unsigned_tail and entries:
-        # Entries follow the last checkpoint; too old a tail means checkpoints stopped or were
-        # stripped by a rewrite that recomputed the chain.
-        first_unsigned = (
-            entries[-result.unsigned_tail] if result.unsigned_tail <= len(entries) else None
+    elif anchor and not result.anchored:
+        # The signer checkpoints as soon as it opens its log: a log with none is not its log.
+        findings.append(
+            Finding(
+                "audit-log",
+                subject,
+                "no checkpoint signed by the signer's audit certificate under the trust roots: "
+                "the log is not vouched for",
+            )
         )
-        if first_unsigned is not None and now - first_unsigned.time > settings.unsigned_max_age:
+    elif result.unsigned_tail:
+        # Entries follow the last checkpoint; too old a tail means checkpointing stopped.
+        entries = _entries(lines)
+        first = entries[-result.unsigned_tail] if result.unsigned_tail <= len(entries) else None
+        if first is not None and now - first.time > settings.unsigned_max_age:
             findings.append(
                 Finding(
                     "audit-log",
-                    "audit log",
-                    f"the last {result.unsigned_tail} entries (since {_time(first_unsigned.time)}) "
-                    f"are covered by no checkpoint; the signer checkpoints every minute",
+                    subject,
+                    f"the last {result.unsigned_tail} entries (since {_time(first.time)}) are "
+                    "covered by no checkpoint; the signer checkpoints every minute",
                 )
             )
+    if settings.min_checkpoint is not None and (result.last_checkpoint or 0) < (
+        settings.min_checkpoint
+    ):
+        findings.append(
+            Finding(
+                "audit-log",
+                subject,
+                f"its newest good checkpoint is number {result.last_checkpoint or 0}, but the "
+                f"signer had written number {settings.min_checkpoint}: the log was cut back",
+            )
+        )
     return AuditLogReport(
+        name=name,
         lines=len(lines),
         entries=result.entries,
         checkpoints=result.checkpoints,
         unsigned_tail=result.unsigned_tail,
         anchored=result.anchored,
+        last_checkpoint=result.last_checkpoint,
+        last_checkpoint_at=result.last_checkpoint_at,
         first_broken_line=result.first_broken_line,
         problems=problems,
     )

@@ -108,7 +108,13 @@ def register(subparsers: Any) -> None:
     inputs.add_argument(
         "--root", type=Path, help="a node's kubelet (or shim) root: ROOT/pods/<uid>/volumes/..."
     )
-    inputs.add_argument("--audit-log", type=Path, help="the signer's audit log file")
+    inputs.add_argument(
+        "--audit-log",
+        type=Path,
+        action="append",
+        default=[],
+        help="a signer replica's audit log file (repeatable: give every replica's)",
+    )
     inputs.add_argument(
         "--trust-bundle",
         type=Path,
@@ -133,6 +139,25 @@ def register(subparsers: Any) -> None:
     judge.add_argument("--now", type=rfc3339, help="audit as of this RFC 3339 time")
     judge.add_argument(
         "--stuck-after", type=duration, default="5m", help="a request waiting longer is stuck"
+    )
+    judge.add_argument(
+        "--min-checkpoint",
+        type=int,
+        metavar="N",
+        help="the signer's podcert_signer_audit_checkpoint metric: a log whose newest good "
+        "checkpoint is older was cut back",
+    )
+    judge.add_argument(
+        "--checkpoint-max-lag",
+        type=duration,
+        default="5m",
+        help="certificates issued longer ago must be covered by a signed checkpoint",
+    )
+    judge.add_argument(
+        "--chain-only",
+        action="store_true",
+        help="with no trust roots, check only the audit log's hash chain (it is then not "
+        "vouched for) instead of reporting that it cannot be",
     )
     judge.add_argument(
         "--root-expiry-warning",
@@ -165,8 +190,11 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    if args.jobs < 1 or args.max_rows < 0:
-        print("podcert audit: --jobs must be >= 1 and --max-rows >= 0", file=sys.stderr)
+    if args.jobs < 1 or args.max_rows < 0 or (args.min_checkpoint or 0) < 0:
+        print(
+            "podcert audit: --jobs must be >= 1, --max-rows and --min-checkpoint >= 0",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     now = args.now or dt.datetime.now(dt.UTC)
     try:
@@ -177,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(
         stuck_after=args.stuck_after,
         root_expiry_warning=args.root_expiry_warning,
+        checkpoint_max_lag=args.checkpoint_max_lag,
+        min_checkpoint=args.min_checkpoint,
+        log_chain_only=args.chain_only,
         namespaces=frozenset(args.namespace),
         signer_names=frozenset(args.signer_name),
         node_name=args.node,
@@ -225,10 +256,10 @@ def gather(args: argparse.Namespace) -> Snapshot:
         inputs.append(
             f"cluster: {len(pods)} pods, {len(requests)} requests, {len(trust)} trust bundles"
         )
-    audit_log = None
+    audit_logs = None
     if args.audit_log:
-        audit_log = read_audit_log(args.audit_log)
-        inputs.append(f"audit log {args.audit_log}: {len(audit_log)} lines")
+        audit_logs = tuple((str(path), read_audit_log(path)) for path in args.audit_log)
+        inputs += [f"audit log {name}: {len(lines)} lines" for name, lines in audit_logs]
     files = read_trust_files(args.trust_bundle)
     inputs += [f"trust bundle {path}" for path in args.trust_bundle]
     ca_roots = read_pem(args.ca_roots, "CA roots") if args.ca_roots else None
@@ -238,7 +269,7 @@ def gather(args: argparse.Namespace) -> Snapshot:
         pods=pods,
         requests=requests,
         trust=(*trust, *files),
-        audit_log=audit_log,
+        audit_logs=audit_logs,
         ca_roots=ca_roots,
         inputs=tuple(inputs),
     )
@@ -322,17 +353,21 @@ def print_table(report: Report, *, show_all: bool = False, max_rows: int = 200) 
             )
         console.print(roots)
 
-    if report.audit_log is not None:
-        log = report.audit_log
+    for log in report.audit_logs or ():
         verdict = (
             "[green]chain and checkpoints verified[/]"
             if log.ok
             else f"[red]broken, first broken line {log.first_broken_line}[/]"
         )
+        anchored = (
+            f"anchored in the trust roots up to checkpoint {log.last_checkpoint}"
+            if log.anchored
+            else "[red]NOT anchored: not vouched for by the signer[/]"
+        )
         console.print(
-            f"[bold]Audit log[/]: {log.lines} lines, {log.entries} entries, {log.checkpoints} "
-            f"checkpoints ({log.unsigned_tail} entries after the last good one), "
-            f"{'anchored in the trust roots' if log.anchored else 'not anchored'}: {verdict}"
+            f"[bold]Audit log[/] {escape(log.name)}: {log.lines} lines, {log.entries} entries, "
+            f"{log.checkpoints} checkpoints ({log.unsigned_tail} entries after the last good "
+            f"one), {anchored}: {verdict}"
         )
 
     if report.findings:
@@ -342,9 +377,9 @@ def print_table(report: Report, *, show_all: bool = False, max_rows: int = 200) 
                 f"  [red]{finding.kind}[/] [bold]{escape(finding.subject)}[/]: "
                 + escape(finding.message)
             )
-        if report.audit_log is not None and len(report.audit_log.problems) > 1:
-            for problem in report.audit_log.problems[1:20]:
-                console.print(f"    [red]•[/] audit log {escape(problem)}")
+        for log in report.audit_logs or ():
+            for problem in log.problems[1:20]:
+                console.print(f"    [red]•[/] audit log {escape(log.name)} {escape(problem)}")
     for note in report.notes:
         console.print(f"[dim]note: {escape(note)}[/]")
     style = "bold green" if report.healthy else "bold red"

@@ -8,8 +8,12 @@ them: one definition of the format for both sides.
 Each line carries the SHA-256 of the line before it, so removing or editing a line breaks the
 chain at that point. A chain alone can be recomputed by someone who rewrites the whole file, so
 the log also holds checkpoints: JWTs (ES256) signed by a dedicated audit key, attesting the chain
-head and line count, with the audit key's certificate chain in the `x5c` header. A rewrite then has
-to forge a signature that chains to the trust roots.
+head, the line count and the checkpoint's own number, with the audit key's certificate chain in the
+`x5c` header. A rewrite then has to forge a signature that chains to the trust roots *and* comes
+from an audit certificate: one whose only extended key usage is `AUDIT_SIGNING_EKU` and whose only
+name is a SPIFFE ID with the path `AUDIT_SPIFFE_PATH`. The signer issues workloads clientAuth +
+serverAuth leaves named `/ns/<ns>/sa/<sa>`, so no workload key, whatever it is trusted for, can sign
+a checkpoint that verifies.
 
 Reading is pure and takes `now`, so auditors and tests run it over any sequence of lines. An
 `Entry` has no field that could hold key material, and a verifier rejects lines with fields it
@@ -22,7 +26,9 @@ Line format (one JSON object per line, compact, ASCII, keys in this order):
 
 `seq` is the 1-based line number, `prev` the hex SHA-256 of the previous line's exact bytes without
 its newline (64 zeros on line 1). Checkpoint claims: `head` (hash of the line before it), `lines`
-(how many lines precede it) and `iat` (seconds since the epoch).
+(how many lines precede it), `n` (the checkpoint's number: 1, 2, 3... in the file, never reused;
+the signer exports the newest as a metric, so a log cut back to an earlier checkpoint shows) and
+`iat` (seconds since the epoch).
 """
 
 from __future__ import annotations
@@ -44,9 +50,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
 
 __all__ = [
+    "AUDIT_SIGNING_EKU",
+    "AUDIT_SPIFFE_PATH",
     "CHECKPOINT_ALGORITHM",
     "GENESIS",
     "AuditLogError",
+    "audit_certificate_problem",
     "Decision",
     "Entry",
     "Line",
@@ -63,6 +72,11 @@ Decision = Literal["issued", "denied", "failed"]
 
 GENESIS: Final = "0" * 64  # the `prev` of line 1
 CHECKPOINT_ALGORITHM: Final = "ES256"
+# The audit certificate's one extended key usage: "signs podcert audit log checkpoints". A UUID
+# OID (ITU-T X.667, arc 2.25), so it is unique without a registry and no other issuer uses it.
+AUDIT_SIGNING_EKU: Final = x509.ObjectIdentifier("2.25.46961606790924377956429846569332107455")
+# The path of the audit certificate's SPIFFE ID; workload IDs are /ns/<namespace>/sa/<name>.
+AUDIT_SPIFFE_PATH: Final = "/podcert/audit"
 # How far past the verifier's `now` a checkpoint may be dated (signer and auditor clocks differ).
 _MAX_CLOCK_SKEW: Final = dt.timedelta(minutes=5)
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
@@ -126,6 +140,11 @@ class Verification:
     unsigned_tail: int = 0
     # True when trust roots were given and every checkpoint (at least one) verified against them.
     anchored: bool = False
+    # The newest checkpoint that verified: its number (`n` claim), when it was signed, and how many
+    # entries precede it (entries 1..covered_entries are vouched for by its signature).
+    last_checkpoint: int | None = None
+    last_checkpoint_at: dt.datetime | None = None
+    covered_entries: int = 0
     first_broken_line: int | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -249,34 +268,48 @@ def iter_entries(lines: Iterable[bytes | str]) -> Iterator[Entry]:
             yield entry
 
 
-def _checkpoint_problems(
+@dataclass(frozen=True)
+class _Checked:
+    """One checkpoint's verdict: `problems` (it fails), else `unanchored` (good, but its chain
+    does not reach the trust roots), else good: its number and signing time."""
+
+    problems: list[str]
+    unanchored: str | None = None
+    number: int = 0
+    signed_at: dt.datetime | None = None
+
+
+def _check_checkpoint(
     line_no: int,
     token: object,
     head: str,
     trust_roots: Sequence[x509.Certificate] | None,
     now: dt.datetime,
     since: str,
-) -> tuple[list[str], str | None]:
-    """What is wrong with the checkpoint on `line_no`, whose preceding line hashes to `head`:
-    (problems, and apart from them why its x5c chain does not reach the trust roots)."""
+) -> _Checked:
+    """The verdict on the checkpoint on `line_no`, whose preceding line hashes to `head`."""
     where = f"line {line_no}: checkpoint"
     if not isinstance(token, str):
-        return [f"{where} has no JWT"], None
+        return _Checked([f"{where} has no JWT"])
     try:
         x5c = jwt.get_unverified_header(token).get("x5c")
         if not isinstance(x5c, list) or not x5c or not all(isinstance(c, str) for c in x5c):
-            return [f"{where} has no x5c certificate chain in its header"], None
+            return _Checked([f"{where} has no x5c certificate chain in its header"])
         chain = [x509.load_der_x509_certificate(base64.b64decode(c, validate=True)) for c in x5c]
     except (jwt.PyJWTError, binascii.Error, ValueError) as err:
-        return [f"{where} has an unreadable header or x5c chain: {err}"], None
+        return _Checked([f"{where} has an unreadable header or x5c chain: {err}"])
     try:
         leaf_key = chain[0].public_key()
     except (ValueError, UnsupportedAlgorithm):
-        return [f"{where} x5c leaf holds a key that cannot be decoded"], None
+        return _Checked([f"{where} x5c leaf holds a key that cannot be decoded"])
     if not isinstance(leaf_key, ec.EllipticCurvePublicKey) or not isinstance(
         leaf_key.curve, ec.SECP256R1
     ):
-        return [f"{where} x5c leaf does not hold an ECDSA P-256 key"], None
+        return _Checked([f"{where} x5c leaf does not hold an ECDSA P-256 key"])
+    not_audit = audit_certificate_problem(chain[0])
+    if not_audit is not None:
+        # A workload's own key and chain are trusted for TLS, never for vouching for the log.
+        return _Checked([f"{where} is not signed by an audit certificate: {not_audit}"])
     try:
         claims = jwt.decode(
             token,
@@ -286,14 +319,18 @@ def _checkpoint_problems(
             options={"verify_exp": False, "verify_nbf": False, "verify_iat": False},
         )
     except jwt.PyJWTError as err:
-        return [f"{where} signature invalid: {err}"], None
-    claimed_head, claimed_lines, iat = claims.get("head"), claims.get("lines"), claims.get("iat")
+        return _Checked([f"{where} signature invalid: {err}"])
+    claimed_head, claimed_lines = claims.get("head"), claims.get("lines")
+    number, iat = claims.get("n"), claims.get("iat")
     if (
         not isinstance(claimed_head, str)
         or not isinstance(claimed_lines, int)
+        or not isinstance(number, int)
+        or isinstance(number, bool)
+        or number < 1
         or not isinstance(iat, int)
     ):
-        return [f"{where} claims are missing head, lines or iat"], None
+        return _Checked([f"{where} claims are missing head, lines, n or iat"])
 
     problems = []
     # A good signature over another log: what precedes the checkpoint is not what it signed.
@@ -310,12 +347,14 @@ def _checkpoint_problems(
     try:
         signed_at = dt.datetime.fromtimestamp(iat, dt.UTC)
     except (OverflowError, OSError, ValueError):  # which one depends on the platform
-        return [*problems, f"{where} claims an iat that is not a date"], None
+        return _Checked([*problems, f"{where} claims an iat that is not a date"])
     if signed_at > now + _MAX_CLOCK_SKEW:
         problems.append(f"{where} is dated {_format_time(signed_at)}, in the future")
+    if problems:
+        return _Checked(problems)
     if trust_roots is not None:
-        # Web PKI rules for the CAs; the audit leaf may carry any EKU (clientAuth or a private
-        # one), but if it has a KeyUsage it must allow signing. Validity is judged at signing time.
+        # Web PKI rules for the CAs; the audit leaf's own extensions were checked above (its
+        # KeyUsage, if any, must also allow signing). Validity is judged at signing time.
         ee_policy = verification.ExtensionPolicy.permit_all().may_be_present(
             x509.KeyUsage, verification.Criticality.AGNOSTIC, _allows_signing
         )
@@ -331,8 +370,49 @@ def _checkpoint_problems(
         try:
             verifier.verify(chain[0], chain[1:])
         except verification.VerificationError as err:
-            return problems, f"{where} x5c chain does not verify to the trust roots: {err}"
-    return problems, None
+            return _Checked(
+                [],
+                f"{where} x5c chain does not verify to the trust roots: {err}",
+                number,
+                signed_at,
+            )
+    return _Checked([], None, number, signed_at)
+
+
+def audit_certificate_problem(cert: x509.Certificate) -> str | None:
+    """Why `cert` is not an audit certificate (None when it is): its one extended key usage must
+    be AUDIT_SIGNING_EKU, its one name a spiffe:// URI with the path AUDIT_SPIFFE_PATH, and it
+    may not be a CA."""
+    try:
+        usages = list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    except x509.ExtensionNotFound:
+        return "it has no extended key usage"
+    except ValueError as err:  # a malformed extension
+        return f"its extended key usage cannot be read: {err}"
+    if usages != [AUDIT_SIGNING_EKU]:
+        shown = ", ".join(getattr(u, "_name", None) or u.dotted_string for u in usages)
+        return f"its extended key usage is {shown or 'empty'}, not podcert audit signing only"
+    try:
+        names = list(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except x509.ExtensionNotFound:
+        return "it has no subject alternative name"
+    except ValueError as err:
+        return f"its subject alternative name cannot be read: {err}"
+    uris = [n.value for n in names if isinstance(n, x509.UniformResourceIdentifier)]
+    if len(names) != 1 or len(uris) != 1:
+        return "it must name exactly one SPIFFE ID and nothing else"
+    scheme, _, rest = uris[0].partition("://")
+    domain, slash, path = rest.partition("/")
+    if scheme != "spiffe" or not domain or slash + path != AUDIT_SPIFFE_PATH:
+        return f"its name {uris[0]!r} is not spiffe://<trust domain>{AUDIT_SPIFFE_PATH}"
+    try:
+        if cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca:
+            return "it is a CA certificate"
+    except x509.ExtensionNotFound:
+        pass
+    except ValueError as err:
+        return f"its basic constraints cannot be read: {err}"
+    return None
 
 
 def _allows_signing(
@@ -365,6 +445,11 @@ def verify(
     # included, so it vouches for them; any left at the end are problems.
     unanchored: list[tuple[int, str]] = []
     superseded = 0
+    # Checkpoint numbers go 1, 2, 3...: a gap means checkpoints were taken out of a rewrite.
+    last_number = 0
+    last_good_number: int | None = None
+    last_good_at: dt.datetime | None = None
+    covered = 0
 
     for line_no, raw in enumerate(lines, start=1):
         data = _as_bytes(raw)
@@ -410,19 +495,30 @@ def verify(
         else:
             checkpoints += 1
             since = f"{last_good + 1}..{line_no - 1}"
-            found, unanchored_reason = _checkpoint_problems(
+            checked = _check_checkpoint(
                 line_no, line.body.get("jwt"), prev_hash, trust_roots, now, since
             )
-            if found:
-                problems.extend(found)
+            number = checked.number
+            if not checked.problems and number != last_number + 1:
+                checked = _Checked(
+                    [
+                        f"line {line_no}: checkpoint number {number} follows {last_number}: "
+                        "checkpoints were removed, or the log was spliced or cut short"
+                    ]
+                )
+            last_number = number or last_number
+            if checked.problems:
+                problems.extend(checked.problems)
                 broken.append(line_no)
-            elif unanchored_reason is not None:
-                unanchored.append((line_no, unanchored_reason))
+            elif checked.unanchored is not None:
+                unanchored.append((line_no, checked.unanchored))
             else:
                 good_checkpoints += 1
                 superseded += len(unanchored)
                 unanchored.clear()
                 last_good = line_no
+                last_good_number, last_good_at = checked.number, checked.signed_at
+                covered = entries
                 unsigned = 0
         prev_hash, prev_seq, after_bad = digest, line.seq, False
 
@@ -434,6 +530,9 @@ def verify(
         checkpoints=checkpoints,
         unsigned_tail=unsigned,
         anchored=trust_roots is not None and 0 < good_checkpoints + superseded == checkpoints,
+        last_checkpoint=last_good_number,
+        last_checkpoint_at=last_good_at,
+        covered_entries=covered,
         first_broken_line=min(broken) if broken else None,
         problems=problems,
     )

@@ -59,7 +59,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # When appended lines reach the disk: after every line, after every checkpoint (and at close), or
-# whenever the kernel decides. Every line is handed to the kernel by its own os.write either way.
+# whenever the kernel decides. Every line is handed to the kernel by its own os.write either way,
+# and an `issued` entry is always on disk before `append` returns (see `append`), whatever the
+# policy: the log must hold every certificate that exists.
 FsyncPolicy = Literal["always", "checkpoint", "never"]
 
 
@@ -96,6 +98,13 @@ class AuditLog:
         # Set when opening had to cut away a torn final line (a crash mid-write); also logged.
         self.recovery_warning: str | None = None
         self._lock = threading.Lock()
+        # Group commit: one fsync covers every line written before it, so concurrent issuers
+        # share fsyncs instead of queueing for one each. `_synced` is the size known durable.
+        self._sync_lock = threading.Lock()
+        self._synced = 0
+        # Bumped whenever unsynced lines are cut away after a failed fsync: a caller whose line
+        # was written before the cut must not take a later fsync as its own.
+        self._epoch = 0
         self._signer: tuple[ec.EllipticCurvePrivateKey, tuple[x509.Certificate, ...]] | None = None
         self._fd = self._open()
         try:
@@ -106,6 +115,8 @@ class AuditLog:
                     None, f"audit log {self.path} is open by another writer"
                 ) from None
             self._size, self._seq, self._head, self._unsigned = self._recover()
+            self._synced = self._size
+            self._checkpoints = self._last_checkpoint_number()
         except BaseException:
             os.close(self._fd)
             raise
@@ -165,6 +176,37 @@ class AuditLog:
         unsigned = 0 if line.kind == "checkpoint" else 1  # "some": the exact count is not needed
         return size, line.seq, line_hash(last), unsigned
 
+    def _last_checkpoint_number(self) -> int:
+        """The `n` of the file's last checkpoint (0 when it has none), read backwards from the
+        end: checkpoints are numbered 1, 2, 3... in the file, across restarts."""
+        end = self._size
+        tail = b""
+        while end > 0:
+            start = max(0, end - 65536)
+            tail = os.pread(self._fd, end - start, start) + tail
+            lines = tail.split(b"\n")
+            # The first piece may be the end of a line that starts in an earlier block.
+            complete, tail = (lines, b"") if start == 0 else (lines[1:], lines[0])
+            for raw in reversed(complete):
+                if b'"kind":"checkpoint"' not in raw:
+                    continue
+                try:
+                    line = parse_line(raw)
+                    claims = jwt.decode(str(line.body["jwt"]), options={"verify_signature": False})
+                except (ValueError, KeyError, jwt.PyJWTError):
+                    continue
+                number = claims.get("n")
+                return number if isinstance(number, int) and number > 0 else 0
+            end = start
+        return 0
+
+    @property
+    def checkpoints(self) -> int:
+        """The number of the last checkpoint written (0 before the first): monotonic, exported
+        as a metric so that an auditor can tell a log cut back to an earlier checkpoint."""
+        with self._lock:
+            return self._checkpoints
+
     @property
     def head(self) -> str:
         """The hash of the last line written (GENESIS for an empty log)."""
@@ -185,32 +227,75 @@ class AuditLog:
             self._signer = (key, tuple(chain))
 
     def append(self, entry: Entry) -> str:
-        """Append one decision; returns the hash of its line (the new head)."""
+        """Append one decision; returns the hash of its line (the new head).
+
+        An `issued` entry is durable (written and fsynced) when this returns, so a caller that
+        writes the certificate only afterwards never hands out one the log could lose. Raises
+        OSError (e.g. ENOSPC) when it cannot be: the line is then not in the log either.
+        """
         line = {"kind": "entry", **entry_fields(entry)}
+        durable = self.fsync == "always" or entry.decision == "issued"
         with self._lock:
-            digest = self._write(line, sync=self.fsync == "always")
+            digest = self._write(line, sync=False)
             self._unsigned += 1
             if self._signer is not None and self._unsigned >= self.checkpoint_every:
                 # Stamped with the decision's time: the log itself never reads a clock.
                 self._checkpoint(*self._signer, entry.time)
-            return digest
+            written, epoch = self._size, self._epoch
+        if durable:
+            self._sync_to(written, epoch)
+        return digest
+
+    def _sync_to(self, size: int, epoch: int) -> None:
+        """Make the file durable up to `size` bytes, sharing one fsync among concurrent callers."""
+        with self._sync_lock:
+            with self._lock:
+                if self._epoch != epoch:
+                    raise OSError(f"audit log {self.path}: an fsync failed; the line was cut")
+                if self._synced >= size:
+                    return  # another caller's fsync, begun after our write, covered it
+                if self._fd < 0:
+                    raise ValueError(f"audit log {self.path} is closed")
+                fd, target = self._fd, self._size
+            try:
+                os.fsync(fd)
+            except OSError:
+                with self._lock:
+                    self._rollback_unsynced()
+                raise
+            with self._lock:
+                self._synced = max(self._synced, target)
+
+    def _rollback_unsynced(self) -> None:
+        """After a failed fsync nothing since the last good one can be trusted to be on disk:
+        cut the file back to it, so the log never holds lines whose fate the kernel lost."""
+        if self._size == self._synced:
+            return
+        self._epoch += 1
+        os.ftruncate(self._fd, self._synced)
+        self._size, self._seq, self._head, self._unsigned = self._recover()
+        self._checkpoints = self._last_checkpoint_number()
 
     def checkpoint(
         self,
         signing_key: ec.EllipticCurvePrivateKey,
         chain: Sequence[x509.Certificate],
         now: dt.datetime,
+        *,
+        force: bool = False,
     ) -> str | None:
-        """Sign the current head (on a timer and at shutdown); returns the checkpoint line's hash.
+        """Sign the current head (at start, on a timer and at shutdown); returns the checkpoint
+        line's hash.
 
         Does nothing and returns None when no line was appended since the last checkpoint, so an
-        idle signer's timer does not grow the log.
+        idle signer's timer does not grow the log; `force` writes one anyway (a signer opening
+        its log checkpoints at once, so even a log with no entries is vouched for).
         """
         _check_signer(signing_key, chain)
         if now.utcoffset() is None:
             raise ValueError("now must be timezone-aware")
         with self._lock:
-            if self._unsigned == 0:
+            if self._unsigned == 0 and not force:
                 return None
             return self._checkpoint(signing_key, tuple(chain), now)
 
@@ -220,7 +305,12 @@ class AuditLog:
         chain: tuple[x509.Certificate, ...],
         now: dt.datetime,
     ) -> str:
-        claims = {"head": self._head, "lines": self._seq, "iat": int(now.timestamp())}
+        claims = {
+            "head": self._head,
+            "lines": self._seq,
+            "n": self._checkpoints + 1,
+            "iat": int(now.timestamp()),
+        }
         # RFC 7515 x5c: standard (not URL-safe) base64 of each DER certificate, leaf first.
         x5c = [
             base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode("ascii")
@@ -229,6 +319,7 @@ class AuditLog:
         token = jwt.encode(claims, key, algorithm=CHECKPOINT_ALGORITHM, headers={"x5c": x5c})
         digest = self._write({"kind": "checkpoint", "jwt": token}, sync=self.fsync != "never")
         self._unsigned = 0
+        self._checkpoints += 1
         return digest
 
     def _write(self, body: dict[str, object], *, sync: bool) -> str:
@@ -243,6 +334,7 @@ class AuditLog:
                 raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
             if sync:
                 os.fsync(self._fd)
+                self._synced = max(self._synced, self._size + len(data))
         except OSError:
             # Never leave half a line for the next one to be chained onto.
             with contextlib.suppress(OSError):

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.types import (
 )
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from bundles.auditlog import AUDIT_SIGNING_EKU, AUDIT_SPIFFE_PATH
 from signer import model
 
 # The API server requires beginRefreshAt in [notBefore + 10 min, notAfter - 10 min].
@@ -35,6 +36,37 @@ def sign_leaf(plan: model.LeafPlan, ca: model.IssuingCA, serial: int) -> str:
     is itself the root the chain is the leaf alone.
     """
     _check_plan(plan, ca)
+    # Workloads are both clients and servers in mutual TLS.
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
+    return _sign(plan, ca, serial, usages)
+
+
+def sign_audit_certificate(
+    key: ec.EllipticCurvePublicKey,
+    trust_domain: str,
+    ca: model.IssuingCA,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+    serial: int,
+) -> str:
+    """The PEM chain of the signer's own audit-log key: the one kind of certificate whose
+    checkpoints `podcert audit` accepts. Its only EKU is AUDIT_SIGNING_EKU and its only name
+    spiffe://<trust domain>/podcert/audit; `sign_leaf` can make neither, so no pod ever holds one.
+    """
+    plan = model.LeafPlan(
+        public_key=key,
+        spiffe_id=f"spiffe://{trust_domain}{AUDIT_SPIFFE_PATH}",
+        dns_names=(),
+        not_before=truncate_to_second(not_before),
+        not_after=truncate_to_second(min(not_after, ca.not_after)),
+        begin_refresh_at=truncate_to_second(min(not_after, ca.not_after)),
+    )
+    return _sign(plan, ca, serial, [AUDIT_SIGNING_EKU])
+
+
+def _sign(
+    plan: model.LeafPlan, ca: model.IssuingCA, serial: int, usages: list[x509.ObjectIdentifier]
+) -> str:
     issuer = ca.certificate
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(plan.spiffe_id)]
     sans += [x509.DNSName(name) for name in plan.dns_names]
@@ -51,7 +83,7 @@ def sign_leaf(plan: model.LeafPlan, ca: model.IssuingCA, serial: int) -> str:
         .add_extension(x509.SubjectAlternativeName(sans), critical=True)
         # An end entity: it may not sign other certificates.
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        # TLS handshakes only; RSA keys may also be used for RSA key exchange.
+        # Signatures only; RSA keys may also be used for RSA key exchange.
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -66,13 +98,8 @@ def sign_leaf(plan: model.LeafPlan, ca: model.IssuingCA, serial: int) -> str:
             ),
             critical=True,
         )
-        # Workloads are both clients and servers in mutual TLS.
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
-            ),
-            critical=False,
-        )
+        # What the key is for: TLS (workloads) or audit checkpoints (the signer), never both.
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         # Names the leaf's key, so tools can match certificate and key files.
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(plan.public_key), critical=False)
         # Lets path builders find the issuer quickly, even across CA rotations.
@@ -214,6 +241,8 @@ def _check_plan(plan: model.LeafPlan, ca: model.IssuingCA) -> None:
             raise ValueError(f"plan.{name} must be timezone-aware, got {moment}")
         if moment.microsecond:
             raise ValueError(f"plan.{name} must be whole seconds, got {moment}")
+    if plan.spiffe_id.split("://", 1)[-1].partition("/")[2] == AUDIT_SPIFFE_PATH.lstrip("/"):
+        raise ValueError("a workload plan may not carry the audit log's own SPIFFE ID")
     if plan.not_after <= plan.not_before:
         raise ValueError(f"plan ends ({plan.not_after}) before it starts ({plan.not_before})")
     if plan.not_after > ca.not_after:

@@ -91,6 +91,11 @@ class Controller:
         self.reflectors: list[Reflector] = []
         self._audit_key: ec.EllipticCurvePrivateKey | None = None
         self._audit_chain: list[x509.Certificate] = []
+        self._audit_issuer: x509.Certificate | None = None
+        # Fail closed: while the audit log refuses writes nothing is issued and /readyz fails.
+        self._audit_writable = threading.Event()
+        self._audit_writable.set()
+        metrics.audit_log_writable.set(1)
         self.is_leader = is_leader
         # Watched caches of the facts; a request they do not vouch for is read live.
         self.pods: Cache[Key, model.Pod] = Cache(
@@ -175,6 +180,7 @@ class Controller:
             self._spawn(f"worker-{index}", self._work)
         self._spawn("ca-rotation", self._rotation_loop)
         if self.audit is not None:
+            self.metrics.audit_checkpoint.set(self.audit.checkpoints)
             self._setup_audit_signer()
             self._spawn("audit-checkpoints", self._checkpoint_loop)
 
@@ -184,7 +190,11 @@ class Controller:
         self._threads.append(thread)
 
     def ready(self) -> bool:
-        return self.cas.bundle is not None and all(r.synced.is_set() for r in self.reflectors)
+        return (
+            self.cas.bundle is not None
+            and self._audit_writable.is_set()
+            and all(r.synced.is_set() for r in self.reflectors)
+        )
 
     def started_leading(self) -> None:
         """Pick up every pending request and look at the trust bundles and the CA schedule."""
@@ -202,15 +212,10 @@ class Controller:
         bundle = self.cas.bundle
         if bundle is not None:
             self.metrics.ca_not_after.set(bundle.not_after.timestamp())
-            if (
-                self.audit is not None
-                and self._audit_chain
-                and self._audit_chain[-1] != bundle.intermediate
-            ):
-                # A new CA signs now: re-key the audit certificate under it and checkpoint, so
-                # the log stays verifiable once the old root is retired and withdrawn.
+            if self.audit is not None and self._audit_issuer != bundle.intermediate:
+                # A (new) CA signs now: (re-)key the audit certificate under it and checkpoint,
+                # so the log stays verifiable once the old root is retired and withdrawn.
                 self._setup_audit_signer()
-                self._checkpoint()
         self.publisher.resync()
         self._rotation_wake.set()
 
@@ -453,11 +458,12 @@ class Controller:
         signer_name = str((pcr.get("spec") or {}).get("signerName", ""))
         if not self.is_leader():
             return None  # lost the lease mid-flight: the new leader will settle it
-        if kind == "Issued":
-            # Write-ahead: a certificate is in the audit log before it can exist anywhere else,
-            # so a crash between the two leaves an entry for a leaf nobody received, never a
-            # leaf the log does not know.
-            self._audit(pcr, kind, reason, serial, plan, self.clock())
+        if kind == "Issued" and not self._audit(pcr, kind, reason, serial, plan, self.clock()):
+            # Write-ahead and fail closed: a certificate is durably in the audit log before it
+            # can exist anywhere else (a crash between the two leaves an entry for a leaf nobody
+            # received, never a leaf the log does not know); no entry, no certificate.
+            self.metrics.retries.labels(reason="AuditLogUnwritable").inc()
+            return min(30.0, self.queue.backoff(key))
         try:
             self.kube.write_status(body)
         except ApiError as err:
@@ -509,9 +515,11 @@ class Controller:
         serial: str | None,
         plan: model.LeafPlan | None,
         now: dt.datetime,
-    ) -> None:
+    ) -> bool:
+        """Append one decision; False (logged, counted, readiness withdrawn) when the log
+        cannot take it. An `issued` entry is on disk when this returns True."""
         if self.audit is None:
-            return
+            return True
         meta, spec = pcr.get("metadata") or {}, pcr.get("spec") or {}
         entry = auditlog.Entry(
             time=now,
@@ -531,43 +539,71 @@ class Controller:
         )
         try:
             self.audit.append(entry)
-        except (OSError, auditlog.AuditLogError):
-            log.exception("could not append to the audit log")
+        except (OSError, ValueError, auditlog.AuditLogError) as err:
+            self._audit_failed("append to", err)
+            return False
+        self._audit_succeeded()
+        return True
+
+    def _audit_failed(self, what: str, err: Exception) -> None:
+        self.metrics.audit_log_errors.inc()
+        self.metrics.audit_log_writable.set(0)
+        if self._audit_writable.is_set():
+            self._audit_writable.clear()
+            log.error(
+                "cannot %s the audit log (%s): issuance stops and /readyz fails until it can",
+                what,
+                err,
+            )
+
+    def _audit_succeeded(self) -> None:
+        if self.audit is not None:
+            self.metrics.audit_checkpoint.set(self.audit.checkpoints)
+        if not self._audit_writable.is_set():
+            self._audit_writable.set()
+            self.metrics.audit_log_writable.set(1)
+            log.warning("the audit log takes writes again: issuance resumes")
 
     def _setup_audit_signer(self) -> None:
-        """A fresh audit key per process; its certificate is issued by our CA (x5c chain)."""
+        """A fresh audit key per process and per CA, its certificate issued by that CA (the x5c
+        chain of every checkpoint); then a checkpoint at once, so that even a log with no
+        entries is vouched for by the signer."""
         issuer = self.cas.issuing()
         if issuer is None or self.audit is None:
             return
         key = ec.generate_private_key(ec.SECP256R1())
-        now = self.clock()
-        trust_domain = self.policy.for_signer(self.signer_names[0]).trust_domain
-        not_before = certs.truncate_to_second(now - self.settings.backdate)
-        not_after = min(issuer.not_after, not_before + dt.timedelta(days=30))
-        plan = model.LeafPlan(
-            public_key=key.public_key(),
-            spiffe_id=f"spiffe://{trust_domain}/podcert/audit",
-            dns_names=(),
-            not_before=not_before,
-            not_after=certs.truncate_to_second(not_after),
-            begin_refresh_at=certs.truncate_to_second(not_after),
+        not_before = certs.truncate_to_second(self.clock() - self.settings.backdate)
+        pem = certs.sign_audit_certificate(
+            key.public_key(),
+            self.policy.for_signer(self.signer_names[0]).trust_domain,
+            issuer,
+            not_before,
+            not_before + dt.timedelta(days=30),
+            certs.random_serial(),
         )
-        pem = certs.sign_leaf(plan, issuer, certs.random_serial())
         self._audit_chain = list(x509.load_pem_x509_certificates(pem.encode()))
         self._audit_key = key
+        self._audit_issuer = issuer.certificate
         self.audit.set_checkpoint_signer(key, self._audit_chain)
+        self._checkpoint(force=True)
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, *, force: bool = False) -> None:
         if self.audit is None or self._audit_key is None:
             return
         try:
-            self.audit.checkpoint(self._audit_key, self._audit_chain, self.clock())
-        except (OSError, auditlog.AuditLogError):
-            log.exception("could not write an audit checkpoint")
+            self.audit.checkpoint(self._audit_key, self._audit_chain, self.clock(), force=force)
+        except (OSError, ValueError, auditlog.AuditLogError) as err:
+            self._audit_failed("write a checkpoint to", err)
+            return
+        self._audit_succeeded()
 
     def _checkpoint_loop(self) -> None:
-        while not self._stop.wait(self.settings.audit_checkpoint_interval):
-            self._checkpoint()
+        # While the log refuses writes, try every second (a forced checkpoint is the probe), so
+        # issuance and readiness come back soon after space does.
+        while not self._stop.wait(
+            self.settings.audit_checkpoint_interval if self._audit_writable.is_set() else 1.0
+        ):
+            self._checkpoint(force=not self._audit_writable.is_set())
 
 
 _DECISIONS: Mapping[str, Any] = {"Issued": "issued", "Denied": "denied", "Failed": "failed"}

@@ -43,6 +43,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.rate_limited = Counter(
+            "podcert_signer_rate_limited",
+            "Reconciles held back by a rate limit (requeued for later, never denied), by signer "
+            "and limit; never by node, to keep the series few (the log names the node).",
+            ["signer", "reason"],
+            registry=self.registry,
+        )
         self.ca_not_after = Gauge(
             "podcert_signer_ca_not_after_timestamp_seconds",
             "Expiry (unix time) of the CA that signs now.",
@@ -51,6 +58,22 @@ class Metrics:
         self.ca_too_short = Gauge(
             "podcert_signer_ca_too_short",
             "1 while the issuing CA cannot cover a 1 h leaf (alert on it).",
+            registry=self.registry,
+        )
+        self.audit_log_writable = Gauge(
+            "podcert_signer_audit_log_writable",
+            "1 while the audit log takes writes; 0 stops issuance and readiness (alert on it).",
+            registry=self.registry,
+        )
+        self.audit_log_errors = Counter(
+            "podcert_signer_audit_log_errors",
+            "Audit log writes (entries, fsyncs, checkpoints) that failed.",
+            registry=self.registry,
+        )
+        self.audit_checkpoint = Gauge(
+            "podcert_signer_audit_checkpoint",
+            "Number of the newest audit log checkpoint written: `podcert audit "
+            "--min-checkpoint` with this value catches a log cut back to an earlier one.",
             registry=self.registry,
         )
 

@@ -76,6 +76,7 @@ class World:
     requests: list[dict[str, Any]] = field(default_factory=list)
     n: int = 0
     last: dt.datetime = T0  # the newest decision in the audit log
+    sealed: bool = False
 
     @property
     def node_root(self) -> Path:
@@ -171,7 +172,14 @@ class World:
                 "beginRefreshAt": _time(leaf.begin_refresh_at),
             }
         if outcome is not None:
-            status["conditions"] = [{"type": outcome, "status": "True", "reason": outcome}]
+            status["conditions"] = [
+                {
+                    "type": outcome,
+                    "status": "True",
+                    "reason": outcome,
+                    "lastTransitionTime": _time(at),
+                }
+            ]
         pcr = {
             "metadata": {
                 "namespace": NS,
@@ -227,25 +235,25 @@ class World:
         self.write(uid, leaf)
         return leaf
 
-    def checkpoint(self, at: dt.datetime) -> None:
+    def checkpoint(self, at: dt.datetime, *, force: bool = False) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
-        plan = model.LeafPlan(
-            public_key=key.public_key(),
-            spiffe_id=f"spiffe://{TRUST_DOMAIN}/podcert/audit",
-            dns_names=(),
-            not_before=T0 - dt.timedelta(hours=1),
-            not_after=T0 + dt.timedelta(days=30),
-            begin_refresh_at=T0 + dt.timedelta(days=15),
+        pem = certs.sign_audit_certificate(
+            key.public_key(),
+            TRUST_DOMAIN,
+            ca.issuing_ca(self.authority),
+            T0 - dt.timedelta(hours=1),
+            T0 + dt.timedelta(days=30),
+            certs.random_serial(),
         )
-        chain = x509.load_pem_x509_certificates(
-            certs.sign_leaf(plan, ca.issuing_ca(self.authority), certs.random_serial()).encode()
-        )
-        self.log.checkpoint(key, chain, at)
+        self.log.checkpoint(key, x509.load_pem_x509_certificates(pem.encode()), at, force=force)
 
     def seal(self) -> None:
         """Checkpoint what is unsigned, as the signer's timer would a minute later, and close."""
+        if self.sealed:
+            return
         self.checkpoint(self.last + dt.timedelta(minutes=1))
         self.log.close()
+        self.sealed = True
 
     def snapshot(self, *, cluster: bool = True, disk: bool = True, log: bool = True) -> Snapshot:
         self.seal()
@@ -254,7 +262,7 @@ class World:
             requests=tuple(self.requests) if cluster else None,
             volumes=read_root(self.node_root) if disk else None,
             trust=(TrustSource(f"{SIGNER}:roots", _pem(self.authority.root), SIGNER),),
-            audit_log=read_audit_log(self.log_path) if log else None,
+            audit_logs=(("audit.jsonl", read_audit_log(self.log_path)),) if log else None,
             ca_roots=_pem(self.authority.root),
         )
 
@@ -348,7 +356,7 @@ def test_json_output_is_machine_readable(world: World, capsys: pytest.CaptureFix
     document = json.loads(capsys.readouterr().out)
     assert document["healthy"] is True
     assert document["projections"][0]["state"] == "fresh"
-    assert document["auditLog"]["anchored"] is True
+    assert document["auditLogs"][0]["anchored"] is True
     assert document["findings"] == []
 
 
@@ -614,14 +622,25 @@ def _strip_checkpoints(lines: list[bytes]) -> list[bytes]:
     return _rechain([_edit(line, seq=seq) for seq, line in enumerate(entries, start=1)])
 
 
-def test_a_rewritten_log_without_its_checkpoints_shows_an_unsigned_past(world: World) -> None:
-    _tamper(world, _strip_checkpoints)
+def test_a_rewritten_log_without_its_checkpoints_is_not_vouched_for(world: World) -> None:
+    # The attack of issue 18: chain recomputed, every checkpoint dropped, entry times set to now
+    # (so no "old unsigned tail" either). Only the cluster's times and signatures can tell.
+    def rewrite(lines: list[bytes]) -> list[bytes]:
+        fresh = _time(NOW)
+        return _rechain(
+            [_edit(line, time=fresh) for line in _strip_checkpoints(lines) if b'"time"' in line]
+        )
+
+    _tamper(world, rewrite)
 
     report = audit_findings(world.snapshot(), NOW)
 
     assert report.audit_log is not None and report.audit_log.ok  # the chain alone is consistent
-    (finding,) = [f for f in report.findings if f.kind == "audit-log"]
-    assert "covered by no checkpoint" in finding.message
+    assert not report.audit_log.anchored
+    messages = [f.message for f in report.findings if f.kind == "audit-log"]
+    assert any("no checkpoint signed by the signer's audit certificate" in m for m in messages)
+    assert any("newest signed checkpoint is from never" in m for m in messages)
+    assert not report.healthy
 
 
 def test_a_checkpoint_forged_with_another_key_is_found(world: World) -> None:
@@ -763,3 +782,103 @@ def test_the_audit_modules_import_neither_kubernetes_nor_aiohttp() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- issue 18: what the audit log proves, and whose identity a pod holds -----------------------
+
+
+def test_without_trust_roots_the_log_cannot_be_vouched_for(world: World) -> None:
+    healthy(world, pods=2)
+    snapshot = dataclasses.replace(world.snapshot(), trust=(), ca_roots=None)
+
+    report = audit_findings(snapshot, NOW)
+
+    (finding,) = [f for f in report.findings if f.kind == "audit-log"]
+    assert "no trust roots were given" in finding.message
+    assert "--chain-only" in finding.message
+
+
+def test_chain_only_checks_the_chain_and_says_it_vouches_for_nothing(world: World) -> None:
+    healthy(world, pods=2)
+    snapshot = dataclasses.replace(world.snapshot(), trust=(), ca_roots=None)
+
+    report = audit_findings(snapshot, NOW, Settings(log_chain_only=True))
+
+    assert [f for f in report.findings if f.kind == "audit-log"] == []
+    assert any("not vouched for" in note for note in report.notes)
+
+
+def test_an_empty_log_is_not_the_signers(world: World) -> None:
+    healthy(world, pods=2)
+    snapshot = dataclasses.replace(world.snapshot(), audit_logs=(("empty", ()),))
+
+    report = audit_findings(snapshot, NOW)
+
+    assert "audit-log" in kinds(report)
+    assert "not-in-audit-log" in kinds(report)  # and every issued request is missing from it
+
+
+def test_a_log_cut_back_to_an_earlier_checkpoint_is_caught(world: World) -> None:
+    _tamper(world, lambda lines: lines[:5])  # a consistent, signed prefix: checkpoint 1
+
+    report = audit_findings(world.snapshot(), NOW)
+
+    assert report.audit_log is not None and report.audit_log.ok and report.audit_log.anchored
+    missing = [f for f in report.findings if f.kind == "not-in-audit-log"]
+    assert {f.subject.split()[0] for f in missing} == {f"{NS}/web-4", f"{NS}/web-5"}
+    assert any("newest signed checkpoint" in f.message for f in report.findings)
+
+
+def test_the_signers_checkpoint_counter_catches_a_cut_back(world: World) -> None:
+    _tamper(world, lambda lines: lines[:5])
+
+    report = audit_findings(world.snapshot(), NOW, Settings(min_checkpoint=2))
+
+    assert any(
+        "newest good checkpoint is number 1, but the signer had written number 2" in f.message
+        for f in report.findings
+    )
+    fine = audit_findings(world.snapshot(), NOW, Settings(min_checkpoint=1))
+    assert not any("signer had written number" in f.message for f in fine.findings)
+
+
+def test_another_pods_credential_copied_into_a_volume_is_found(world: World) -> None:
+    theirs = world.running_pod("db", "uid-db")
+    world.running_pod("web", "uid-web")
+    world.write("uid-web", theirs)  # the attack: db's credential in web's volume
+
+    report = audit_findings(world.snapshot(), NOW)
+
+    web = next(p for p in report.projections if p.pod == "web")
+    found = {f.kind: f.message for f in web.findings}
+    assert "wrong-identity" in found and "/sa/db" in found["wrong-identity"]
+    assert "credential-shared" in found and f"{NS}/db" in found["credential-shared"]
+    db = next(p for p in report.projections if p.pod == "db")
+    assert [f.kind for f in db.findings] == ["credential-shared"]
+
+
+def test_a_credential_issued_to_another_pod_of_the_same_account_is_found(world: World) -> None:
+    # Same namespace and service account, so the SPIFFE ID matches: only the issuance tells.
+    leaf = world.leaf("web", T0)
+    world.pod("web-a", "uid-a")
+    world.pod("web-b", "uid-b")
+    world.request("web-a", "uid-a", T0, leaf)
+    world.write("uid-b", leaf)
+    for pod in world.pods:
+        pod["spec"]["serviceAccountName"] = "web"
+
+    report = audit_findings(world.snapshot(), NOW)
+
+    b = next(p for p in report.projections if p.pod == "web-b")
+    assert any(
+        f.kind == "wrong-identity" and "issued to pod" in f.message and "web-a" in f.message
+        for f in b.findings
+    ), b.findings
+
+
+def test_a_healthy_world_has_no_identity_findings(world: World) -> None:
+    healthy(world, pods=3)
+
+    report = audit_findings(world.snapshot(), NOW)
+
+    assert not {"wrong-identity", "credential-shared"} & set(kinds(report))

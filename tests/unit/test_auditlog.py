@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
@@ -21,8 +22,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID, ObjectIdentifier
+from cryptography.x509.oid import NameOID
 
+from bundles.auditlog import AUDIT_SIGNING_EKU
 from signer.auditlog import (
     GENESIS,
     AuditLog,
@@ -34,7 +36,7 @@ from signer.auditlog import (
 
 T0 = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
 NOW = T0 + dt.timedelta(hours=1)  # when the auditor runs
-AUDIT_EKU = ObjectIdentifier("1.3.6.1.4.1.59999.1.1")  # a private "podcert audit" purpose
+AUDIT_ID = "spiffe://cluster.local/podcert/audit"
 
 Lines = list[bytes]
 
@@ -91,8 +93,12 @@ def _cert(
         )
     )
     if not ca:
-        # A private EKU: the audit key is good for nothing but audit checkpoints.
-        builder = builder.add_extension(x509.ExtendedKeyUsage([AUDIT_EKU]), critical=False)
+        # The audit EKU and name: the audit key is good for nothing but audit checkpoints.
+        builder = builder.add_extension(
+            x509.ExtendedKeyUsage([AUDIT_SIGNING_EKU]), critical=False
+        ).add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(AUDIT_ID)]), critical=False
+        )
     return builder.sign(issuer_key, hashes.SHA256())
 
 
@@ -227,7 +233,12 @@ def test_line_format(tmp_path: Path, pki: Pki) -> None:
         options={"verify_iat": False},  # T0 may lie ahead of the wall clock
     )
     # Stamped with the time of the entry that triggered it.
-    assert claims == {"head": line_hash(lines[3]), "lines": 4, "iat": int(T0.timestamp()) + 4}
+    assert claims == {
+        "head": line_hash(lines[3]),
+        "lines": 4,
+        "n": 1,
+        "iat": int(T0.timestamp()) + 4,
+    }
 
 
 def test_append_returns_the_hash_of_its_line(tmp_path: Path) -> None:
@@ -347,11 +358,13 @@ def resign(lines: Lines, key: ec.EllipticCurvePrivateKey, x5c: list[str]) -> Lin
     """A forger's rewrite: the chain recomputed and every checkpoint re-signed with `key`."""
     out: Lines = []
     prev = GENESIS
+    number = 0
     for seq, line in enumerate(lines, start=1):
         obj = json.loads(line)
         obj["seq"], obj["prev"] = seq, prev
         if obj["kind"] == "checkpoint":
-            claims = {"head": prev, "lines": seq - 1, "iat": int(T0.timestamp())}
+            number += 1
+            claims = {"head": prev, "lines": seq - 1, "n": number, "iat": int(T0.timestamp())}
             obj["jwt"] = jwt.encode(claims, key, algorithm="ES256", headers={"x5c": x5c})
         out.append(json.dumps(obj, separators=(",", ":")).encode())
         prev = line_hash(out[-1])
@@ -772,3 +785,251 @@ def test_checkpoints_under_a_retired_root_are_vouched_for_by_a_later_anchored_on
     assert not alone.ok
     assert alone.first_broken_line == 5
     assert "does not verify to the trust roots" in alone.problems[0]
+
+
+# --- only the signer's audit certificate vouches for the log (issue 18) -------------------------
+
+
+def _workload_pki(pki: Pki) -> tuple[ec.EllipticCurvePrivateKey, list[str]]:
+    """A pod's key and chain as the signer issues them, under the same trusted root as `pki`:
+    what an attacker can read from any pod's volume."""
+    from signer import certs, model
+
+    intermediate_key = ec.generate_private_key(ec.SECP256R1())
+    root_key = ec.generate_private_key(ec.SECP256R1())
+    root = _cert("w root", root_key, "w root", root_key, ca=True, not_before=T0)
+    intermediate = _cert("w int", intermediate_key, "w root", root_key, ca=True, not_before=T0)
+    issuer = model.IssuingCA(certificate=intermediate, key=intermediate_key, root=root)
+    key = ec.generate_private_key(ec.SECP256R1())
+    plan = model.LeafPlan(
+        public_key=key.public_key(),
+        spiffe_id="spiffe://cluster.local/ns/shop/sa/web",
+        dns_names=(),
+        not_before=T0,
+        not_after=T0 + dt.timedelta(days=1),
+        begin_refresh_at=T0 + dt.timedelta(hours=12),
+    )
+    chain = x509.load_pem_x509_certificates(certs.sign_leaf(plan, issuer, 7).encode())
+    return key, [
+        base64.b64encode(c.public_bytes(serialization.Encoding.DER)).decode()
+        for c in [*chain, intermediate]
+    ]
+
+
+def test_a_checkpoint_signed_with_a_workload_key_is_not_the_signers(
+    tmp_path: Path, pki: Pki
+) -> None:
+    key, x5c = _workload_pki(pki)
+    lines = write_log(tmp_path / "audit.log", pki, 10)
+    forged = resign(rechain(edit(lines, 2, namespace="kube-system")), key, x5c)
+    root = x509.load_der_x509_certificate(base64.b64decode(x5c[-1]))
+
+    # Even with the workload's own root among the trust roots, its key cannot vouch for a log.
+    result = verify(forged, [pki.root, root], NOW)
+
+    assert not result.ok and not result.anchored
+    assert "is not signed by an audit certificate" in result.problems[0]
+    assert "clientAuth" in result.problems[0] or "serverAuth" in result.problems[0]
+
+
+AUDIT_CERT_SHAPES = [
+    pytest.param(
+        {"usages": [AUDIT_SIGNING_EKU, x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]},
+        "extended key usage",
+        id="an audit EKU next to clientAuth is refused",
+    ),
+    pytest.param({"usages": None}, "no extended key usage", id="no EKU is refused"),
+    pytest.param(
+        {"uri": "spiffe://cluster.local/ns/podcert/sa/audit"},
+        "is not spiffe://<trust domain>/podcert/audit",
+        id="a workload-shaped name is refused",
+    ),
+    pytest.param({"uri": None}, "no subject alternative name", id="no name is refused"),
+]
+
+
+@pytest.mark.parametrize(("shape", "problem"), AUDIT_CERT_SHAPES)
+def test_audit_certificate_shape(shape: dict[str, object], problem: str) -> None:
+    from bundles.auditlog import audit_certificate_problem
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ca")]))
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(T0)
+        .not_valid_after(T0 + dt.timedelta(days=1))
+    )
+    usages = shape.get("usages", [AUDIT_SIGNING_EKU])
+    if usages is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)  # type: ignore[arg-type]
+    uri = shape.get("uri", AUDIT_ID)
+    if uri is not None:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(str(uri))]), critical=True
+        )
+    cert = builder.sign(key, hashes.SHA256())
+
+    found = audit_certificate_problem(cert)
+
+    assert found is not None and problem in found
+
+
+def test_the_signers_audit_certificate_has_the_audit_shape() -> None:
+    from bundles.auditlog import audit_certificate_problem
+    from signer import certs, model
+
+    root_key = ec.generate_private_key(ec.SECP256R1())
+    root = _cert("r", root_key, "r", root_key, ca=True, not_before=T0)
+    issuer = model.IssuingCA(certificate=root, key=root_key, root=root)
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = certs.sign_audit_certificate(
+        key.public_key(), "cluster.local", issuer, T0, T0 + dt.timedelta(days=1), 5
+    )
+    assert audit_certificate_problem(x509.load_pem_x509_certificate(pem.encode())) is None
+
+
+def test_a_workload_plan_cannot_carry_the_audit_id() -> None:
+    from signer import certs, model
+
+    root_key = ec.generate_private_key(ec.SECP256R1())
+    root = _cert("r", root_key, "r", root_key, ca=True, not_before=T0)
+    issuer = model.IssuingCA(certificate=root, key=root_key, root=root)
+    plan = model.LeafPlan(
+        public_key=ec.generate_private_key(ec.SECP256R1()).public_key(),
+        spiffe_id=AUDIT_ID,
+        dns_names=(),
+        not_before=T0,
+        not_after=T0 + dt.timedelta(days=1),
+        begin_refresh_at=T0 + dt.timedelta(hours=12),
+    )
+    with pytest.raises(ValueError, match="audit log's own SPIFFE ID"):
+        certs.sign_leaf(plan, issuer, 9)
+
+
+def test_checkpoints_are_numbered_across_restarts(tmp_path: Path, pki: Pki) -> None:
+    path = tmp_path / "audit.log"
+    write_log(path, pki, 8)  # checkpoints 1 and 2
+    with AuditLog(path) as log:
+        assert log.checkpoints == 2
+        log.append(entry(9))
+        log.checkpoint(pki.key, pki.chain, NOW)
+        assert log.checkpoints == 3
+
+    result = verify(read_lines(path), [pki.root], NOW)
+
+    assert result.ok and result.anchored
+    assert result.last_checkpoint == 3
+    assert result.last_checkpoint_at == NOW.replace(microsecond=0)
+    assert result.covered_entries == 9
+
+
+def test_a_removed_checkpoint_shows_as_a_gap_in_the_numbers(tmp_path: Path, pki: Pki) -> None:
+    lines = write_log(tmp_path / "audit.log", pki, 12)  # checkpoints at lines 5, 10, 15
+    # Drop checkpoint 2 and re-sign the rest with the real key, as one holding it could not, but
+    # the renumbering is what is pinned here: the numbers in the signed claims must run 1, 2, 3.
+    forged = rechain(drop(lines, 10))
+    forged = [
+        *forged[:13],
+        *resign_numbered(forged[13:], pki, start_line=14, number=3),
+    ]
+
+    result = verify(forged, [pki.root], NOW)
+
+    assert any("checkpoint number 3 follows 1" in p for p in result.problems), result.problems
+
+
+def resign_numbered(tail: Lines, pki: Pki, *, start_line: int, number: int) -> Lines:
+    """Re-sign the checkpoints of `tail` (lines start_line...) with the real key and numbers
+    from `number`; each line's prev must already be right."""
+    out: Lines = []
+    for offset, line in enumerate(tail):
+        obj = json.loads(line)
+        if obj["kind"] == "checkpoint":
+            claims = {
+                "head": obj["prev"],
+                "lines": start_line + offset - 1,
+                "n": number,
+                "iat": int(T0.timestamp()),
+            }
+            obj["jwt"] = jwt.encode(claims, pki.key, algorithm="ES256", headers={"x5c": _x5c(pki)})
+            number += 1
+        out.append(json.dumps(obj, separators=(",", ":")).encode())
+    return out
+
+
+def test_a_forced_checkpoint_vouches_for_an_empty_log(tmp_path: Path, pki: Pki) -> None:
+    path = tmp_path / "audit.log"
+    with AuditLog(path) as log:
+        assert log.checkpoint(pki.key, pki.chain, NOW) is None  # nothing to sign
+        assert log.checkpoint(pki.key, pki.chain, NOW, force=True) is not None
+
+    result = verify(read_lines(path), [pki.root], NOW)
+
+    assert result.ok and result.anchored and result.last_checkpoint == 1
+    assert result.entries == 0
+
+
+# --- durable before issuance, and fail closed ----------------------------------------------------
+
+
+def test_an_issued_entry_is_fsynced_before_append_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    with AuditLog(tmp_path / "audit.log", fsync="never") as log:
+        synced.clear()  # creating the file syncs its directory
+        log.append(entry(1, "denied"))
+        assert synced == []  # a denial may wait for the next checkpoint
+        log.append(entry(2))
+        assert len(synced) == 1  # an issuance may not
+
+
+def test_a_failed_fsync_cuts_the_unsynced_lines_and_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "audit.log"
+    with AuditLog(path) as log:
+        log.append(entry(1))
+
+        def full(_fd: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "fsync", full)
+        with pytest.raises(OSError, match="No space left"):
+            log.append(entry(2))
+        monkeypatch.undo()
+        # The log is as it was before the failed issuance and goes on from there.
+        assert log.lines == 1
+        log.append(entry(3))
+
+    assert [e.name for e in iter_entries(read_lines(path))] == ["web-1-pcr", "web-3-pcr"]
+    assert verify(read_lines(path), None, NOW).ok
+
+
+def test_concurrent_issuances_share_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+    real_fsync = os.fsync
+
+    def counting(fd: int) -> None:
+        nonlocal calls
+        calls += 1
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    with AuditLog(tmp_path / "audit.log", fsync="never") as log:
+        threads = [
+            threading.Thread(target=lambda i=i: [log.append(entry(i * 100 + j)) for j in range(50)])
+            for i in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert log.lines == 400
+    # Every issuance was durable when it returned, with at most one fsync each.
+    assert 0 < calls <= 400

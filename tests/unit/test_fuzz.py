@@ -1606,7 +1606,7 @@ _UNKNOWN_KEY_LEAF: Final = _der(ROGUE_PKI.chain[0]).replace(
         *(
             pytest.param(
                 _signed_checkpoint(
-                    {"head": auditlog.GENESIS, "lines": 0, "iat": iat}, _x5c(ROGUE_PKI)
+                    {"head": auditlog.GENESIS, "lines": 0, "n": 1, "iat": iat}, _x5c(ROGUE_PKI)
                 ),
                 "date",
                 id=f"a signed checkpoint dated {iat}",
