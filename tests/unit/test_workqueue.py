@@ -6,6 +6,8 @@ import random
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from podcert.workqueue import ShutDown, WorkQueue
 
@@ -72,3 +74,177 @@ def test_shut_down_wakes_blocked_workers() -> None:
     assert raised.is_set()
     with pytest.raises(ShutDown):
         q.get(timeout=0)
+
+
+# --- fair queuing -----------------------------------------------------------------------------
+
+
+def by_node(key: str) -> tuple[str]:
+    """Keys are '<node>/<n>': the flow is the node."""
+    return (key.split("/")[0],)
+
+
+def by_node_and_namespace(key: str) -> tuple[str, str]:
+    """Keys are '<node>/<namespace>/<n>'."""
+    node, namespace, _ = key.split("/")
+    return node, namespace
+
+
+def drain(q: WorkQueue[str]) -> list[str]:
+    out = []
+    while (key := q.get(timeout=0)) is not None:
+        q.done(key)
+        out.append(key)
+    return out
+
+
+def test_without_a_flow_the_queue_is_one_fifo() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    keys = [f"{node}/{i}" for i in range(5) for node in ("a", "b", "a", "c")]
+    for key in dict.fromkeys(keys):
+        q.add(key)
+    assert drain(q) == list(dict.fromkeys(keys))
+
+
+@pytest.mark.parametrize(
+    "flood",
+    [
+        pytest.param(1, id="one key ahead"),
+        pytest.param(1500, id="a 1500-key flood ahead"),
+    ],
+)
+def test_another_flow_is_served_within_two_gets_however_long_the_flood(flood: int) -> None:
+    q: WorkQueue[str] = WorkQueue(flow=by_node)
+    for i in range(flood):
+        q.add(f"a/{i}")
+    q.add("b/0")
+    first_two = [q.get(timeout=0), q.get(timeout=0)]
+    assert "b/0" in first_two
+    assert first_two[0] == "a/0", "flow a keeps its place: it was there first"
+
+
+def test_flows_take_turns_and_each_flow_stays_in_order() -> None:
+    q: WorkQueue[str] = WorkQueue(flow=by_node)
+    for key in ["a/0", "a/1", "a/2", "b/0", "b/1", "c/0"]:
+        q.add(key)
+    assert drain(q) == ["a/0", "b/0", "c/0", "a/1", "b/1", "a/2"]
+
+
+def test_a_flow_that_turns_up_later_joins_the_end_of_the_round() -> None:
+    q: WorkQueue[str] = WorkQueue(flow=by_node)
+    for key in ["a/0", "a/1", "a/2", "b/0", "b/1"]:
+        q.add(key)
+    assert q.get(timeout=0) == "a/0"
+    q.add("c/0")
+    assert [q.get(timeout=0) for _ in range(4)] == ["b/0", "a/1", "c/0", "b/1"]
+
+
+def test_within_a_node_namespaces_take_turns() -> None:
+    """A flood in one namespace naming node b leaves b's other namespaces their turns, and
+    node a its own turns as well."""
+    q: WorkQueue[str] = WorkQueue(flow=by_node_and_namespace)
+    for i in range(100):
+        q.add(f"b/spoof/{i}")
+    q.add("b/web/0")
+    q.add("a/web/0")
+    assert [q.get(timeout=0) for _ in range(3)] == ["b/spoof/0", "a/web/0", "b/web/0"]
+
+
+def test_a_key_requeued_while_processing_returns_to_the_back_of_its_own_flow() -> None:
+    q: WorkQueue[str] = WorkQueue(flow=by_node)
+    for key in ["a/0", "a/1", "b/0"]:
+        q.add(key)
+    assert q.get(timeout=0) == "a/0"
+    q.add("a/0")  # changed while held: queued again at done, behind a/1
+    q.done("a/0")
+    assert drain(q) == ["b/0", "a/1", "a/0"]
+
+
+def test_delayed_keys_join_their_flow_when_due() -> None:
+    clock = FakeClock()
+    q: WorkQueue[str] = WorkQueue(clock=clock, flow=by_node)
+    for i in range(50):
+        q.add(f"a/{i}")
+    q.add_after("b/0", 2.0)
+    assert q.get(timeout=0) == "a/0"
+    clock.now += 2.0
+    assert "b/0" in [q.get(timeout=0), q.get(timeout=0)]
+
+
+def test_dedup_and_length_hold_across_flows() -> None:
+    clock = FakeClock()
+    q: WorkQueue[str] = WorkQueue(clock=clock, flow=by_node)
+    for key in ["a/0", "b/0", "a/0", "b/0", "a/1"]:
+        q.add(key)
+    q.add_after("c/0", 1.0)
+    assert len(q) == 4
+    assert drain(q) == ["a/0", "b/0", "a/1"]
+    assert len(q) == 1
+    clock.now += 1.0
+    assert drain(q) == ["c/0"]
+    assert len(q) == 0
+
+
+def test_the_flow_function_is_called_outside_the_queue_lock() -> None:
+    """The signer's flow reads its store; it must be free to take the caller's locks, and a
+    flow that reads the queue itself must not deadlock."""
+    q: WorkQueue[str] = WorkQueue()
+
+    def flow(key: str) -> tuple[str]:
+        len(q)  # takes the queue's lock: would deadlock if called under it
+        return (key[0],)
+
+    q = WorkQueue(flow=flow)
+    q.add("a1")
+    q.add_after("b1", 0.001)
+    assert q.get(timeout=5) == "a1"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "get", "done"]), st.sampled_from("abcd"), st.integers(0, 5)
+        ),
+        max_size=80,
+    )
+)
+def test_between_two_turns_of_a_flow_every_other_flow_is_served_at_most_once(
+    ops: list[tuple[str, str, int]],
+) -> None:
+    """Against a model of the queue: a key is handed out only when ready and never to two
+    workers; none is lost; and while a flow has keys ready, no other flow gets two turns
+    before its next one, so a ready key's wait is bounded by the flows ahead, not their size."""
+    q: WorkQueue[str] = WorkQueue(flow=by_node)
+    dirty: set[str] = set()
+    processing: set[str] = set()
+    since: dict[str, set[str]] = {}  # flow with keys ready -> flows served since its last turn
+    for op, node, n in ops:
+        if op == "add":
+            key = f"{node}/{n}"
+            q.add(key)
+            dirty.add(key)
+        elif op == "done":
+            if not processing:
+                continue
+            key = sorted(processing)[n % len(processing)]
+            q.done(key)
+            processing.discard(key)
+        else:
+            got = q.get(timeout=0)
+            if got is None:
+                assert not dirty - processing
+                continue
+            assert got in dirty - processing
+            flow = by_node(got)[0]
+            for other, served in since.items():
+                if other != flow:
+                    assert flow not in served, f"{flow} had a second turn while {other} waited"
+                    served.add(flow)
+            since[flow] = set()
+            dirty.discard(got)
+            processing.add(got)
+        since = {f: since.get(f, set()) for f in {by_node(k)[0] for k in dirty - processing}}
+    for key in processing:
+        q.done(key)
+    assert sorted(drain(q)) == sorted(dirty)
