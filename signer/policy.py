@@ -20,9 +20,19 @@ File shape (every key optional unless marked; unknown keys are errors)::
         allow:                            # default: one rule matching everything
           - namespaces: ["prod-*", web]   # fnmatch globs; default ["*"]
             serviceAccounts: ["*"]        # fnmatch globs; default ["*"]
+        rateLimit:                        # default: no limit
+          perNode:                        # a token bucket per node (spec.nodeName)
+            requestsPerSecond: 50         # required; sustained rate, 0.01..10000
+            burst: 100                    # required; requests at once after a quiet spell,
+                                          #   1..100000
 
 A request is allowed when any rule matches both its namespace and its service account;
 `allow: []` denies everything. Signers that are served but not listed get every default.
+
+The per-node rate limit is off unless set: the signer's fair queue already keeps one node's
+flood from delaying the other nodes, and a limit that suits a cluster depends on its pods per
+node (a kubelet restart re-requests every projection on the node at once). A node over its
+rate is never denied: its requests wait for their turn in the bucket.
 
 The request annotations the signer understands (`parse_annotations`) live here too, because
 what they may ask for is policy: only `podcert.dev/dns-names`, a comma-separated list of DNS names.
@@ -33,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import fnmatch
+import math
 import re
 import types
 from collections.abc import Collection, Mapping, Sequence
@@ -44,6 +55,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from podcert.ratelimit import Rate
 from signer import model
 from signer.csr import KEY_TYPES, KeyType
 
@@ -52,6 +64,11 @@ DEFAULT_MAX_LIFETIME: Final = dt.timedelta(seconds=86400)
 MIN_LIFETIME_SECONDS: Final = 3600
 MAX_LIFETIME_SECONDS: Final = 7862400
 DEFAULT_CLUSTER_DOMAIN: Final = "cluster.local"
+# Bounds of rateLimit.perNode: below one request per 100 s a node could not even start its
+# pods; above these nothing is limited in practice, so a larger value is a typo.
+MIN_RATE_PER_SECOND: Final = 0.01
+MAX_RATE_PER_SECOND: Final = 10000.0
+MAX_BURST: Final = 100000
 
 DNS_NAMES_ANNOTATION: Final = "podcert.dev/dns-names"
 KNOWN_ANNOTATIONS: Final = frozenset({DNS_NAMES_ANNOTATION})
@@ -93,6 +110,7 @@ class SignerPolicy:
     key_types: frozenset[KeyType] = frozenset(KEY_TYPES)
     dns: DNSPolicy = field(default_factory=DNSPolicy)
     allow: tuple[AllowRule, ...] = (AllowRule(),)
+    rate_per_node: Rate | None = None  # None: no per-node rate limit
 
     def allows(self, namespace: str, service_account: str) -> bool:
         return any(rule.matches(namespace, service_account) for rule in self.allow)
@@ -261,7 +279,15 @@ class _Reader:
         keys = self.mapping(
             node,
             path,
-            {"name", "trustDomain", "maxLifetimeSeconds", "keyTypes", "dnsNames", "allow"},
+            {
+                "name",
+                "trustDomain",
+                "maxLifetimeSeconds",
+                "keyTypes",
+                "dnsNames",
+                "allow",
+                "rateLimit",
+            },
         )
         if "name" not in keys:
             raise self.error(node, f"{path}.name", "required: the signer name this entry is for")
@@ -307,7 +333,37 @@ class _Reader:
                 for index, item in enumerate(self.sequence(value, f"{path}.allow"))
             )
             policy = dataclasses.replace(policy, allow=rules)
+        if "rateLimit" in keys:
+            rate = self.rate_limit(keys["rateLimit"][1], f"{path}.rateLimit")
+            policy = dataclasses.replace(policy, rate_per_node=rate)
         return policy
+
+    def rate_limit(self, node: Node, path: str) -> Rate | None:
+        keys = self.mapping(node, path, {"perNode"})
+        if "perNode" not in keys:
+            return None  # `rateLimit: {}` says "no limit" explicitly
+        value = keys["perNode"][1]
+        path = f"{path}.perNode"
+        fields = self.mapping(value, path, {"requestsPerSecond", "burst"})
+        for name in ("requestsPerSecond", "burst"):
+            if name not in fields:
+                raise self.error(value, f"{path}.{name}", "required when perNode is set")
+        rate_node = fields["requestsPerSecond"][1]
+        rate = self.number(rate_node, f"{path}.requestsPerSecond")
+        if not MIN_RATE_PER_SECOND <= rate <= MAX_RATE_PER_SECOND:
+            raise self.error(
+                rate_node,
+                f"{path}.requestsPerSecond",
+                f"{rate} is out of range; expected {MIN_RATE_PER_SECOND} to "
+                f"{MAX_RATE_PER_SECOND:.0f}",
+            )
+        burst_node = fields["burst"][1]
+        burst = self.integer(burst_node, f"{path}.burst")
+        if not 1 <= burst <= MAX_BURST:
+            raise self.error(
+                burst_node, f"{path}.burst", f"{burst} is out of range; expected 1 to {MAX_BURST}"
+            )
+        return Rate(per_second=float(rate), burst=burst)
 
     def key_types(self, node: Node, signer_path: str) -> frozenset[KeyType]:
         path = f"{signer_path}.keyTypes"
@@ -420,6 +476,14 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(node, path, f"expected an integer, got {_yaml_type(value)}")
         return value
+
+    def number(self, node: Node, path: str) -> float:
+        value = self.scalar(node, path)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.error(node, path, f"expected a number, got {_yaml_type(value)}")
+        if not math.isfinite(value):
+            raise self.error(node, path, f"expected a finite number, got {value}")
+        return float(value)
 
     def boolean(self, node: Node, path: str) -> bool:
         value = self.scalar(node, path)

@@ -843,6 +843,10 @@ signers:
       services: true
       clusterDomain: cluster.local
       allowRequested: false
+    rateLimit:
+      perNode:
+        requestsPerSecond: 0.5
+        burst: 100
     allow:
       - namespaces: ["prod-*", web]
         serviceAccounts: ["*"]

@@ -7,7 +7,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
+from podcert.ratelimit import Rate
 from signer import csr, model, policy
 
 SERVED = ("example.com/podcert", "example.com/other")
@@ -413,4 +415,188 @@ def test_exactly_100_names_are_fine() -> None:
     names = [f"n{i}.svc" for i in range(100)]
     assert policy.parse_annotations({KEY: ",".join(names)}, OPEN) == policy.RequestedNames(
         tuple(names)
+    )
+
+
+# --- rateLimit ----------------------------------------------------------------------------------
+
+
+def test_no_rate_limit_unless_the_policy_sets_one() -> None:
+    assert load(EXAMPLE).for_signer(NAME).rate_per_node is None
+    assert policy.default_policy([NAME], "cluster.local").for_signer(NAME).rate_per_node is None
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 50, burst: 100}}\n",
+            Rate(per_second=50.0, burst=100),
+            id="integer rate",
+        ),
+        pytest.param(
+            "rateLimit:\n  perNode:\n    requestsPerSecond: 0.5\n    burst: 1\n",
+            Rate(per_second=0.5, burst=1),
+            id="fractional rate, smallest burst",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 0.01, burst: 100000}}\n",
+            Rate(per_second=0.01, burst=100000),
+            id="both bounds",
+        ),
+        pytest.param("rateLimit: {}\n", None, id="empty rateLimit is no limit"),
+    ],
+)
+def test_rate_limits_load(body: str, expected: Rate | None) -> None:
+    assert load(signer_yaml(body)).for_signer(NAME).rate_per_node == expected
+
+
+def test_the_rate_limit_is_per_signer() -> None:
+    text = (
+        f"signers:\n  - name: {NAME}\n"
+        "    rateLimit: {perNode: {requestsPerSecond: 5, burst: 10}}\n"
+        f"  - name: {SERVED[1]}\n"
+    )
+    loaded = load(text)
+    assert loaded.for_signer(NAME).rate_per_node == Rate(per_second=5.0, burst=10)
+    assert loaded.for_signer(SERVED[1]).rate_per_node is None
+
+
+PER_NODE = "policy.yaml:3: signers[0].rateLimit.perNode"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        pytest.param(
+            "rateLimit: 50\n",
+            "policy.yaml:3: signers[0].rateLimit: expected a mapping",
+            id="rateLimit is a number",
+        ),
+        pytest.param(
+            "rateLimit: {perPod: {}}\n",
+            "policy.yaml:3: signers[0].rateLimit.perPod: unknown key; expected one of perNode",
+            id="unknown kind of limit",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: 50}\n",
+            f"{PER_NODE}: expected a mapping",
+            id="perNode is a number",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: null}\n",
+            f"{PER_NODE}: expected a mapping",
+            id="perNode is null",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: required when perNode is set",
+            id="rate missing",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 10}}\n",
+            f"{PER_NODE}.burst: required when perNode is set",
+            id="burst missing",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 10, burst: 10, qps: 5}}\n",
+            f"{PER_NODE}.qps: unknown key; expected one of burst, requestsPerSecond",
+            id="unknown field",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: fast, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: expected a number, got a string ('fast')",
+            id="rate is a word",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: '50', burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: expected a number, got a string ('50')",
+            id="rate is a quoted number",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: true, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: expected a number, got a boolean (true)",
+            id="rate is a boolean",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: [50], burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: expected a number, got a list",
+            id="rate is a list",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: .nan, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: expected a finite number, got nan",
+            id="rate is NaN",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: .inf, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: expected a finite number, got inf",
+            id="rate is infinite",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 0, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: 0.0 is out of range; expected 0.01 to 10000",
+            id="zero rate",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: -5, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: -5.0 is out of range",
+            id="negative rate",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 0.001, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: 0.001 is out of range",
+            id="rate below one per 100 s",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 1000000, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: 1000000.0 is out of range",
+            id="absurd rate",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 1e3, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: expected a number, got a string ('1e3')",
+            id="1e3 is a string in YAML 1.1 and says so",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 10, burst: 0}}\n",
+            f"{PER_NODE}.burst: 0 is out of range; expected 1 to 100000",
+            id="zero burst",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 10, burst: 1000001}}\n",
+            f"{PER_NODE}.burst: 1000001 is out of range",
+            id="absurd burst",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 10, burst: 2.5}}\n",
+            f"{PER_NODE}.burst: expected an integer, got float (2.5)",
+            id="fractional burst",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: 10, burst: many}}\n",
+            f"{PER_NODE}.burst: expected an integer, got a string ('many')",
+            id="burst is a word",
+        ),
+        pytest.param(
+            "rateLimit: {perNode: {requestsPerSecond: !!float x, burst: 10}}\n",
+            f"{PER_NODE}.requestsPerSecond: 'x' is not a valid float",
+            id="a float tag on a word",
+        ),
+    ],
+)
+def test_bad_rate_limits_are_rejected_naming_the_field(body: str, message: str) -> None:
+    with pytest.raises(policy.PolicyError) as caught:
+        load(signer_yaml(body))
+    assert str(caught.value).startswith(message)
+
+
+def test_the_shipped_policy_loads_and_limits_each_node() -> None:
+    manifest = Path(__file__).resolve().parents[2] / "manifests" / "signer" / "policy.yaml"
+    config_map = yaml.safe_load(manifest.read_text())
+    shipped = policy.load_policy(
+        config_map["data"]["policy.yaml"], str(manifest), ["podcert.dev/workload"], "cluster.local"
+    )
+    assert shipped.for_signer("podcert.dev/workload").rate_per_node == Rate(
+        per_second=20.0, burst=300
     )
