@@ -84,6 +84,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--workers", type=int, default=4, help="concurrent reconcile workers")
     p.add_argument(
+        "--fair-queue",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="workers serve nodes in turn, then each node's namespaces, so one node's flood "
+        "cannot hold back the others (--no-fair-queue: one FIFO, for comparison)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=int,
         default=9090,
@@ -353,6 +360,7 @@ def run(args: argparse.Namespace) -> int:
         audit,
         settings=Settings(
             workers=args.workers,
+            fair_queue=args.fair_queue,
             refresh_fraction=args.refresh_fraction,
             backdate=dt.timedelta(seconds=args.backdate_seconds),
             audit_checkpoint_interval=args.audit_checkpoint_interval,

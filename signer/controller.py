@@ -22,6 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from podcert.cache import Cache
+from podcert.ratelimit import TokenBuckets
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from podcert.workqueue import ShutDown, WorkQueue
@@ -55,9 +56,13 @@ class Settings:
     rotation_check_interval: float = 30.0
     # Workers wait this long for the pod/node/ServiceAccount caches' first full list.
     facts_sync_timeout: float = 60.0
+    # Workers serve nodes in turn, then a node's namespaces in turn (False: one FIFO, as
+    # before; kept to measure the difference).
+    fair_queue: bool = True
 
 
 DEFAULT_SETTINGS: Final = Settings()
+RATE_LIMIT_LOG_EVERY: Final = 30.0  # seconds between log lines about held-back requests
 
 
 class Controller:
@@ -73,6 +78,7 @@ class Controller:
         settings: Settings = DEFAULT_SETTINGS,
         clock: Callable[[], dt.datetime] = utcnow,
         is_leader: Callable[[], bool] = lambda: True,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.signer_names = tuple(signer_names)
@@ -82,7 +88,18 @@ class Controller:
         self.audit = audit
         self.settings = settings
         self.clock = clock
-        self.queue: WorkQueue[Key] = WorkQueue(base_delay=0.1, max_delay=60.0)
+        self.queue: WorkQueue[Key] = WorkQueue(
+            base_delay=0.1, max_delay=60.0, flow=self._flow if settings.fair_queue else None
+        )
+        self.monotonic = monotonic
+        self._node_rates = {
+            name: TokenBuckets(rate)
+            for name in self.signer_names
+            if (rate := policy.for_signer(name).rate_per_node) is not None
+        }
+        self._held_lock = threading.Lock()
+        self._held_back = 0  # requests held back since the last log line about it
+        self._held_logged = float("-inf")
         self._lock = threading.Lock()
         self._store: dict[Key, JSON] = {}  # unsettled requests, latest seen
         self._services: dict[str, dict[str, dict[str, str]]] = {}  # ns -> name -> selector
@@ -372,6 +389,9 @@ class Controller:
             return self._settle(pcr, None, "Denied", model.INVALID_REQUEST, str(err), None)
         if request.signer_name not in self.signer_names:
             return None
+        wait = self._hold_back(key, request)
+        if wait > 0:
+            return wait
         facts = self.facts(request)
         decision = decide(
             request,
@@ -392,6 +412,45 @@ class Controller:
             return self._issue(pcr, request, decision.plan, facts.ca)
         kind = "Denied" if isinstance(decision, model.Deny) else "Failed"
         return self._settle(pcr, request, kind, decision.reason, decision.message, None)
+
+    def _flow(self, key: Key) -> tuple[str, str]:
+        """The queue's flow path of a request: its node, then its namespace. Workers take
+        turns between nodes, so a node's flood cannot hold back the others; and within a node
+        between namespaces, because anyone allowed to create requests can name any node.
+        Requests not in the store share the node "" (they are rare: re-reads, relists)."""
+        # One dict read (atomic) and no lock, so queue.add stays callable under self._lock.
+        pcr = self._store.get(key)
+        spec = pcr.get("spec") if isinstance(pcr, Mapping) else None
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        return (node if isinstance(node, str) else "", key[0])
+
+    def _hold_back(self, key: Key, request: model.Request) -> float:
+        """Seconds this request must wait under its node's rate limit, 0 to go ahead. Held
+        back, never denied: a node over its rate gets its certificates later. Logged at most
+        every RATE_LIMIT_LOG_EVERY seconds, with how many were held back meanwhile."""
+        buckets = self._node_rates.get(request.signer_name)
+        if buckets is None:
+            return 0.0
+        now = self.monotonic()
+        wait = buckets.admit(request.node_name, key, now)
+        if wait <= 0:
+            return 0.0
+        self.metrics.rate_limited.labels(signer=request.signer_name, reason="NodeRateLimit").inc()
+        with self._held_lock:
+            self._held_back += 1
+            if now - self._held_logged < RATE_LIMIT_LOG_EVERY:
+                return wait
+            held, self._held_back, self._held_logged = self._held_back, 0, now
+        log.warning(
+            "node %s is over its rate limit for %s: this request waits %.1fs (%d held back "
+            "since the last such message)",
+            request.node_name,
+            request.signer_name,
+            wait,
+            held,
+            extra=_ctx(key),
+        )
+        return wait
 
     def facts(self, request: model.Request) -> model.Facts:
         """The pod, node and service account as they are now: from the watched caches when
