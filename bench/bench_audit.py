@@ -46,16 +46,15 @@ def generate(root: Path, count: int, now: dt.datetime) -> tuple[Path, Path]:
     not_before = certs.truncate_to_second(now - dt.timedelta(minutes=5))
     with AuditLog(log_path, checkpoint_every=1000, fsync="never") as log:
         audit_key = ec.generate_private_key(ec.SECP256R1())
-        audit_plan = model.LeafPlan(
-            public_key=audit_key.public_key(),
-            spiffe_id=f"spiffe://{TRUST_DOMAIN}/podcert/audit",
-            dns_names=(),
-            not_before=not_before,
-            not_after=not_before + dt.timedelta(days=30),
-            begin_refresh_at=not_before + dt.timedelta(days=15),
-        )
         audit_chain = x509.load_pem_x509_certificates(
-            certs.sign_leaf(audit_plan, issuer, certs.random_serial()).encode()
+            certs.sign_audit_certificate(
+                audit_key.public_key(),
+                TRUST_DOMAIN,
+                issuer,
+                not_before,
+                not_before + dt.timedelta(days=30),
+                certs.random_serial(),
+            ).encode()
         )
         log.set_checkpoint_signer(audit_key, audit_chain)
         for i in range(count):

@@ -221,6 +221,7 @@ class AuditLogReport:
     anchored: bool
     last_checkpoint: int | None
     last_checkpoint_at: dt.datetime | None
+    anchors: frozenset[str]
     first_broken_line: int | None
     problems: tuple[str, ...]
 
@@ -840,15 +841,32 @@ def audit_findings(
     # Signer names someone answers for: a settled request, or an audit log entry.
     served = {r.signer_name for r in requests if r.outcome in ("Issued", "Denied")}
     served |= {e.signer_name for e in entries}
-    issued_serials = (
-        {int(e.serial, 16) for e in entries if e.decision == "issued" and e.serial}
-        if logs is not None
-        else None
-    )
+    log_findings: list[Finding] = []
+    log_reports = None
+    scope = _LogScope(frozenset(), frozenset())
+    if logs is not None:
+        log_reports, anchored = _audit_logs(
+            logs, trust, snapshot.ca_roots, now, settings, log_findings, notes
+        )
+        scope = _LogScope.of(log_reports, trust, entries, settings)
+        if anchored:
+            _checkpoint_lag(
+                log_reports, _issuances(projections, scope), now, settings, log_findings
+            )
+    issued_serials = {int(e.serial, 16) for e in entries if e.decision == "issued" and e.serial}
     issued_to = _issued_to(requests, entries)
     copies = _shared(projections)
     reports = [
-        _assess(p, now, settings, trust, served, issued_serials, issued_to, copies)
+        _assess(
+            p,
+            now,
+            settings,
+            trust,
+            served,
+            issued_serials if logs is not None and scope.covers(p) else None,
+            issued_to,
+            copies,
+        )
         for p in projections
         if _selected(p, settings)
     ]
@@ -861,24 +879,13 @@ def audit_findings(
         notes.append("neither the cluster nor a node root was read: no projection to report")
 
     roots = _roots(snapshot, trust, facts, now, settings, findings, notes)
-    log_reports = None
-    if logs is not None:
-        log_reports = _audit_logs(
-            logs,
-            trust,
-            snapshot.ca_roots,
-            _issuances(requests, facts),
-            now,
-            settings,
-            findings,
-            notes,
-        )
+    findings.extend(log_findings)
     return Report(
         now=now,
         inputs=snapshot.inputs,
         projections=tuple(reports),
         roots=roots,
-        audit_logs=log_reports,
+        audit_logs=tuple(log_reports) if log_reports is not None else None,
         findings=tuple(findings),
         notes=tuple(notes),
     )
@@ -1409,20 +1416,49 @@ def _roots(
 # --- the audit log ------------------------------------------------------------------------------
 
 
-def _issuances(
-    requests: Sequence[_Request], facts: Sequence[VolumeFacts]
-) -> dict[str, dt.datetime]:
-    """serial -> when the cluster or a node says it was issued: the Issued condition's time
-    (the signer's clock), else the leaf's notBefore (backdated, so earlier: the lenient side)."""
+@dataclass(frozen=True)
+class _LogScope:
+    """Which certificates the audit logs answer for: those of the signer names whose trust
+    bundles hold the roots the logs' checkpoints chain to (signed data and the cluster, not
+    what a log's entries claim), plus the names its entries and the operator give."""
+
+    signers: frozenset[str]
+    anchors: frozenset[str]
+
+    @classmethod
+    def of(
+        cls,
+        reports: Sequence[AuditLogReport],
+        trust: _TrustIndex,
+        entries: Sequence[Entry],
+        settings: Settings,
+    ) -> _LogScope:
+        anchors = frozenset(a for r in reports for a in r.anchors)
+        signers = {s for s, roots in trust.by_signer.items() if roots & anchors}
+        signers |= {e.signer_name for e in entries} | settings.signer_names
+        return cls(frozenset(signers), anchors)
+
+    def covers(self, proj: _Proj) -> bool:
+        if proj.signer_name in self.signers:
+            return True
+        cert = proj.disk.cert if proj.disk is not None else None
+        return cert is not None and cert.anchor in self.anchors
+
+
+def _issuances(projections: Sequence[_Proj], scope: _LogScope) -> dict[str, dt.datetime]:
+    """serial -> when the cluster or a node says it was issued, for what the logs answer for:
+    the Issued condition's time (the signer's clock), else the leaf's notBefore (backdated, so
+    earlier: the lenient side)."""
     out: dict[str, dt.datetime] = {}
-    for volume in facts:
-        for credential in volume.credentials:
-            if credential.cert is not None:
-                out[credential.cert.serial] = credential.cert.not_before
-    for request in requests:
-        if request.chain:
-            leaf = request.chain[0]
-            out[f"{leaf.serial_number:x}"] = request.issued_at or leaf.not_valid_before_utc
+    for proj in projections:
+        if not scope.covers(proj):
+            continue
+        if proj.disk is not None and proj.disk.cert is not None:
+            out[proj.disk.cert.serial] = proj.disk.cert.not_before
+        for request in proj.requests:
+            if request.chain:
+                leaf = request.chain[0]
+                out[f"{leaf.serial_number:x}"] = request.issued_at or leaf.not_valid_before_utc
     return out
 
 
@@ -1430,13 +1466,12 @@ def _audit_logs(
     logs: Sequence[tuple[str, Sequence[bytes]]],
     trust: _TrustIndex,
     ca_roots: bytes | None,
-    issuances: Mapping[str, dt.datetime],
     now: dt.datetime,
     settings: Settings,
     findings: list[Finding],
     notes: list[str],
-) -> tuple[AuditLogReport, ...]:
-    """Verify each replica's log, then judge them together against what the cluster holds."""
+) -> tuple[list[AuditLogReport], bool]:
+    """Verify each replica's log; (reports, whether trust roots anchored them)."""
     roots = list(trust.all)
     if ca_roots is not None:
         with contextlib.suppress(ValueError):  # already noted by _roots
@@ -1462,28 +1497,37 @@ def _audit_logs(
         _audit_log(name, lines, roots, now, settings, findings, anchor=bool(roots))
         for name, lines in logs
     ]
-    if not roots:
-        return tuple(reports)
+    return reports, bool(roots)
 
-    # Times an attacker of the log cannot write: the cluster's, and the checkpoints' signed iat.
+
+def _checkpoint_lag(
+    reports: Sequence[AuditLogReport],
+    issuances: Mapping[str, dt.datetime],
+    now: dt.datetime,
+    settings: Settings,
+    findings: list[Finding],
+) -> None:
+    """Every certificate issued longer ago than `checkpoint_max_lag` must precede a signed
+    checkpoint. Judged by times the writer of a forged log cannot set: the cluster's, and the
+    checkpoints' own signed `iat`."""
     signed_until = max(
         (r.last_checkpoint_at for r in reports if r.last_checkpoint_at is not None), default=None
     )
-    due = {s: t for s, t in issuances.items() if now - t > settings.checkpoint_max_lag}
-    if due:
-        newest = max(due.values())
-        if signed_until is None or signed_until < newest:
-            signed = _time(signed_until) if signed_until else "never"
-            findings.append(
-                Finding(
-                    "audit-log",
-                    "audit log",
-                    f"the cluster holds certificates issued until {_time(newest)}, but the newest "
-                    f"signed checkpoint is from {signed}: checkpoints stopped, or the log was cut "
-                    "back or stripped of them",
-                )
+    due = [t for t in issuances.values() if now - t > settings.checkpoint_max_lag]
+    if not due:
+        return
+    newest = max(due)
+    if signed_until is None or signed_until < newest:
+        signed = _time(signed_until) if signed_until else "never"
+        findings.append(
+            Finding(
+                "audit-log",
+                "audit log",
+                f"the cluster holds certificates issued until {_time(newest)}, but the newest "
+                f"signed checkpoint is from {signed}: checkpoints stopped, or the log was cut "
+                "back or stripped of them",
             )
-    return tuple(reports)
+        )
 
 
 def _audit_log(
@@ -1551,6 +1595,7 @@ def _audit_log(
         anchored=result.anchored,
         last_checkpoint=result.last_checkpoint,
         last_checkpoint_at=result.last_checkpoint_at,
+        anchors=result.anchors,
         first_broken_line=result.first_broken_line,
         problems=problems,
     )

@@ -46,6 +46,7 @@ from typing import Any, Final, Literal, get_args
 import jwt
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
 
@@ -145,6 +146,8 @@ class Verification:
     last_checkpoint: int | None = None
     last_checkpoint_at: dt.datetime | None = None
     covered_entries: int = 0
+    # SHA-256 (hex) of the trust roots the good checkpoints' chains lead to: whose log this is.
+    anchors: frozenset[str] = frozenset()
     first_broken_line: int | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -277,6 +280,7 @@ class _Checked:
     unanchored: str | None = None
     number: int = 0
     signed_at: dt.datetime | None = None
+    anchor: str | None = None  # sha256 hex of the trust root its chain leads to
 
 
 def _check_checkpoint(
@@ -368,7 +372,7 @@ def _check_checkpoint(
             .build_client_verifier()
         )
         try:
-            verifier.verify(chain[0], chain[1:])
+            path = verifier.verify(chain[0], chain[1:])
         except verification.VerificationError as err:
             return _Checked(
                 [],
@@ -376,6 +380,8 @@ def _check_checkpoint(
                 number,
                 signed_at,
             )
+        root = path.chain[-1].fingerprint(hashes.SHA256()).hex()
+        return _Checked([], None, number, signed_at, root)
     return _Checked([], None, number, signed_at)
 
 
@@ -450,6 +456,7 @@ def verify(
     last_good_number: int | None = None
     last_good_at: dt.datetime | None = None
     covered = 0
+    anchors: set[str] = set()
 
     for line_no, raw in enumerate(lines, start=1):
         data = _as_bytes(raw)
@@ -519,6 +526,8 @@ def verify(
                 last_good = line_no
                 last_good_number, last_good_at = checked.number, checked.signed_at
                 covered = entries
+                if checked.anchor is not None:
+                    anchors.add(checked.anchor)
                 unsigned = 0
         prev_hash, prev_seq, after_bad = digest, line.seq, False
 
@@ -533,6 +542,7 @@ def verify(
         last_checkpoint=last_good_number,
         last_checkpoint_at=last_good_at,
         covered_entries=covered,
+        anchors=frozenset(anchors),
         first_broken_line=min(broken) if broken else None,
         problems=problems,
     )

@@ -114,8 +114,8 @@ def test_a_healthy_cluster_node_and_log_audit_clean(
         assert projection["refreshHint"] == "request"  # joined to its request
         assert projection["path"] == "credentialbundle.pem"  # and to its file on the node
         assert projection["rotations"] == 1
-    assert report["auditLog"]["anchored"] is True
-    assert report["auditLog"]["firstBrokenLine"] is None
+    assert report["auditLogs"][0]["anchored"] is True
+    assert report["auditLogs"][0]["firstBrokenLine"] is None
     assert any(SIGNER.replace("/", ":") in s for r in report["roots"] for s in r["sources"])
 
 

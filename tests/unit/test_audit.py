@@ -814,8 +814,20 @@ def test_an_empty_log_is_not_the_signers(world: World) -> None:
 
     report = audit_findings(snapshot, NOW)
 
-    assert "audit-log" in kinds(report)
-    assert "not-in-audit-log" in kinds(report)  # and every issued request is missing from it
+    (finding,) = [f for f in report.findings if f.kind == "audit-log"]
+    assert "no checkpoint signed by the signer's audit certificate" in finding.message
+
+
+def test_a_log_cut_back_to_its_opening_checkpoint_misses_every_issuance(world: World) -> None:
+    world.checkpoint(T0 - dt.timedelta(minutes=1), force=True)  # what a signer writes at start
+    healthy(world, pods=2)
+    lines = world.snapshot().audit_logs[0][1]  # type: ignore[index]
+    snapshot = dataclasses.replace(world.snapshot(), audit_logs=(("cut", lines[:1]),))
+
+    report = audit_findings(snapshot, NOW)
+
+    assert report.audit_log is not None and report.audit_log.anchored
+    assert kinds(report).count("not-in-audit-log") == 2
 
 
 def test_a_log_cut_back_to_an_earlier_checkpoint_is_caught(world: World) -> None:
