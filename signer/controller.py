@@ -389,9 +389,6 @@ class Controller:
             return self._settle(pcr, None, "Denied", model.INVALID_REQUEST, str(err), None)
         if request.signer_name not in self.signer_names:
             return None
-        wait = self._hold_back(key, request)
-        if wait > 0:
-            return wait
         facts = self.facts(request)
         decision = decide(
             request,
@@ -409,6 +406,11 @@ class Controller:
         if isinstance(decision, model.Issue):
             assert facts.ca is not None  # decide issues only with a CA
             self.metrics.ca_too_short.set(0)
+            # Only issuance counts against the node's rate: a denial costs it nothing, so
+            # requests that merely name a node (anyone may) cannot spend that node's tokens.
+            wait = self._hold_back(key, request)
+            if wait > 0:
+                return wait
             return self._issue(pcr, request, decision.plan, facts.ca)
         kind = "Denied" if isinstance(decision, model.Deny) else "Failed"
         return self._settle(pcr, request, kind, decision.reason, decision.message, None)

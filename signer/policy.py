@@ -32,7 +32,8 @@ A request is allowed when any rule matches both its namespace and its service ac
 The per-node rate limit is off unless set: the signer's fair queue already keeps one node's
 flood from delaying the other nodes, and a limit that suits a cluster depends on its pods per
 node (a kubelet restart re-requests every projection on the node at once). A node over its
-rate is never denied: its requests wait for their turn in the bucket.
+rate is never denied: its requests wait for their turn in the bucket. Only issuances count:
+a denial spends no token, so requests that merely name a node cannot drain its rate.
 
 The request annotations the signer understands (`parse_annotations`) live here too, because
 what they may ask for is policy: only `podcert.dev/dns-names`, a comma-separated list of DNS names.

@@ -1,15 +1,18 @@
 """The signer's share of its workers: requests queue by node, then namespace, and a node over the
-policy's per-node rate waits for its turn (never a denial). No API server: the controller's kube
-is a bare object, so any read of facts would fail the test."""
+policy's per-node rate waits for its turn to be issued (never a denial). No API server: the
+controller's kube is a bare object; facts, decide and the status writes are stubbed."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
 
 from podcert.ratelimit import Rate
+from signer import controller as controller_module
+from signer import model
 from signer.castore import CAStore
 from signer.controller import Controller, Key, Settings, utcnow
 from signer.kube import SignerKube
@@ -104,17 +107,49 @@ def test_flow_of_a_request(stored: dict[str, Any] | None, flow: tuple[str, str])
     assert ctrl._flow(("ns", "r")) == flow
 
 
-def test_a_node_over_its_rate_is_held_back_not_denied(caplog: pytest.LogCaptureFixture) -> None:
+@dataclass
+class Outcomes:
+    """What reconcile did, with facts, decide and the status writes stubbed out."""
+
+    issued: list[str] = field(default_factory=list)
+    settled: list[str] = field(default_factory=list)
+
+
+def deciding(
+    ctrl: Controller, monkeypatch: pytest.MonkeyPatch, decision: model.Decision
+) -> Outcomes:
+    """Every request gets `decision`; issuing and settling are recorded, not written."""
+    out = Outcomes()
+    ca = cast(model.IssuingCA, object())
+    monkeypatch.setattr(ctrl, "facts", lambda request: model.Facts(None, None, None, ca=ca))
+    monkeypatch.setattr(controller_module, "decide", lambda *args, **kwargs: decision)
+    monkeypatch.setattr(
+        ctrl, "_issue", lambda pcr, request, plan, issuer: out.issued.append(request.name)
+    )
+    monkeypatch.setattr(
+        ctrl,
+        "_settle",
+        lambda pcr, request, kind, *rest: out.settled.append(pcr["metadata"]["name"]),
+    )
+    return out
+
+
+ISSUE = model.Issue(cast(model.LeafPlan, object()))
+
+
+def test_a_node_over_its_rate_is_held_back_not_denied(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     clock = Clock()
     ctrl = controller(Rate(per_second=10.0, burst=2), clock=clock)
+    out = deciding(ctrl, monkeypatch, ISSUE)
     keys = seen(ctrl, *(pcr("ns", f"r{i}", "node-a") for i in range(5)))
-    for key in keys[:2]:
-        with pytest.raises(AttributeError):  # the burst: on to the facts (none here)
-            ctrl.reconcile(key)
     with caplog.at_level(logging.WARNING, logger="podcert.signer"):
-        # reconcile returns a wait (requeue) and never gets as far as reading facts.
-        waits = [ctrl.reconcile(key) for key in keys[2:]]
-    assert waits == pytest.approx([0.1, 0.2, 0.3])
+        waits = [ctrl.reconcile(key) for key in keys]
+    assert out.issued == ["r0", "r1"]  # the burst
+    assert waits[:2] == [None, None]
+    assert waits[2:] == pytest.approx([0.1, 0.2, 0.3])  # requeued for their turns
+    assert out.settled == [], "nothing denied"
     held = ctrl.metrics.registry.get_sample_value(
         "podcert_signer_rate_limited_total", {"signer": SIGNER, "reason": "NodeRateLimit"}
     )
@@ -123,28 +158,44 @@ def test_a_node_over_its_rate_is_held_back_not_denied(caplog: pytest.LogCaptureF
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1
     assert "node node-a is over its rate limit" in lines[0]
-    # Its place is kept: back on time, the first goes ahead (on to the facts, here a failure).
+    # Each keeps its place: back on time, it is issued.
     clock.now += 0.1
-    with pytest.raises(AttributeError):
-        ctrl.reconcile(keys[2])
+    assert ctrl.reconcile(keys[2]) is None
+    assert out.issued[-1] == "r2"
 
 
-def test_another_node_is_not_held_back_by_a_flooding_node() -> None:
-    clock = Clock()
-    ctrl = controller(Rate(per_second=1.0, burst=1), clock=clock)
-    keys = seen(ctrl, *(pcr("ns", f"r{i}", "node-a") for i in range(3)))
-    (other,) = seen(ctrl, pcr("ns", "other", "node-b"))
-    with pytest.raises(AttributeError):  # the burst: on to the facts (none here)
-        ctrl.reconcile(keys[0])
-    for key in keys[1:]:
-        assert ctrl.reconcile(key) is not None  # over the rate: held back
-    with pytest.raises(AttributeError):  # not held back: straight on to the facts
-        ctrl.reconcile(other)
-
-
-def test_without_a_rate_limit_nothing_is_held_back() -> None:
-    ctrl = controller()
-    (key,) = seen(ctrl, pcr("ns", "r", "node-a"))
-    assert ctrl._node_rates == {}
-    with pytest.raises(AttributeError):
+def test_another_node_is_not_held_back_by_a_flooding_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ctrl = controller(Rate(per_second=1.0, burst=1), clock=Clock())
+    out = deciding(ctrl, monkeypatch, ISSUE)
+    for key in seen(ctrl, *(pcr("ns", f"r{i}", "node-a") for i in range(3))):
         ctrl.reconcile(key)
+    (other,) = seen(ctrl, pcr("ns", "other", "node-b"))
+    assert ctrl.reconcile(other) is None
+    assert out.issued == ["r0", "other"]
+
+
+def test_denials_spend_no_tokens_so_naming_a_node_cannot_drain_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Anyone allowed to create requests may put any node in spec.nodeName; such requests
+    are denied (the pod is not on that node) and must not use up the node's rate."""
+    ctrl = controller(Rate(per_second=1.0, burst=1), clock=Clock())
+    out = deciding(ctrl, monkeypatch, model.Deny(model.POD_NOT_ON_NODE, "not here"))
+    for key in seen(ctrl, *(pcr("ns", f"spoof{i}", "node-b") for i in range(20))):
+        assert ctrl.reconcile(key) is None
+    assert len(out.settled) == 20
+    out = deciding(ctrl, monkeypatch, ISSUE)
+    (real,) = seen(ctrl, pcr("web", "real", "node-b"))
+    assert ctrl.reconcile(real) is None
+    assert out.issued == ["real"]
+
+
+def test_without_a_rate_limit_nothing_is_held_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctrl = controller()
+    out = deciding(ctrl, monkeypatch, ISSUE)
+    keys = seen(ctrl, *(pcr("ns", f"r{i}", "node-a") for i in range(50)))
+    assert ctrl._node_rates == {}
+    assert [ctrl.reconcile(key) for key in keys] == [None] * 50
+    assert len(out.issued) == 50
