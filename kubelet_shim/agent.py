@@ -32,7 +32,7 @@ from kubelet_shim import keys, projection, trust
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef, ShimApi, pcr_body
 from kubelet_shim.metrics import Metrics
 from kubelet_shim.projection import ProjectionState
-from kubelet_shim.storage import FileSpec, Storage, StorageError
+from kubelet_shim.storage import FileSpec, Storage, StorageError, UnsafeDirectoryError
 from kubelet_shim.volumes import (
     CertificateSource,
     PodVolumes,
@@ -242,8 +242,8 @@ class Agent:
             }
         try:
             on_disk = set(self.storage.list_pods())
-        except (OSError, StorageError):
-            log.exception("cannot list the pods on disk")
+        except (OSError, StorageError) as err:
+            log.error("cannot list the pods on disk: %s", err)
             on_disk = set()
         for uid in sorted(known | on_disk | pending_of_gone):
             if uid:
@@ -389,7 +389,13 @@ class Agent:
         outcome: Outcome,
     ) -> None:
         uid = pod.ref.uid
-        current = self._current(uid, memory, volume.name)
+        try:
+            current = self._current(uid, memory, volume.name)
+        except UnsafeDirectoryError as err:
+            # Refused before anything is planned: no new key or request for a volume that
+            # cannot be written.
+            self._refuse_volume(pod, memory, volume.name, err, now, outcome)
+            return
         plan = _VolumePlan()
         # The atomic writer takes one owner per volume: that of the first source we serve
         # (its `user`, else the volume's defaultUser). Sources that disagree are rare and alpha.
@@ -408,6 +414,10 @@ class Agent:
             files = {path: FileSpec(data, plan.modes[path]) for path, data in plan.files.items()}
             try:
                 self.storage.write_volume(uid, volume.name, files, owner)
+            except UnsafeDirectoryError as err:
+                # As below, the new key waits in its state; the retry reads the disk again.
+                self._refuse_volume(pod, memory, volume.name, err, now, outcome)
+                plan.written.clear()
             except StorageError as err:
                 # The previous version is intact; the new key stays in its Fresh state for the
                 # retry. The error names a path and a cause, never file content.
@@ -418,6 +428,7 @@ class Agent:
             else:
                 self.metrics.writes.labels(result="ok").inc()
                 memory.disk[volume.name] = dict(plan.files)
+                memory.noted.discard(("unsafe-volume", volume.name))
                 log.info("published volume (%d files)", len(files), extra=_ctx(pod, volume.name))
         for key, request_name in plan.written:
             self._step(pod, key, projection.CredentialWritten(request_name), now)
@@ -427,7 +438,9 @@ class Agent:
                 self._after(pod, memory, source, now, outcome)
 
     def _current(self, uid: str, memory: _Memory, volume: str) -> dict[str, bytes]:
-        """What the volume holds: remembered from our last write, or read once from disk."""
+        """What the volume holds: remembered from our last write, or read once from disk.
+        Raises UnsafeDirectoryError when the way to it holds a link (or `..data` points
+        elsewhere): such a volume is neither adopted nor written."""
         known = memory.disk.get(volume)
         if known is not None:
             return known
@@ -435,15 +448,46 @@ class Agent:
             # First look at this volume since the start: finish whatever a previous run was
             # killed in the middle of, since content found current is not written again.
             self.storage.recover_volume(uid, volume)
+        except UnsafeDirectoryError:
+            raise
         except StorageError as err:
             log.warning("cannot finish an interrupted write: %s", err, extra={"pod_uid": uid})
         try:
             content = dict(self.storage.read_volume(uid, volume) or {})
+        except UnsafeDirectoryError:
+            raise
         except StorageError as err:
             log.warning("volume unreadable, will replace it: %s", err, extra={"pod_uid": uid})
             content = {}
         memory.disk[volume] = content
+        memory.noted.discard(("unsafe-volume", volume))  # told again if it happens again
         return content
+
+    def _refuse_volume(
+        self,
+        pod: _Pod,
+        memory: _Memory,
+        volume: str,
+        err: UnsafeDirectoryError,
+        now: dt.datetime,
+        outcome: Outcome,
+    ) -> None:
+        """A link (or a non-directory) where the volume's directories should be: leave the
+        volume alone, tell the pod's owner once, and look again with backoff (up to 5 min),
+        so the volume is served again once the directory is put right."""
+        memory.disk.pop(volume, None)  # the retry reads the disk again before planning
+        self.metrics.writes.labels(result="error").inc()
+        outcome.retry = True
+        if memory.first(("unsafe-volume", volume)):
+            self._event(
+                pod,
+                "Warning",
+                "UnsafeVolumeDirectory",
+                f"cannot write volume {volume!r}: {err}",
+                now,
+            )
+        else:
+            log.debug("volume still refused: %s", err, extra=_ctx(pod, volume))
 
     # --- podCertificate sources ------------------------------------------------------------
 
@@ -720,6 +764,10 @@ class Agent:
         outcome = Outcome()
         try:
             self.storage.remove_pod(uid)
+        except UnsafeDirectoryError as err:
+            # Terminal: removing through a link could delete what it points to. An operator
+            # removes what was planted; nothing else will change by retrying.
+            log.error("left the pod's files alone: %s", err, extra={"pod_uid": uid})
         except StorageError as err:
             log.error("cannot remove the pod's files: %s", err, extra={"pod_uid": uid})
             outcome.retry = True

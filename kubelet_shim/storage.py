@@ -5,6 +5,15 @@ version is a complete hidden directory and the user-visible names reach it throu
 (`..data`) that is swapped by rename(2). A failed write leaves the previous version untouched.
 The agent reconciles against what `read_volume` returns, which is also how it resumes after a
 restart without asking for new certificates.
+
+Nothing under the root is reached through a symbolic link (issue 18: a volume directory replaced
+by a link to a folder elsewhere received the pod's new private key). Every call walks from the
+root one directory at a time with openat(2) and O_NOFOLLOW and then works only through those
+directory descriptors (`dir_fd=`), so a link planted anywhere on the way, or swapped in while a
+call runs, is met as ELOOP instead of being followed: there is no check-then-use gap to race, as
+there would be with lstat and paths. The only links are the writer's own: `..data` (and
+`..data_tmp`) naming one of its `..<timestamp>` versions, and the visible names pointing into
+`..data`; those it reads with readlink(2) and never follows itself.
 """
 
 from __future__ import annotations
@@ -12,10 +21,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import stat
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +50,20 @@ class StorageError(Exception):
 
 class UnsafePathError(StorageError):
     """A name that could escape the volume or collide with the writer's own `..` entries."""
+
+
+class UnsafeDirectoryError(StorageError):
+    """A symbolic link or a non-directory where the way to a volume needs a directory, or a
+    `..data` that does not name one of the writer's versions. Someone other than the writer
+    changed the tree; the volume is refused (read and written alike) until it is put right, and
+    nothing is written anywhere else."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(path, f"{what}; {_REFUSED}")
+        self.what = what
+
+
+_REFUSED: Final = "the shim follows no link under its root and leaves this volume alone"
 
 
 @dataclass(frozen=True)
@@ -147,11 +170,27 @@ class MemoryStorage:
         self._volumes: dict[tuple[str, str], dict[str, FileSpec]] = {}
         self._owners: dict[tuple[str, str], int | None] = {}
         self._fail_next: OSError | None = None
+        self._linked: set[tuple[str, str]] = set()
         self.writes = 0
 
     def fail_next_write(self, error: OSError) -> None:
         """Make the next write fail like a full disk would, leaving the old content."""
         self._fail_next = error
+
+    def plant_link(self, pod_uid: str, volume: str) -> None:
+        """Make the volume's directory a symbolic link, as someone with access to the node could:
+        reads and writes are refused as the real writer refuses them, until `remove_link` (or
+        the pod's removal, which deletes the link and not what it points to)."""
+        self._linked.add((pod_uid, volume))
+
+    def remove_link(self, pod_uid: str, volume: str) -> None:
+        self._linked.discard((pod_uid, volume))
+
+    def _refuse_links(self, pod_uid: str, volume: str) -> None:
+        if (pod_uid, volume) in self._linked:
+            raise UnsafeDirectoryError(
+                f"pods/{pod_uid}/volumes/{PLUGIN_DIR}/{volume}", "is a symbolic link"
+            )
 
     def write_volume(
         self, pod_uid: str, volume: str, files: Mapping[str, FileSpec], owner: int | None
@@ -159,6 +198,7 @@ class MemoryStorage:
         _check_name("pod UID", pod_uid)
         _check_name("volume name", volume)
         _check_payload(files)
+        self._refuse_links(pod_uid, volume)
         if self._fail_next is not None:
             error, self._fail_next = self._fail_next, None
             raise StorageError(f"{pod_uid}/{volume}", f"write failed: {error}") from error
@@ -167,6 +207,7 @@ class MemoryStorage:
         self.writes += 1
 
     def read_volume(self, pod_uid: str, volume: str) -> Mapping[str, bytes] | None:
+        self._refuse_links(pod_uid, volume)
         files = self._volumes.get((pod_uid, volume))
         if files is None:
             return None
@@ -175,6 +216,7 @@ class MemoryStorage:
     def recover_volume(self, pod_uid: str, volume: str) -> None:
         _check_name("pod UID", pod_uid)
         _check_name("volume name", volume)
+        self._refuse_links(pod_uid, volume)
         # Writes here are all or nothing: no crash leaves anything to finish.
 
     def files(self, pod_uid: str, volume: str) -> Mapping[str, FileSpec] | None:
@@ -184,6 +226,7 @@ class MemoryStorage:
         return self._owners.get((pod_uid, volume))
 
     def remove_pod(self, pod_uid: str) -> None:
+        self._linked = {key for key in self._linked if key[0] != pod_uid}
         for key in [key for key in self._volumes if key[0] == pod_uid]:
             del self._volumes[key]
             self._owners.pop(key, None)
@@ -199,11 +242,22 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# Directories are opened relative to their parent's descriptor and never through a link: on a
+# symbolic link O_NOFOLLOW fails with ELOOP, on anything else O_DIRECTORY with ENOTDIR.
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO swapped in for a file must not hang the worker in open(2).
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_WRITE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# What the writer names its versions (the kubelet's format too): `..data` may point nowhere else.
+_VERSION_NAME: Final = re.compile(r"\.\.\d{4}(?:_\d{2}){5}\.[A-Za-z0-9_]{1,64}")
+
+
 class AtomicDirStorage:
     """Volumes under `root/pods/<uid>/volumes/kubernetes.io~projected/<volume>`, kubelet layout.
 
     One writer per volume at a time (the agent's per-pod queue guarantees it); any number of
-    readers. The clock only names the hidden directories, as the kubelet does.
+    readers. The clock only names the hidden directories, as the kubelet does. The root itself
+    may be reached through links (the operator chose it); nothing under it is.
     """
 
     def __init__(self, root: Path, *, clock: Callable[[], datetime] = _utcnow) -> None:
@@ -215,8 +269,38 @@ class AtomicDirStorage:
         return self.root / "pods" / pod_uid
 
     def volume_dir(self, pod_uid: str, volume: str) -> Path:
+        """Where the volume lives (for people and tests; the storage itself never opens a path
+        below the root in one go)."""
         _check_name("volume name", volume)
         return self._pod_dir(pod_uid) / "volumes" / PLUGIN_DIR / volume
+
+    # -- walking the tree --------------------------------------------------------------------
+
+    def _open(self, parts: tuple[str, ...], *, create: bool = False) -> int:
+        """A descriptor of root/parts..., each part opened inside the one before without
+        following a link; created (mode 0755) when `create`. Raises FileNotFoundError when a part
+        is missing and UnsafeDirectoryError when one is a link or not a directory."""
+        if create:
+            self.root.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return _walk_into(root, self.root, parts, create=create)
+
+    def _create_volume(self, pod_uid: str, volume: str) -> int:
+        target = self.volume_dir(pod_uid, volume)  # checks both names
+        try:
+            return self._open(("pods", pod_uid, "volumes", PLUGIN_DIR, volume), create=True)
+        except OSError as exc:
+            raise StorageError(str(target), f"cannot create volume directory: {exc}") from exc
+
+    def _find_volume(self, pod_uid: str, volume: str) -> int | None:
+        """The volume's directory descriptor, or None when it was never created."""
+        target = self.volume_dir(pod_uid, volume)  # checks both names
+        try:
+            return self._open(("pods", pod_uid, "volumes", PLUGIN_DIR, volume))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(str(target), f"unreadable: {exc}") from exc
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -227,158 +311,104 @@ class AtomicDirStorage:
         target = self.volume_dir(pod_uid, volume)
         if owner is not None and os.geteuid() != 0:
             owner = None  # only root can give files away; unprivileged runs (tests) skip it
+        vol = self._create_volume(pod_uid, volume)
         try:
-            target.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StorageError(str(target), f"cannot create volume directory: {exc}") from exc
+            try:
+                current = _current_dir(vol, target)
+            except UnsafeDirectoryError:
+                raise
+            except StorageError:
+                current = None  # an unreadable ..data is simply replaced by the rename below
+            if current is None or not _same_payload(vol, target, current, files, owner):
+                new_dir = self._publish(vol, target, files, owner)
+            else:
+                new_dir = current
+            # Runs even when the content was unchanged, so a write that crashed after the swap
+            # is completed by the next one.
+            try:
+                _link_user_visible(vol, {_top_level(path) for path in files})
+                _remove_stale_dirs(vol, keep=new_dir)
+            except OSError as exc:
+                raise StorageError(str(target), f"cannot update visible names: {exc}") from exc
+        finally:
+            os.close(vol)
 
-        try:
-            current = self._current_dir(target)
-        except StorageError:
-            current = None  # a damaged ..data is simply replaced by the rename below
-        if current is None or not self._same_payload(target / current, files, owner):
-            new_dir = self._publish(target, files, owner)
-        else:
-            new_dir = current
-        # Runs even when the content was unchanged, so a write that crashed after the swap is
-        # completed by the next one.
-        try:
-            self._link_user_visible(target, {_top_level(path) for path in files})
-            self._remove_stale_dirs(target, keep=new_dir)
-        except OSError as exc:
-            raise StorageError(str(target), f"cannot update visible names: {exc}") from exc
-
-    def _publish(self, target: Path, files: Mapping[str, FileSpec], owner: int | None) -> str:
+    def _publish(
+        self, vol: int, target: Path, files: Mapping[str, FileSpec], owner: int | None
+    ) -> str:
         """Write a complete new version and swap `..data` to it; return its directory name."""
         prefix = self._clock().astimezone(UTC).strftime("..%Y_%m_%d_%H_%M_%S.")
         try:
-            new_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=target))
+            new_dir, new_fd = _make_version_dir(vol, prefix)
         except OSError as exc:
             raise StorageError(str(target), f"cannot create version directory: {exc}") from exc
-        failed_at = new_dir
+        failed_at = target / new_dir
         try:
-            new_dir.chmod(_DIR_MODE)
-            for path, spec in sorted(files.items()):
-                failed_at = new_dir / path
-                _write_file(new_dir, path, spec, owner)
-            for directory in sorted(_dirs_of(files), key=len, reverse=True):
-                failed_at = new_dir / directory
-                _fsync_dir(new_dir / directory)
-            failed_at = new_dir
-            _fsync_dir(new_dir)
+            tree = _Tree(new_fd, owner)
+            try:
+                os.fchmod(new_fd, _DIR_MODE)
+                # Sorted by component, so each directory's files come together: it is synced
+                # and closed when the writer leaves it.
+                for path, spec in sorted(files.items(), key=lambda item: item[0].split("/")):
+                    failed_at = target / new_dir / path
+                    *parents, name = path.split("/")
+                    _write_file(tree.enter(parents), name, spec, owner)
+                failed_at = target / new_dir
+                tree.close(sync=True)
+                os.fsync(new_fd)
+            finally:
+                tree.close(sync=False)
+                os.close(new_fd)
             failed_at = target / DATA_TMP
             with contextlib.suppress(FileNotFoundError):
-                (target / DATA_TMP).unlink()  # left by a crash between symlink and rename
-            (target / DATA_TMP).symlink_to(new_dir.name)
+                os.unlink(DATA_TMP, dir_fd=vol)  # left by a crash between symlink and rename
+            os.symlink(new_dir, DATA_TMP, dir_fd=vol)
             failed_at = target / DATA_DIR
-            (target / DATA_TMP).replace(target / DATA_DIR)
+            os.replace(DATA_TMP, DATA_DIR, src_dir_fd=vol, dst_dir_fd=vol)
         except OSError as exc:
             with contextlib.suppress(FileNotFoundError):
-                (target / DATA_TMP).unlink()
-            shutil.rmtree(new_dir, ignore_errors=True)
+                os.unlink(DATA_TMP, dir_fd=vol)
+            shutil.rmtree(new_dir, dir_fd=vol, ignore_errors=True)
             reason = "no space left on device" if exc.errno == errno.ENOSPC else str(exc)
             raise StorageError(
                 str(failed_at), f"write failed, previous version kept: {reason}"
             ) from exc
         try:
-            _fsync_dir(target)
+            os.fsync(vol)
         except OSError as exc:
             raise StorageError(str(target), f"cannot sync volume directory: {exc}") from exc
-        return new_dir.name
-
-    @staticmethod
-    def _same_payload(current: Path, files: Mapping[str, FileSpec], owner: int | None) -> bool:
-        """True when the live version already holds exactly `files` (the kubelet skips then)."""
-        try:
-            on_disk = dict(_walk(current))
-            if set(on_disk) != set(files):
-                return False
-            for path, spec in files.items():
-                info = on_disk[path]
-                if stat.S_IMODE(info.st_mode) != spec.mode:
-                    return False
-                if owner is not None and info.st_uid != owner:
-                    return False
-                if info.st_size != len(spec.data) or (current / path).read_bytes() != spec.data:
-                    return False
-        except OSError:
-            return False
-        return True
-
-    @staticmethod
-    def _link_user_visible(target: Path, names: set[str]) -> None:
-        for name in sorted(names):
-            link = target / name
-            wanted = f"{DATA_DIR}/{name}"
-            with contextlib.suppress(OSError):
-                if str(link.readlink()) == wanted:
-                    continue
-            if link.is_dir() and not link.is_symlink():
-                shutil.rmtree(link)
-            # Build the link aside and rename it in, so the name never disappears for readers.
-            aside = target / f"{DATA_TMP}.{name}"
-            with contextlib.suppress(FileNotFoundError):
-                aside.unlink()
-            aside.symlink_to(wanted)
-            aside.replace(link)
-        # Names from earlier versions that the new payload no longer has. Only our own links
-        # are touched: anything else in the directory is not ours to delete.
-        for entry in os.scandir(target):
-            if entry.name.startswith("..") or entry.name in names or not entry.is_symlink():
-                continue
-            link = Path(entry.path)
-            if str(link.readlink()) == f"{DATA_DIR}/{entry.name}":
-                link.unlink()
-
-    @staticmethod
-    def _remove_stale_dirs(target: Path, keep: str) -> None:
-        """Drop every hidden version directory but the live one (also crash leftovers)."""
-        for entry in os.scandir(target):
-            if entry.name in (DATA_DIR, DATA_TMP, keep) or not entry.name.startswith(".."):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            elif entry.is_symlink() and entry.name.startswith(DATA_TMP):
-                Path(entry.path).unlink()
+        return new_dir
 
     # -- reading ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _current_dir(target: Path) -> str | None:
-        try:
-            name = str((target / DATA_DIR).readlink())
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise StorageError(str(target / DATA_DIR), f"unreadable: {exc}") from exc
-        if "/" in name or not name.startswith(".."):
-            raise StorageError(str(target / DATA_DIR), f"points outside the volume: {name!r}")
-        return name
 
     def read_volume(self, pod_uid: str, volume: str) -> Mapping[str, bytes] | None:
         """One consistent version: every file comes from the directory `..data` named throughout.
 
         A rotation can delete the version being read (scandir then just lists fewer files), so
         the read only counts if `..data` still names the same directory afterwards: the writer
-        deletes a version only after swapping `..data` away from it.
+        deletes a version only after swapping `..data` away from it. Only plain files count
+        (regular, one link): the writer makes nothing else inside a version.
         """
         target = self.volume_dir(pod_uid, volume)
-        for _ in range(_READ_ATTEMPTS):
-            current = self._current_dir(target)
-            if current is None:
-                return None
-            try:
-                content = {
-                    path: (target / current / path).read_bytes()
-                    for path, _ in _walk(target / current)
-                }
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise StorageError(str(target), f"unreadable: {exc}") from exc
-            if self._current_dir(target) == current:
-                return content
-        raise StorageError(str(target), "content kept changing while being read")
+        vol = self._find_volume(pod_uid, volume)
+        if vol is None:
+            return None
+        try:
+            for _ in range(_READ_ATTEMPTS):
+                current = _current_dir(vol, target)
+                if current is None:
+                    return None
+                try:
+                    content = _read_version(vol, target, current)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise StorageError(str(target), f"unreadable: {exc}") from exc
+                if _current_dir(vol, target) == current:
+                    return content
+            raise StorageError(str(target), "content kept changing while being read")
+        finally:
+            os.close(vol)
 
     def recover_volume(self, pod_uid: str, volume: str) -> None:
         """Finish a write whose writer was killed after its swap: link the visible names of the
@@ -387,76 +417,303 @@ class AtomicDirStorage:
         agent that finds it current after a restart need not write it again.
         """
         target = self.volume_dir(pod_uid, volume)
-        current = self._current_dir(target)
-        if current is None:
-            return  # never written; a crash before the first swap left only hidden debris
+        vol = self._find_volume(pod_uid, volume)
+        if vol is None:
+            return
         try:
-            names = {entry.name for entry in os.scandir(target / current)}
-            self._link_user_visible(target, names)
-            self._remove_stale_dirs(target, keep=current)
-        except OSError as exc:
-            raise StorageError(str(target), f"cannot finish an interrupted write: {exc}") from exc
+            current = _current_dir(vol, target)
+            if current is None:
+                return  # never written; a crash before the first swap left only hidden debris
+            try:
+                version = _open_dir(vol, current, target / current)
+                try:
+                    names = {e.name for e in os.scandir(version) if not e.name.startswith("..")}
+                finally:
+                    os.close(version)
+                _link_user_visible(vol, names)
+                _remove_stale_dirs(vol, keep=current)
+            except OSError as exc:
+                raise StorageError(
+                    str(target), f"cannot finish an interrupted write: {exc}"
+                ) from exc
+        finally:
+            os.close(vol)
 
     def remove_pod(self, pod_uid: str) -> None:
+        """Delete the pod's projected volumes. Refused when the way to them holds a link; below
+        that, links are deleted as entries and never followed."""
         pod_dir = self._pod_dir(pod_uid)
-        projected = pod_dir / "volumes" / PLUGIN_DIR
+        opened: list[int] = []  # pods, the pod, its volumes: kept to prune them when emptied
         try:
-            shutil.rmtree(projected)
+            opened.append(self._open(("pods",)))
+            opened.append(_open_dir(opened[0], pod_uid, pod_dir))
+            opened.append(_open_dir(opened[1], "volumes", pod_dir / "volumes"))
+            if not stat.S_ISDIR(os.lstat(PLUGIN_DIR, dir_fd=opened[2]).st_mode):
+                raise _not_a_directory(opened[2], PLUGIN_DIR, pod_dir / "volumes" / PLUGIN_DIR)
+            # rmtree given a dir_fd walks by descriptors and refuses links (its safe variant).
+            shutil.rmtree(PLUGIN_DIR, dir_fd=opened[2])
+            # Prune the parents only when empty: another plugin may share the pod directory.
+            with contextlib.suppress(OSError):
+                os.rmdir("volumes", dir_fd=opened[1])
+                os.rmdir(pod_uid, dir_fd=opened[0])
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise StorageError(str(projected), f"cannot remove: {exc}") from exc
-        # Prune the parents only when empty: another plugin may share the pod directory.
-        for parent in (projected.parent, pod_dir):
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+            raise StorageError(str(pod_dir), f"cannot remove: {exc}") from exc
+        finally:
+            for fd in opened:
+                os.close(fd)
 
     def list_pods(self) -> list[str]:
-        pods = self.root / "pods"
+        """Pods with a projected-volume directory, and pods whose way there holds a link (their
+        clean-up reports it)."""
         try:
-            entries = list(os.scandir(pods))
+            pods = self._open(("pods",))
         except FileNotFoundError:
             return []
-        return sorted(
-            entry.name
-            for entry in entries
-            if entry.is_dir(follow_symlinks=False)
-            and (Path(entry.path) / "volumes" / PLUGIN_DIR).is_dir()
-        )
+        found = []
+        try:
+            for entry in list(os.scandir(pods)):
+                if not entry.is_symlink() and not entry.is_dir(follow_symlinks=False):
+                    continue
+                try:
+                    parts = (entry.name, "volumes", PLUGIN_DIR)
+                    os.close(_walk_into(os.dup(pods), self.root / "pods", parts))
+                except FileNotFoundError:
+                    continue
+                except UnsafeDirectoryError:
+                    pass
+                found.append(entry.name)
+        finally:
+            os.close(pods)
+        return sorted(found)
 
     def list_volumes(self, pod_uid: str) -> list[str]:
-        projected = self._pod_dir(pod_uid) / "volumes" / PLUGIN_DIR
+        self._pod_dir(pod_uid)  # checks the name
         try:
-            return sorted(
-                entry.name for entry in os.scandir(projected) if entry.is_dir(follow_symlinks=False)
-            )
+            projected = self._open(("pods", pod_uid, "volumes", PLUGIN_DIR))
         except FileNotFoundError:
             return []
+        try:
+            return sorted(
+                entry.name
+                for entry in list(os.scandir(projected))
+                if entry.is_dir(follow_symlinks=False)
+            )
+        finally:
+            os.close(projected)
 
 
-def _dirs_of(files: Mapping[str, FileSpec]) -> set[str]:
-    dirs: set[str] = set()
-    for path in files:
-        parts = path.split("/")[:-1]
-        dirs.update("/".join(parts[: depth + 1]) for depth in range(len(parts)))
-    return dirs
+# -- descriptor-relative helpers ------------------------------------------------------------------
 
 
-def _write_file(base: Path, path: str, spec: FileSpec, owner: int | None) -> None:
-    destination = base / path
-    parent = base
-    for part in path.split("/")[:-1]:
-        parent = parent / part
-        if not parent.is_dir():
-            parent.mkdir(mode=_DIR_MODE)
-            parent.chmod(_DIR_MODE)  # mkdir's mode is filtered by the umask
-            if owner is not None:
-                os.chown(parent, owner, -1)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    # Created owner-only and widened by fchmod, so a secret is never readable under a laxer mode.
-    fd = os.open(destination, flags, 0o600)
+def _open_dir(parent: int, name: str, shown: Path) -> int:
+    """`name` inside the directory `parent`, opened as a directory and never through a link."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _not_a_directory(parent, name, shown) from exc
+        raise
+
+
+def _walk_into(fd: int, shown: Path, parts: tuple[str, ...], *, create: bool = False) -> int:
+    """Descend from the directory `fd` (which this takes over and closes) through `parts`, one
+    openat(2) at a time and never through a link; each part made first when `create`."""
+    try:
+        for part in parts:
+            shown = shown / part
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, _DIR_MODE, dir_fd=fd)
+            child = _open_dir(fd, part, shown)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _not_a_directory(parent: int, name: str, shown: Path) -> UnsafeDirectoryError:
+    try:
+        link = stat.S_ISLNK(os.lstat(name, dir_fd=parent).st_mode)
+    except OSError:
+        link = False
+    return UnsafeDirectoryError(str(shown), "is a symbolic link" if link else "is not a directory")
+
+
+def _current_dir(vol: int, target: Path) -> str | None:
+    """The version `..data` names, or None when there is none. A `..data` that is not a link to
+    a writer-named sibling is somebody else's doing: refused, never followed."""
+    try:
+        name = os.readlink(DATA_DIR, dir_fd=vol)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise UnsafeDirectoryError(
+                str(target / DATA_DIR), "is not a symbolic link to one of the writer's versions"
+            ) from exc
+        raise StorageError(str(target / DATA_DIR), f"unreadable: {exc}") from exc
+    if not _VERSION_NAME.fullmatch(name):
+        raise UnsafeDirectoryError(
+            str(target / DATA_DIR), f"points outside the volume's versions ({name[:80]!r})"
+        )
+    return name
+
+
+def _same_payload(
+    vol: int, target: Path, current: str, files: Mapping[str, FileSpec], owner: int | None
+) -> bool:
+    """True when the live version already holds exactly `files` (the kubelet skips then)."""
+    try:
+        version = _open_dir(vol, current, target / current)
+    except OSError:
+        return False  # gone: a damaged `..data` is replaced by the write
+    try:
+        seen = set()
+        with contextlib.closing(_files(version)) as found:
+            for path, parent, name, info in found:
+                spec = files.get(path)
+                if (
+                    spec is None
+                    or stat.S_IMODE(info.st_mode) != spec.mode
+                    or (owner is not None and info.st_uid != owner)
+                    or info.st_size != len(spec.data)
+                    or _read_plain(parent, name) != spec.data
+                ):
+                    return False
+                seen.add(path)
+        return seen == set(files)
+    except OSError:
+        return False
+    finally:
+        os.close(version)
+
+
+def _read_version(vol: int, target: Path, current: str) -> dict[str, bytes]:
+    version = _open_dir(vol, current, target / current)
+    try:
+        content = {}
+        for path, parent, name, _ in _files(version):
+            data = _read_plain(parent, name)
+            if data is not None:
+                content[path] = data
+        return content
+    finally:
+        os.close(version)
+
+
+def _files(
+    base: int, prefix: str = "", depth: int = 1
+) -> Generator[tuple[str, int, str, os.stat_result], None, None]:
+    """Plain files under the directory `base` as (relative path, parent descriptor, name, lstat):
+    regular files with one link, found without following a link. Parent descriptors stay open
+    while their files are being yielded."""
+    for entry in list(os.scandir(base)):
+        relative = f"{prefix}{entry.name}"
+        if entry.is_dir(follow_symlinks=False):
+            if depth >= MAX_PATH_DEPTH:
+                continue  # deeper than the writer ever goes
+            try:
+                child = os.open(entry.name, _DIR_FLAGS, dir_fd=base)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    continue  # swapped for something else since the listing: not ours
+                raise
+            try:
+                yield from _files(child, f"{relative}/", depth + 1)
+            finally:
+                os.close(child)
+        elif entry.is_file(follow_symlinks=False):
+            info = entry.stat(follow_symlinks=False)
+            if info.st_nlink == 1:
+                yield relative, base, entry.name, info
+
+
+def _read_plain(parent: int, name: str) -> bytes | None:
+    """The bytes of a plain file, or None when `name` is a link, a special or hard-linked file."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            return None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _make_version_dir(vol: int, prefix: str) -> tuple[str, int]:
+    """A new, empty version directory inside the volume: its name and descriptor."""
+    for _ in range(100):
+        name = prefix + os.urandom(5).hex()
+        try:
+            os.mkdir(name, 0o700, dir_fd=vol)
+        except FileExistsError:
+            continue
+        return name, _open_dir(vol, name, Path(name))
+    raise FileExistsError(errno.EEXIST, "no free version directory name", prefix)
+
+
+class _Tree:
+    """Descriptors of the directories on the way to the file being written in a new version.
+
+    Files come sorted by path components, so once the writer leaves a directory it never comes
+    back: the directory is synced and closed then, and at most one chain of descriptors (no
+    deeper than MAX_PATH_DEPTH) is open at a time.
+    """
+
+    def __init__(self, base: int, owner: int | None) -> None:
+        self._base, self._owner = base, owner
+        self._open: list[tuple[str, int]] = []
+
+    def enter(self, parts: list[str]) -> int:
+        """The descriptor of base/parts, creating what is missing (0755, owned by `owner`)."""
+        keep = 0
+        while keep < min(len(parts), len(self._open)) and self._open[keep][0] == parts[keep]:
+            keep += 1
+        self._leave(keep, sync=True)
+        for part in parts[keep:]:
+            parent = self._open[-1][1] if self._open else self._base
+            created = True
+            try:
+                os.mkdir(part, _DIR_MODE, dir_fd=parent)
+            except FileExistsError:
+                created = False
+            fd = _open_dir(parent, part, Path(part))
+            self._open.append((part, fd))
+            if created:
+                os.fchmod(fd, _DIR_MODE)  # mkdir's mode is filtered by the umask
+                if self._owner is not None:
+                    os.fchown(fd, self._owner, -1)
+        return self._open[-1][1] if self._open else self._base
+
+    def _leave(self, keep: int, *, sync: bool) -> None:
+        while len(self._open) > keep:
+            _, fd = self._open.pop()
+            try:
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def close(self, *, sync: bool) -> None:
+        self._leave(0, sync=sync)
+
+
+def _write_file(parent: int, name: str, spec: FileSpec, owner: int | None) -> None:
+    # Created owner-only and widened by fchmod, so a secret is never readable under a laxer mode;
+    # O_EXCL|O_NOFOLLOW: never through anything already at that name.
+    fd = os.open(name, _WRITE_FLAGS, 0o600, dir_fd=parent)
     try:
         view = memoryview(spec.data)
         while view:
@@ -470,22 +727,37 @@ def _write_file(base: Path, path: str, spec: FileSpec, owner: int | None) -> Non
         os.close(fd)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _link_user_visible(vol: int, names: set[str]) -> None:
+    for name in sorted(names):
+        wanted = f"{DATA_DIR}/{name}"
+        with contextlib.suppress(OSError):
+            if os.readlink(name, dir_fd=vol) == wanted:
+                continue
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(os.lstat(name, dir_fd=vol).st_mode):
+                shutil.rmtree(name, dir_fd=vol)
+        # Build the link aside and rename it in, so the name never disappears for readers; the
+        # rename replaces whatever was at the name (a link included) without following it.
+        aside = f"{DATA_TMP}.{name}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside, dir_fd=vol)
+        os.symlink(wanted, aside, dir_fd=vol)
+        os.replace(aside, name, src_dir_fd=vol, dst_dir_fd=vol)
+    # Names from earlier versions that the new payload no longer has. Only our own links are
+    # touched: anything else in the directory is not ours to delete.
+    for entry in list(os.scandir(vol)):
+        if entry.name.startswith("..") or entry.name in names or not entry.is_symlink():
+            continue
+        if os.readlink(entry.name, dir_fd=vol) == f"{DATA_DIR}/{entry.name}":
+            os.unlink(entry.name, dir_fd=vol)
 
 
-def _walk(base: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """Regular files under `base` as (relative path, lstat); symlinks are never followed."""
-    stack = [""]
-    while stack:
-        prefix = stack.pop()
-        for entry in os.scandir(base / prefix if prefix else base):
-            relative = f"{prefix}/{entry.name}" if prefix else entry.name
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(relative)
-            elif entry.is_file(follow_symlinks=False):
-                yield relative, entry.stat(follow_symlinks=False)
+def _remove_stale_dirs(vol: int, keep: str) -> None:
+    """Drop every hidden version directory but the live one (also crash leftovers)."""
+    for entry in list(os.scandir(vol)):
+        if entry.name in (DATA_DIR, DATA_TMP, keep) or not entry.name.startswith(".."):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.name, dir_fd=vol, ignore_errors=True)
+        elif entry.is_symlink() and entry.name.startswith(DATA_TMP):
+            os.unlink(entry.name, dir_fd=vol)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import shutil
 import stat
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -27,7 +29,7 @@ from devcluster.cluster import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim import keys
 from kubelet_shim.kube import ROTATE_ANNOTATION, request_rotation
-from podcert.rest import ApiError, Rest, path_of
+from podcert.rest import JSON, ApiError, Rest, path_of
 from tests.integration.helpers import create_pcr, pcr_spec
 from tests.integration.shim_helpers import (
     Shim,
@@ -291,6 +293,133 @@ def test_with_its_clock_moved_past_begin_refresh_at_the_shim_rekeys_once(
         late.stop()
     pcrs = requests_of(devcluster, ns, pod.metadata.uid)
     assert len(pcrs) == 2 and all(outcome(p) == "Issued" for p in pcrs)
+
+
+def snapshot(folder: Path) -> dict[str, bytes | str]:
+    """Everything under `folder`: file contents, directories, link targets."""
+    return {
+        str(p.relative_to(folder)): (
+            f"link -> {p.readlink()}" if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes()
+        )
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def rotate_command(devcluster: DevCluster, namespace: str, pod: str) -> None:
+    """`podcert shim rotate` as an operator would run it."""
+    admin = Paths(devcluster.root.resolve()).admin_kubeconfig
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "podcert", "shim", "rotate"),
+            *(f"--kubeconfig={admin}", f"--namespace={namespace}", f"--pod={pod}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_volume_folder_replaced_by_a_link_gets_nothing_written_outside(
+    devcluster: DevCluster, work: Path, ns: str
+) -> None:
+    """Issue 18: with a pod's volume folder replaced by a link to a folder outside, neither
+    `podcert shim rotate` nor the normal refresh (after a restart, the clock 6 h ahead) writes
+    there; an Event on the pod says why, and the pod next to it keeps being served. Two signers
+    as in the clock test: the first asks for refresh at 10% (+-10%) of 24 h, the second at 90%."""
+    link_signer, link_ns = "shim.podcert.dev/links", "podcert-shim-links"
+    node, root = "shim-node-links", work / "root-links"
+    outside = work / "outside-links"
+    outside.mkdir()
+    (outside / "credentialbundle.pem").write_bytes(b"somebody else's file\n")
+    before = snapshot(outside)
+
+    def signer_with(fraction: float) -> processes.Signer:
+        return processes.signer(
+            devcluster.root,
+            work,
+            [link_signer],
+            namespace=link_ns,
+            extra=[f"--refresh-fraction={fraction}"],
+        ).start()
+
+    def unsafe_events(pod: Any) -> list[JSON]:
+        return [e for e in pod_events(devcluster, pod) if e["reason"] == "UnsafeVolumeDirectory"]
+
+    early, first = signer_with(0.1), shim(devcluster, work, node, root=root, log_name="links-1")
+    try:
+        early.wait_ready()
+        first.start().wait_ready()
+        victim, bystander = (
+            devcluster.pod(ns, name, node=node, volumes=[certificate_volume(link_signer)])
+            for name in ("victim", "bystander")
+        )
+        volume = first.volume_dir(victim.metadata.uid)
+        served = first.volume_dir(bystander.metadata.uid) / "credentialbundle.pem"
+        eventually(lambda: leaf_of(volume / "credentialbundle.pem"), timeout=5)
+        old = eventually(lambda: leaf_of(served), timeout=5)
+
+        shutil.rmtree(volume)
+        volume.symlink_to(outside, target_is_directory=True)
+        rotate_command(devcluster, ns, "victim")
+        [event] = eventually(lambda: unsafe_events(victim), timeout=10)
+        assert event["type"] == "Warning" and "is a symbolic link" in event["message"]
+        assert event["source"]["component"] == "podcert-shim"
+        # The re-key was asked for and issued, and is kept for after the repair, not written.
+        eventually(
+            lambda: (
+                [outcome(p) for p in requests_of(devcluster, ns, victim.metadata.uid)]
+                == ["Issued", "Issued"]
+            ),
+            timeout=10,
+        )
+        assert snapshot(outside) == before
+
+        # Other pods are still served, new ones included.
+        newcomer = devcluster.pod(
+            ns, "newcomer", node=node, volumes=[certificate_volume(link_signer)]
+        )
+        eventually(
+            lambda: leaf_of(first.volume_dir(newcomer.metadata.uid) / "credentialbundle.pem"),
+            timeout=5,
+        )
+        assert leaf_of(served) == old
+        assert first.running and first._get("/healthz")[0] == 200
+        assert snapshot(outside) == before
+    finally:
+        first.stop()
+        early.stop()
+
+    late = signer_with(0.9)
+    ahead = shim(
+        devcluster,
+        work,
+        node,
+        root=root,
+        log_name="links-2",
+        extra=["--clock-offset-seconds=21600", "--refresh-jitter-seconds=0"],
+    )
+    try:
+        late.wait_ready()
+        ahead.start().wait_ready()
+        # The bystander's and the newcomer's credentials are due and refreshed; the victim's
+        # volume is refused again (the new process tells again) and nothing is asked for it.
+        eventually(lambda: leaf_of(served) not in (None, old), timeout=10)
+        eventually(lambda: len(unsafe_events(victim)) == 2, timeout=10)
+        eventually(
+            lambda: ahead.sample("podcert_shim_requests_created_total", reason="refresh") == 2,
+            timeout=10,
+        )
+        assert len(requests_of(devcluster, ns, victim.metadata.uid)) == 2
+        assert ahead.running and ahead._get("/healthz")[0] == 200
+    finally:
+        ahead.stop()
+        late.stop()
+    assert snapshot(outside) == before
+    assert volume.is_symlink()
+    assert '"level": "error"' not in ahead.output()
+    assert "Traceback" not in first.output() + ahead.output()
 
 
 def _spki(cert: x509.Certificate) -> bytes:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import os
 import random
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +24,7 @@ from kubelet_shim import keys, projection
 from kubelet_shim.agent import Agent, Settings, request_event
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
 from kubelet_shim.projection import ProjectionState
-from kubelet_shim.storage import FileSpec, MemoryStorage
+from kubelet_shim.storage import AtomicDirStorage, FileSpec, MemoryStorage
 from kubelet_shim.volumes import WorkKey
 from podcert.rest import JSON, ApiError
 
@@ -674,3 +677,122 @@ def test_metrics_and_events_hold_no_key_material(
     outside = text + repr(rig.kube.events) + caplog.text + repr(rig.state(make_pod([])))
     assert "PRIVATE KEY" not in outside
     assert not any(line.decode() in outside for line in key_lines)
+
+
+# --- links planted under the root (issue 18) ----------------------------------------------------
+
+
+def unsafe_events(rig: Rig) -> list[str]:
+    return [m for _, _, reason, m in rig.kube.events if reason == "UnsafeVolumeDirectory"]
+
+
+def test_a_volume_behind_a_link_gets_no_request_one_event_and_retries(rig: Rig) -> None:
+    rig.storage.plant_link(UID, "identity")
+    pod = make_pod([cert_volume(), cert_volume("other", credentialBundlePath="b.pem")])
+    rig.agent.on_pod_event("ADDED", pod)
+    outcome = rig.agent.reconcile(UID)
+    assert outcome.retry, "looked at again with backoff"
+    assert [p["metadata"]["name"] for p in rig.kube.created] == ["web-0"], "only 'other' asked"
+    assert rig.agent.reconcile(UID).retry
+    [message] = unsafe_events(rig)
+    assert "identity" in message and "symbolic link" in message
+
+    # The pod's other volume and other pods are served meanwhile.
+    rig.issue(rig.kube.created[0])
+    formats.load_credential(rig.files(volume="other")["b.pem"])
+    other = make_pod([cert_volume()], uid="other-uid", name="neighbour")
+    rig.apply(other)
+    rig.issue(rig.kube.created[-1])
+    formats.load_credential(rig.files("other-uid")["bundle.pem"])
+
+    # Once the directory is put right the volume is served; a new link is told again.
+    rig.storage.remove_link(UID, "identity")
+    rig.agent.reconcile(UID)
+    rig.issue(rig.kube.created[-1])
+    formats.load_credential(rig.files()["bundle.pem"])
+    rig.storage.plant_link(UID, "identity")
+    rig.clock.now = T0 + 12 * HOUR  # both refreshes are due; one write is refused
+    before = len(rig.kube.created)
+    rig.agent.reconcile(UID)
+    for pcr in rig.kube.created[before:]:
+        rig.issue(pcr)
+    assert len(unsafe_events(rig)) == 2
+    assert (
+        formats.load_credential(rig.files(volume="other")["b.pem"]).leaf.not_valid_before_utc > T0
+    )
+
+
+def test_a_link_planted_after_issuance_keeps_the_new_key_for_after_the_repair(rig: Rig) -> None:
+    issued_pod(rig)
+    first = rig.files()["bundle.pem"]
+    rig.storage.plant_link(UID, "identity")
+    forced = make_pod([cert_volume()], annotations={ROTATE_ANNOTATION: stamp(T0 + MIN)})
+    rig.clock.now = T0 + 2 * MIN
+    rig.apply(forced, "MODIFIED")  # `podcert shim rotate`
+    assert len(rig.kube.created) == 2
+    rig.issue(rig.kube.created[-1])
+    assert len(unsafe_events(rig)) == 1
+    assert rig.agent.reconcile(UID).retry
+    assert len(unsafe_events(rig)) == 1, "told once, not on every retry"
+    assert rig.agent.metrics.writes.labels(result="error")._value.get() >= 2
+
+    rig.storage.remove_link(UID, "identity")
+    assert rig.storage.read_volume(UID, "identity") is not None
+    assert not rig.agent.reconcile(UID).retry
+    assert len(rig.kube.created) == 2, "the issued key is written, no new request"
+    second = rig.files()["bundle.pem"]
+    assert second != first
+    assert rig.kube.created[-1]["spec"]["stubPKCS10Request"]  # the new key's request
+    formats.load_credential(second)
+
+
+def disk_rig(tmp_path: Path) -> Rig:
+    return Rig(FakeKube(), AtomicDirStorage(tmp_path / "root"), Clock(), CA())  # type: ignore[arg-type]
+
+
+def snapshot(folder: Path) -> dict[str, bytes | str]:
+    return {
+        str(p.relative_to(folder)): "dir" if p.is_dir() else p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param(("pods", UID), id="the pod directory"),
+        pytest.param(("pods", UID, "volumes"), id="the volumes directory"),
+        pytest.param(
+            ("pods", UID, "volumes", "kubernetes.io~projected", "identity"),
+            id="the volume directory",
+        ),
+    ],
+)
+def test_on_disk_a_link_to_an_outside_folder_gets_nothing_written_through_it(
+    tmp_path: Path, where: tuple[str, ...]
+) -> None:
+    rig = disk_rig(tmp_path)
+    issued_pod(rig)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    spot = rig.storage.root.joinpath(*where)
+    shutil.rmtree(spot)
+    spot.symlink_to(outside, target_is_directory=True)
+
+    rig.agent = rig.fresh_agent()  # a restart: adopts from disk, finds the link
+    assert rig.apply(make_pod([cert_volume()])) == projection.NotYetIssued()
+    assert rig.kube.created[1:] == []
+    forced = make_pod([cert_volume()], annotations={ROTATE_ANNOTATION: stamp(T0 + MIN)})
+    rig.clock.now = T0 + 12 * HOUR
+    rig.apply(forced, "MODIFIED")
+    assert snapshot(outside) == {}
+    assert len(unsafe_events(rig)) == 1
+
+    rig.agent.on_pod_event("DELETED", forced)
+    outcome = rig.agent.reconcile(UID)
+    if where[-1] != "identity":
+        assert not outcome.retry, "a link on the way is left to the operator, not retried"
+        assert spot.is_symlink()
+    else:
+        assert not os.path.lexists(spot), "inside the plugin directory the link itself goes"
+    assert snapshot(outside) == {}

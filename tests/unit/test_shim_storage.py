@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kubelet_shim import storage
 from kubelet_shim.storage import (
     AtomicDirStorage,
     FileSpec,
     MemoryStorage,
     Storage,
     StorageError,
+    UnsafeDirectoryError,
     UnsafePathError,
 )
 
@@ -251,10 +255,10 @@ def test_a_failed_swap_keeps_the_previous_version(
 ) -> None:
     disk.write_volume(UID, "identity", payload("one"), owner=None)
 
-    def refuse(self: Path, target: object) -> Path:
+    def refuse(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(Path, "replace", refuse)
+    monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(StorageError, match="I/O error") as caught:
         disk.write_volume(UID, "identity", payload("two"), owner=None)
     monkeypatch.undo()
@@ -389,16 +393,271 @@ def test_modes_beyond_permission_bits_are_rejected(disk: AtomicDirStorage) -> No
         disk.write_volume(UID, "identity", {"a": FileSpec(b"x", 0o4755)}, owner=None)
 
 
-def test_a_data_link_pointing_outside_is_refused_and_repaired(disk: AtomicDirStorage) -> None:
-    vol(disk).mkdir(parents=True)
-    (vol(disk) / "..data").symlink_to("/etc")
-    with pytest.raises(StorageError, match="outside"):
+# -- links planted under the root (issue 18) -----------------------------------------------
+#
+# Each test plants, where the writer expects a directory, a link to a folder outside that holds
+# a complete copy of the rest of the way (so following it would succeed), and checks that the
+# storage refuses instead: nothing outside is read, written or removed.
+
+PROJECTED = "kubernetes.io~projected"
+WAY = ("pods", UID, "volumes", PROJECTED, "identity")
+
+
+@pytest.fixture
+def outside(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("outside")
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Everything under `folder`: files with their content, directories, links with targets."""
+    seen = {}
+    for path in sorted(folder.rglob("*")):
+        name = str(path.relative_to(folder))
+        if path.is_symlink():
+            seen[name] = f"link -> {path.readlink()}"
+        elif path.is_dir():
+            seen[name] = "dir"
+        else:
+            seen[name] = path.read_bytes().decode(errors="replace")
+    return seen
+
+
+def plant(root: Path, depth: int, outside: Path, *, as_file: bool = False) -> Path:
+    """Write a volume, then replace the directory WAY[:depth] by a link to `outside`, which
+    gets a copy of everything below it (or by a regular file when `as_file`)."""
+    storage = AtomicDirStorage(root, clock=lambda: CLOCK)
+    storage.write_volume(UID, "identity", payload("one"), owner=None)
+    spot = root.joinpath(*WAY[:depth])
+    copy = outside / "copy"
+    shutil.copytree(spot, copy, symlinks=True)
+    shutil.rmtree(spot)
+    if as_file:
+        spot.write_bytes(b"a file where a directory should be")
+    else:
+        spot.symlink_to(copy, target_is_directory=True)
+    return copy
+
+
+PLACES = [
+    pytest.param(1, id="the pods directory"),
+    pytest.param(2, id="the pod directory"),
+    pytest.param(3, id="the volumes directory"),
+    pytest.param(4, id="the projected plugin directory"),
+    pytest.param(5, id="the volume directory itself"),
+]
+
+
+@pytest.mark.parametrize("depth", PLACES)
+def test_a_link_on_the_way_to_a_volume_is_refused_and_nothing_outside_changes(
+    disk: AtomicDirStorage, tmp_path: Path, outside: Path, depth: int
+) -> None:
+    plant(tmp_path, depth, outside)
+    before = snapshot(outside)
+    shown = str(tmp_path.joinpath(*WAY[:depth]))
+
+    with pytest.raises(UnsafeDirectoryError, match="is a symbolic link") as caught:
+        disk.write_volume(UID, "identity", payload("two"), owner=None)
+    assert caught.value.path == shown
+    with pytest.raises(UnsafeDirectoryError):
         disk.read_volume(UID, "identity")
+    with pytest.raises(UnsafeDirectoryError):
+        disk.recover_volume(UID, "identity")
+    if depth < len(WAY):
+        with pytest.raises(UnsafeDirectoryError):
+            disk.remove_pod(UID)
+    if depth == 1:
+        with pytest.raises(UnsafeDirectoryError):
+            disk.list_pods()
+    else:
+        assert disk.list_pods() == [UID]  # listed, so that its clean-up reports the link
+    assert snapshot(outside) == before
+    assert "two" not in str(before)
+    if depth == len(WAY):
+        # Inside the projected directory the clean-up deletes the link itself, not its target.
+        disk.remove_pod(UID)
+        assert not os.path.lexists(vol(disk))
+        assert snapshot(outside) == before
+
+
+@pytest.mark.parametrize("depth", PLACES)
+def test_a_file_where_a_directory_should_be_is_refused(
+    disk: AtomicDirStorage, tmp_path: Path, outside: Path, depth: int
+) -> None:
+    plant(tmp_path, depth, outside, as_file=True)
+    with pytest.raises(UnsafeDirectoryError, match="is not a directory"):
+        disk.write_volume(UID, "identity", payload("two"), owner=None)
+    with pytest.raises(UnsafeDirectoryError, match="is not a directory"):
+        disk.read_volume(UID, "identity")
+
+
+def test_the_volume_is_served_again_once_the_link_is_gone(
+    disk: AtomicDirStorage, tmp_path: Path, outside: Path
+) -> None:
+    plant(tmp_path, 5, outside)
+    with pytest.raises(UnsafeDirectoryError):
+        disk.write_volume(UID, "identity", payload("two"), owner=None)
+    vol(disk).unlink()
+    disk.write_volume(UID, "identity", payload("two"), owner=None)
+    assert disk.read_volume(UID, "identity") == contents(payload("two"))
+
+
+def test_other_volumes_and_pods_are_still_served(
+    disk: AtomicDirStorage, tmp_path: Path, outside: Path
+) -> None:
+    disk.write_volume(UID, "trust", {"ca.pem": FileSpec(b"CA", 0o644)}, owner=None)
+    plant(tmp_path, 5, outside)
+    disk.write_volume(UID, "trust", {"ca.pem": FileSpec(b"CA2", 0o644)}, owner=None)
+    disk.write_volume("other-pod", "identity", payload("two"), owner=None)
+    assert disk.read_volume(UID, "trust") == {"ca.pem": b"CA2"}
+    assert disk.read_volume("other-pod", "identity") == contents(payload("two"))
+
+
+def test_a_link_swapped_in_mid_write_is_not_followed(
+    disk: AtomicDirStorage, tmp_path: Path, outside: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a check-then-open defence loses: the volume directory is moved away and a link
+    put in its place after the writer reached it. The writer keeps working in the directory it
+    holds (wherever that now is) and never through the link."""
     disk.write_volume(UID, "identity", payload("one"), owner=None)
-    assert disk.read_volume(UID, "identity") == {
-        "credential.pem": b"KEY one\nCERT one",
-        "ca/trust.pem": b"CA one",
-    }
+    moved = tmp_path / "moved-away"
+    real_walk = storage._walk_into
+
+    def walk_then_swap(*args: Any, **kwargs: Any) -> int:
+        fd = real_walk(*args, **kwargs)
+        if vol(disk).is_dir() and not vol(disk).is_symlink():
+            vol(disk).rename(moved)
+            vol(disk).symlink_to(outside, target_is_directory=True)
+        return fd
+
+    monkeypatch.setattr(storage, "_walk_into", walk_then_swap)
+    disk.write_volume(UID, "identity", payload("two"), owner=None)
+    monkeypatch.undo()
+    assert snapshot(outside) == {}
+    assert (moved / "credential.pem").read_bytes() == b"KEY two\nCERT two"
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        pytest.param("OUTSIDE", id="an absolute path outside"),
+        pytest.param("../../../../../..", id="a relative path that climbs"),
+        pytest.param("..", id="the parent directory"),
+        pytest.param("../trust/..data", id="another volume's data"),
+        pytest.param("..data", id="itself"),
+        pytest.param("ca", id="a visible name"),
+    ],
+)
+def test_a_data_link_pointing_anywhere_but_a_version_is_refused(
+    disk: AtomicDirStorage, outside: Path, target: str
+) -> None:
+    (outside / "credential.pem").write_bytes(b"PLANTED")
+    disk.write_volume(UID, "identity", payload("one"), owner=None)
+    (vol(disk) / "..data").unlink()
+    (vol(disk) / "..data").symlink_to(str(outside) if target == "OUTSIDE" else target)
+    before = snapshot(outside)
+    with pytest.raises(UnsafeDirectoryError, match="points outside"):
+        disk.read_volume(UID, "identity")
+    with pytest.raises(UnsafeDirectoryError, match="points outside"):
+        disk.write_volume(UID, "identity", payload("two"), owner=None)
+    with pytest.raises(UnsafeDirectoryError):
+        disk.recover_volume(UID, "identity")
+    assert snapshot(outside) == before
+
+
+def test_a_data_link_to_a_version_name_that_is_a_link_is_refused(
+    disk: AtomicDirStorage, outside: Path
+) -> None:
+    (outside / "credential.pem").write_bytes(b"PLANTED")
+    disk.write_volume(UID, "identity", payload("one"), owner=None)
+    [version] = hidden_dirs(vol(disk))
+    shutil.rmtree(vol(disk) / version)
+    (vol(disk) / version).symlink_to(outside, target_is_directory=True)
+    with pytest.raises(UnsafeDirectoryError, match="is a symbolic link"):
+        disk.read_volume(UID, "identity")
+    with pytest.raises(UnsafeDirectoryError, match="is a symbolic link"):
+        disk.write_volume(UID, "identity", payload("two"), owner=None)
+    assert snapshot(outside) == {"credential.pem": "PLANTED"}
+
+
+@pytest.mark.parametrize(
+    "make", [pytest.param("file", id="a regular file"), pytest.param("dir", id="a directory")]
+)
+def test_a_data_entry_that_is_not_a_link_is_refused(disk: AtomicDirStorage, make: str) -> None:
+    disk.write_volume(UID, "identity", payload("one"), owner=None)
+    (vol(disk) / "..data").unlink()
+    if make == "file":
+        (vol(disk) / "..data").write_bytes(b"x")
+    else:
+        (vol(disk) / "..data").mkdir()
+    with pytest.raises(UnsafeDirectoryError, match="is not a symbolic link"):
+        disk.read_volume(UID, "identity")
+    with pytest.raises(UnsafeDirectoryError, match="is not a symbolic link"):
+        disk.write_volume(UID, "identity", payload("two"), owner=None)
+
+
+def test_a_dangling_data_link_to_a_version_name_is_repaired(disk: AtomicDirStorage) -> None:
+    vol(disk).mkdir(parents=True)
+    (vol(disk) / "..data").symlink_to("..2020_01_01_00_00_00.gone")
+    disk.write_volume(UID, "identity", payload("one"), owner=None)
+    assert disk.read_volume(UID, "identity") == contents(payload("one"))
+
+
+def test_a_visible_name_planted_as_a_link_is_replaced_not_written_through(
+    disk: AtomicDirStorage, outside: Path
+) -> None:
+    (outside / "credential.pem").write_bytes(b"PLANTED")
+    (outside / "ca").mkdir()
+    disk.write_volume(UID, "identity", payload("one"), owner=None)
+    for name in ("credential.pem", "ca"):
+        (vol(disk) / name).unlink()
+        (vol(disk) / name).symlink_to(outside / name)
+    disk.write_volume(UID, "identity", payload("two"), owner=None)
+    assert link(vol(disk) / "credential.pem") == "..data/credential.pem"
+    assert link(vol(disk) / "ca") == "..data/ca"
+    assert (vol(disk) / "credential.pem").read_bytes() == b"KEY two\nCERT two"
+    assert snapshot(outside) == {"ca": "dir", "credential.pem": "PLANTED"}
+
+
+@pytest.mark.parametrize(
+    "plant_in_version",
+    [
+        pytest.param("symlink", id="a file in the live version replaced by a link"),
+        pytest.param("hardlink", id="a file in the live version replaced by a hard link"),
+        pytest.param("directory", id="a directory in the live version replaced by a link"),
+        pytest.param("fifo", id="a file in the live version replaced by a FIFO"),
+    ],
+)
+def test_what_is_planted_inside_a_version_is_never_read_and_is_replaced(
+    disk: AtomicDirStorage, tmp_path: Path, outside: Path, plant_in_version: str
+) -> None:
+    secret = tmp_path / "secret.pem"  # same file system, so a hard link is possible
+    secret.write_bytes(b"PLANTED")
+    (outside / "trust.pem").write_bytes(b"PLANTED")
+    disk.write_volume(UID, "identity", payload("one"), owner=None)
+    version = vol(disk) / link(vol(disk) / "..data")
+    if plant_in_version == "directory":
+        shutil.rmtree(version / "ca")
+        (version / "ca").symlink_to(outside, target_is_directory=True)
+        missing = "ca/trust.pem"
+    else:
+        (version / "credential.pem").unlink()
+        if plant_in_version == "symlink":
+            (version / "credential.pem").symlink_to(secret)
+        elif plant_in_version == "hardlink":
+            os.link(secret, version / "credential.pem")
+        else:
+            os.mkfifo(version / "credential.pem")
+        missing = "credential.pem"
+    before = snapshot(outside)
+
+    content = disk.read_volume(UID, "identity")
+    assert content is not None
+    assert missing not in content
+    assert b"PLANTED" not in b"".join(content.values())
+    disk.write_volume(UID, "identity", payload("one"), owner=None)  # same payload: rewritten
+    assert disk.read_volume(UID, "identity") == contents(payload("one"))
+    assert snapshot(outside) == before
+    assert secret.read_bytes() == b"PLANTED"
 
 
 # -- recovery and housekeeping ------------------------------------------------------------
@@ -535,3 +794,32 @@ def test_memory_twin_simulates_a_failed_write() -> None:
 
 def test_file_specs_keep_their_data_out_of_reprs() -> None:
     assert "SECRET" not in repr(FileSpec(b"SECRET", 0o600))
+
+
+def plant_link(any_storage: Storage, volume: str) -> None:
+    """Replace the volume's directory by a link elsewhere, in either implementation."""
+    if isinstance(any_storage, MemoryStorage):
+        any_storage.plant_link(UID, volume)
+        return
+    assert isinstance(any_storage, AtomicDirStorage)
+    target = any_storage.volume_dir(UID, volume)
+    shutil.rmtree(target)
+    target.symlink_to(any_storage.root, target_is_directory=True)
+
+
+def test_contract_a_linked_volume_is_refused_and_its_neighbours_served(
+    any_storage: Storage,
+) -> None:
+    any_storage.write_volume(UID, "identity", payload("one"), owner=None)
+    any_storage.write_volume(UID, "trust", payload("one"), owner=None)
+    plant_link(any_storage, "identity")
+    with pytest.raises(UnsafeDirectoryError):
+        any_storage.write_volume(UID, "identity", payload("two"), owner=None)
+    with pytest.raises(UnsafeDirectoryError):
+        any_storage.read_volume(UID, "identity")
+    with pytest.raises(UnsafeDirectoryError):
+        any_storage.recover_volume(UID, "identity")
+    any_storage.write_volume(UID, "trust", payload("two"), owner=None)
+    assert any_storage.read_volume(UID, "trust") == contents(payload("two"))
+    any_storage.remove_pod(UID)  # removes the link, not what it points to
+    assert any_storage.list_pods() == []
