@@ -1,93 +1,37 @@
-"""The validating admission webhook: refuse, at creation, PodCertificateRequests that would only
-be denied later, and above all those not made by the node they name.
+"""The validating admission webhook's server: refuse, at creation, PodCertificateRequests that
+would only be denied later, and above all those not made by the node they name.
 
-NodeRestriction binds nodes only; any other user with RBAC `create` on podcertificaterequests could
-ask for any pod's identity, and the signer cannot see who created a request. The API server can:
-it tells the webhook the creator. Requests for other signer names are always allowed (and the
-registration's matchConditions keep them from reaching us at all).
-
-The verdict is `admit(...)`, pure; the aiohttp server at the edge reads the AdmissionReview, fetches
-live facts off the event loop, and answers. Its serving certificate is issued from our own CA and
-re-issued before half its life is gone (or when the CA changes) without a restart.
+What it answers is decided in `signer.admission` (pure); this is the edge: it reads at most
+`MAX_BODY_BYTES` of body within a deadline, hands parsing and the verdict (which reads live facts)
+to a thread, and answers. Malformed input costs one warning line, never a traceback. Its serving
+certificate is issued from our own CA and re-issued before half its life is gone (or when the CA
+changes) without a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 import ssl
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from signer import certs, model, objects
-from signer.decide import decide
+from podcert.rest import ApiError
+from signer import admission, certs, model
+from signer.admission import MAX_BODY_BYTES, MalformedReview, Verdict
 from signer.policy import Policy
 
 log = logging.getLogger("podcert.signer.webhook")
 
 PATH = "/validate-podcertificaterequests"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    allowed: bool
-    message: str = ""
-    reason: str = ""
-
-
-def admit(
-    username: str,
-    operation: str,
-    pcr: Mapping[str, Any],
-    served: Sequence[str],
-    facts: Callable[[model.Request], model.Facts],
-    policy: Policy,
-    now: dt.datetime,
-) -> Verdict:
-    """The answer for one admission request. `facts` is only called for our own signer names."""
-    spec = pcr.get("spec") if isinstance(pcr.get("spec"), Mapping) else None
-    signer_name = spec.get("signerName") if spec else None
-    if operation != "CREATE" or signer_name not in served:
-        return Verdict(True)
-    node_name = spec.get("nodeName") if spec else None
-    if not isinstance(node_name, str) or username != f"system:node:{node_name}":
-        return Verdict(
-            False,
-            f"only the node the pod runs on may request its certificate: "
-            f"spec.nodeName is {node_name!r} but the request comes from {username!r}",
-            "CreatorNotNode",
-        )
-    meta = dict(pcr.get("metadata") or {})
-    meta.setdefault("name", meta.get("generateName", "") or "pending")
-    meta.setdefault("uid", "pending")
-    try:
-        request = objects.request_from({**pcr, "metadata": meta})
-    except objects.ObjectError as err:
-        return Verdict(False, f"malformed request: {err}", model.INVALID_REQUEST)
-    # The same checks the signer makes at issuance, minus the CA: fail fast instead of a
-    # request that can only end Denied.
-    decision = decide(request, facts(request), policy.for_signer(request.signer_name), now)
-    if isinstance(decision, model.Deny):
-        return Verdict(False, f"{decision.reason}: {decision.message}", decision.reason)
-    return Verdict(True)
-
-
-def review_response(review: Mapping[str, Any], verdict: Verdict) -> dict[str, Any]:
-    uid = ((review.get("request") or {}).get("uid")) or ""
-    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
-    if not verdict.allowed:
-        response["status"] = {"code": 403, "reason": "Forbidden", "message": verdict.message}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
 class ServingCert:
@@ -189,39 +133,44 @@ class WebhookServer:
         self.error: BaseException | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
-        try:
-            review = json.loads(await request.read())
-            if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
-                raise ValueError("not an AdmissionReview")
-        except ValueError as err:
-            return web.json_response({"error": f"bad AdmissionReview: {err}"}, status=400)
-        req = review["request"]
-        pcr = req.get("object") if isinstance(req.get("object"), dict) else {}
-        username = str((req.get("userInfo") or {}).get("username", ""))
         loop = asyncio.get_running_loop()
+        try:
+            body = await _read_body(request)
+            review = await loop.run_in_executor(None, admission.parse_review, body)
+        except MalformedReview as err:
+            log.warning(
+                "refused a malformed AdmissionReview: %s", err, extra={"peer": request.remote}
+            )
+            return web.json_response(
+                {"reason": err.reason, "message": err.message}, status=err.status
+            )
         try:
             verdict = await loop.run_in_executor(
                 None,
-                admit,
-                username,
-                str(req.get("operation", "")),
-                pcr,
+                admission.admit,
+                review.username,
+                review.operation,
+                review.object,
                 self.served,
                 self.facts,
                 self.policy,
                 self.clock(),
             )
-        except Exception as err:  # the API server must get an answer, whatever broke
+        except ApiError as err:  # the API server must get an answer: fail closed
+            log.warning("admission check could not read the cluster: %s", err)
+            verdict = Verdict(False, "podcert could not check the request: ApiError")
+        except Exception as err:
             log.exception("admission check failed")
             verdict = Verdict(False, f"podcert could not check the request: {type(err).__name__}")
         if not verdict.allowed:
-            meta = pcr.get("metadata") or {}
+            meta = review.object.get("metadata")
+            namespace = meta.get("namespace") if isinstance(meta, dict) else None
             log.warning(
                 "refused at admission: %s",
-                verdict.message,
-                extra={"namespace": meta.get("namespace", req.get("namespace")), "user": username},
+                verdict.detail or verdict.message,
+                extra={"namespace": namespace, "user": review.username},
             )
-        return web.json_response(review_response(review, verdict))
+        return web.json_response(admission.review_response(review.uid, verdict))
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -242,7 +191,7 @@ class WebhookServer:
             loop.close()
 
     async def _start(self) -> None:
-        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(PATH, self.handle)
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None)
@@ -256,3 +205,31 @@ class WebhookServer:
     async def _stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+# The API server waits 5 s (timeoutSeconds) for the whole call; a body still arriving after
+# this is not from it.
+_READ_TIMEOUT: Final = 10.0
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """At most MAX_BODY_BYTES of body, refused early on Content-Length and whatever the
+    framing; MalformedReview when larger or too slow."""
+    too_large = MalformedReview(
+        admission.TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes", 413
+    )
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise too_large
+    body = bytearray()
+    try:
+        async with asyncio.timeout(_READ_TIMEOUT):
+            while len(body) <= MAX_BODY_BYTES:
+                chunk = await request.content.read(MAX_BODY_BYTES + 1 - len(body))
+                if not chunk:
+                    break
+                body += chunk
+    except TimeoutError:
+        raise MalformedReview(admission.TOO_SLOW, "the body did not arrive in time", 408) from None
+    if len(body) > MAX_BODY_BYTES:
+        raise too_large
+    return bytes(body)

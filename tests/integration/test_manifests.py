@@ -25,6 +25,7 @@ _PATHS = {
     "Deployment": ("apps/v1", "deployments"),
     "DaemonSet": ("apps/v1", "daemonsets"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
     "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles"),
     "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings"),
     "Role": ("rbac.authorization.k8s.io/v1", "roles"),
@@ -92,6 +93,25 @@ def test_every_manifest_passes_server_side_dry_run(devcluster: DevCluster, base:
             if err.status == 409:  # exists already (applied by another test): fine
                 continue
             raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {err}") from None
+
+
+def test_the_signer_base_restricts_the_webhook_port_with_a_valid_network_policy(
+    devcluster: DevCluster,
+) -> None:
+    """Issue 18: the NetworkPolicy is part of the signer base (so the dry-run above covers it),
+    and the API server accepts it, named ports included."""
+    [policy] = [
+        d for d in documents(kustomize_files(MANIFESTS / "signer")) if d["kind"] == "NetworkPolicy"
+    ]
+    kube.ensure_namespace(devcluster.admin, "podcert-system")
+    rest = Rest(devcluster.admin)
+    gv, plural = _PATHS["NetworkPolicy"]
+    out = rest.request(
+        "POST", path_of(gv, plural, "podcert-system"), query={"dryRun": "All"}, body=policy
+    )
+    ingress = out["spec"]["ingress"]
+    assert [rule["ports"][0]["port"] for rule in ingress] == ["webhook", "metrics"]
+    assert ingress[0]["from"][0]["ipBlock"]["cidr"]
 
 
 def test_the_signer_pod_passes_the_restricted_pod_security_level(devcluster: DevCluster) -> None:

@@ -1,0 +1,282 @@
+"""What the admission webhook answers, decided without I/O: is a body an AdmissionReview we answer
+at all, and is the PodCertificateRequest in it admitted.
+
+NodeRestriction binds nodes only; any other user with RBAC `create` on podcertificaterequests could
+ask for any pod's identity, and the signer cannot see who created a request. The API server can:
+it tells the webhook the creator. Requests for other signer names are always allowed (and the
+registration's matchConditions keep them from reaching us at all).
+
+The webhook port is reachable by more than the API server unless a NetworkPolicy says otherwise,
+and nothing proves a caller is the API server: `userInfo` is whatever the body says. So the
+answer is written for an unauthenticated caller (issue 18):
+
+1. Only a well-formed AdmissionReview about a PodCertificateRequest, within size and nesting
+   bounds, gets a verdict; anything else is a typed `MalformedReview` (HTTP 400, or 413 when too
+   big). Nesting is measured before parsing, so no input reaches the parser's recursion limit.
+2. A verdict says allowed or denied and why, in terms of what the caller sent. Every failure of
+   the pod/node/service-account binding (pod missing, UID differs, on another node, finishing,
+   node missing, ...) is one message naming only the caller's own fields: whether a pod exists,
+   and its UIDs, stay unknown to whoever does not already know all three UIDs. The precise reason
+   goes to the signer's log. A final check drops any message holding a UID-shaped string the
+   caller did not send.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from signer import model, objects
+from signer.decide import decide
+from signer.policy import Policy, show
+
+# The AdmissionReview of one PodCertificateRequest is a few KiB: the stub CSR (at most ~1.3 KiB
+# for RSA 4096), names and UIDs, managedFields. Its only large parts are the two annotation maps,
+# which the API server caps at 256 KiB each, so 1 MiB holds any request with both full of plain
+# text. etcd stores at most ~1.5 MiB per object, so a review above 1 MiB can only be a contrived
+# one (annotations of characters JSON escapes six-fold) or not from the API server at all; being
+# refused it is a failed webhook call, which `failurePolicy: Fail` turns into a refusal.
+MAX_BODY_BYTES: Final = 1024 * 1024
+# The deepest legitimate nesting is about 12 (managedFields' fieldsV1 under request.object).
+MAX_DEPTH: Final = 32
+# Kubernetes UIDs are 36 characters; the response echoes this one, so it is bounded.
+MAX_UID_LENGTH: Final = 128
+
+REVIEW_API_VERSION: Final = "admission.k8s.io/v1"
+GROUP: Final = "certificates.k8s.io"
+KIND: Final = "PodCertificateRequest"
+RESOURCE: Final = "podcertificaterequests"
+OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+
+# Malformed-input reasons (the 400 body's `reason`).
+TOO_LARGE: Final = "TooLarge"
+TOO_SLOW: Final = "TooSlow"
+TOO_DEEP: Final = "TooDeep"
+NOT_JSON: Final = "NotJSON"
+NOT_ADMISSION_REVIEW: Final = "NotAdmissionReview"
+MISSING_FIELD: Final = "MissingField"
+WRONG_TYPE: Final = "WrongType"
+WRONG_RESOURCE: Final = "WrongResource"
+
+# The one denial reason for every binding failure (see 2. above).
+BINDING_MISMATCH: Final = "PodBindingMismatch"
+CREATOR_NOT_NODE: Final = "CreatorNotNode"
+_BINDING_REASONS: Final = frozenset(
+    {
+        model.POD_NOT_FOUND,
+        model.POD_UID_MISMATCH,
+        model.POD_NOT_ON_NODE,
+        model.POD_NOT_RUNNABLE,
+        model.NODE_NOT_FOUND,
+        model.NODE_UID_MISMATCH,
+        model.SERVICE_ACCOUNT_MISMATCH,
+    }
+)
+# No facts at all: the pre-check that turns away malformed requests before any API read.
+_NO_FACTS: Final = model.Facts(pod=None, node=None, service_account=None)
+_UID_SHAPED: Final = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+# A JSON string, or the unterminated rest of one: matching an unterminated string to the end
+# keeps the substitution linear (a failed match per quote would make it quadratic).
+_JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+class MalformedReview(Exception):
+    """A body the webhook gives no verdict on: `reason` and `message` are the 400 (or 413) body.
+    Messages are fixed text: nothing of the caller's input is echoed or logged."""
+
+    def __init__(self, reason: str, message: str, status: int = 400) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason, self.message, self.status = reason, message, status
+
+
+@dataclass(frozen=True)
+class Review:
+    """The fields of a well-formed AdmissionReview request the verdict depends on."""
+
+    uid: str
+    operation: str
+    username: str
+    object: Mapping[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    message: str = ""  # what the caller is told
+    reason: str = ""
+    detail: str = ""  # what the signer's log says (may hold facts the caller is not told)
+
+
+def too_deep(body: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON text nests arrays and objects deeper than `limit`, found without parsing (and
+    so without recursion): brackets inside strings do not count."""
+    skeleton = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    if skeleton.count(b"[") + skeleton.count(b"{") <= limit:
+        return False
+    depth = 0
+    for byte in skeleton:
+        if byte in b"[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def parse_review(body: bytes) -> Review:
+    """The review in `body`, or MalformedReview saying what is wrong with it."""
+    if len(body) > MAX_BODY_BYTES:
+        raise MalformedReview(TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes", 413)
+    if too_deep(body):
+        raise MalformedReview(TOO_DEEP, f"JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        review = json.loads(body)
+    except RecursionError:  # not reached after too_deep; kept so no input can raise it
+        raise MalformedReview(TOO_DEEP, f"JSON nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError:  # includes invalid UTF-8 and over-long integers
+        raise MalformedReview(NOT_JSON, "the body is not JSON") from None
+    if not isinstance(review, dict):
+        raise MalformedReview(NOT_ADMISSION_REVIEW, "the body is not a JSON object")
+    if review.get("apiVersion") != REVIEW_API_VERSION or review.get("kind") != "AdmissionReview":
+        raise MalformedReview(
+            NOT_ADMISSION_REVIEW, f"expected apiVersion {REVIEW_API_VERSION}, kind AdmissionReview"
+        )
+    request = _field(review, "request", dict)
+    uid = _field(request, "uid", str, "request")
+    if not uid or len(uid) > MAX_UID_LENGTH:
+        raise MalformedReview(
+            WRONG_TYPE, f"request.uid must be 1 to {MAX_UID_LENGTH} characters long"
+        )
+    kind = _field(request, "kind", dict, "request")
+    resource = _field(request, "resource", dict, "request")
+    if (
+        kind.get("group") != GROUP
+        or kind.get("kind") != KIND
+        or not isinstance(kind.get("version"), str)
+        or resource.get("group") != GROUP
+        or resource.get("resource") != RESOURCE
+        or request.get("subResource") not in (None, "")
+    ):
+        raise MalformedReview(
+            WRONG_RESOURCE, f"this webhook reviews {GROUP} {KIND} ({RESOURCE}) only"
+        )
+    operation = _field(request, "operation", str, "request")
+    if operation not in OPERATIONS:
+        raise MalformedReview(WRONG_TYPE, f"request.operation must be one of {sorted(OPERATIONS)}")
+    user_info = _field(request, "userInfo", dict, "request")
+    username = _field(user_info, "username", str, "request.userInfo")
+    obj = request.get("object")
+    if operation == "CREATE" or obj is not None:
+        obj = _field(request, "object", dict, "request")
+    return Review(uid=uid, operation=operation, username=username, object=obj or {})
+
+
+def _field(parent: Mapping[str, Any], name: str, kind: type, where: str = "") -> Any:
+    path = f"{where}.{name}" if where else name
+    value = parent.get(name)
+    if value is None:
+        raise MalformedReview(MISSING_FIELD, f"{path} is missing")
+    if not isinstance(value, kind):
+        expected = "an object" if kind is dict else "a string"
+        raise MalformedReview(WRONG_TYPE, f"{path} must be {expected}")
+    return value
+
+
+def admit(
+    username: str,
+    operation: str,
+    pcr: Mapping[str, Any],
+    served: Sequence[str],
+    facts: Callable[[model.Request], model.Facts],
+    policy: Policy,
+    now: dt.datetime,
+) -> Verdict:
+    """The answer for one admission request. `facts` is only called for our own signer names,
+    and only for requests that are well-formed (an unauthenticated caller cannot make the
+    signer read the API with names the checks would refuse anyway)."""
+    verdict = _verdict(username, operation, pcr, served, facts, policy, now)
+    if verdict.allowed or not _leaks(verdict.message, pcr):
+        return verdict
+    return Verdict(
+        False,
+        f"{verdict.reason}: the request was refused (the signer's log says why)",
+        verdict.reason,
+        verdict.detail or verdict.message,
+    )
+
+
+def _verdict(
+    username: str,
+    operation: str,
+    pcr: Mapping[str, Any],
+    served: Sequence[str],
+    facts: Callable[[model.Request], model.Facts],
+    policy: Policy,
+    now: dt.datetime,
+) -> Verdict:
+    spec = pcr.get("spec") if isinstance(pcr.get("spec"), Mapping) else None
+    signer_name = spec.get("signerName") if spec else None
+    if operation != "CREATE" or signer_name not in served:
+        return Verdict(True)
+    node_name = spec.get("nodeName") if spec else None
+    if not isinstance(node_name, str) or username != f"system:node:{node_name}":
+        shown = show(node_name) if isinstance(node_name, str) else repr(node_name)
+        return Verdict(
+            False,
+            f"only the node the pod runs on may request its certificate: "
+            f"spec.nodeName is {shown} but the request comes from {show(username)}",
+            CREATOR_NOT_NODE,
+        )
+    meta = dict(pcr.get("metadata") or {})
+    meta.setdefault("name", meta.get("generateName", "") or "pending")
+    meta.setdefault("uid", "pending")
+    try:
+        request = objects.request_from({**pcr, "metadata": meta})
+    except objects.ObjectError as err:
+        return Verdict(False, f"malformed request: {err}", model.INVALID_REQUEST)
+    signer_policy = policy.for_signer(request.signer_name)
+    # The same checks the signer makes at issuance, minus the CA: fail fast instead of a
+    # request that can only end Denied. First without facts, which stops at the request's own
+    # faults (spec, key) before any API read.
+    decision = decide(request, _NO_FACTS, signer_policy, now)
+    if not isinstance(decision, model.Deny) or decision.reason == model.POD_NOT_FOUND:
+        decision = decide(request, facts(request), signer_policy, now)
+    if not isinstance(decision, model.Deny):
+        return Verdict(True)
+    detail = f"{decision.reason}: {decision.message}"
+    if decision.reason in _BINDING_REASONS:
+        return Verdict(False, _binding_message(request), BINDING_MISMATCH, detail)
+    return Verdict(False, detail, decision.reason, detail)
+
+
+def _binding_message(request: model.Request) -> str:
+    """The same words whichever part of the binding failed, built from the request alone (its
+    names passed decide's checks for Kubernetes names before the binding was looked at)."""
+    return (
+        f"{BINDING_MISMATCH}: no running pod {request.namespace}/{request.pod_name} on node "
+        f"{request.node_name} as service account {request.service_account_name} matches the "
+        "podUID, nodeUID and serviceAccountUID of the request (for a pod just created or "
+        "replaced, request again; the signer's log says which part differs)"
+    )
+
+
+def _leaks(message: str, pcr: Mapping[str, Any]) -> bool:
+    """Whether `message` holds a UID-shaped string that is nowhere in what the caller sent."""
+    found = _UID_SHAPED.findall(message)
+    if not found:
+        return False
+    sent = json.dumps(pcr)
+    return any(uid not in sent for uid in found)
+
+
+def review_response(uid: str, verdict: Verdict) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
+    if not verdict.allowed:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": verdict.message}
+    return {"apiVersion": REVIEW_API_VERSION, "kind": "AdmissionReview", "response": response}
