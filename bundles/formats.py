@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InternalError, InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
@@ -353,7 +353,9 @@ def _private_key(block: _Block, *, what: str) -> PrivateKey:
         key = serialization.load_der_private_key(block.der, password=None)
     except TypeError:
         raise EncryptedKeyError(f"{what}: the private key is encrypted") from None
-    except (ValueError, UnsupportedAlgorithm):
+    except (ValueError, UnsupportedAlgorithm, InternalError):
+        # InternalError: OpenSSL refuses some malformed keys (an Ed448 OID over 32 bytes, found
+        # by the fuzzer) without a ValueError.
         raise UnsupportedKeyError(f"{what}: the private key cannot be decoded") from None
     if not isinstance(key, PrivateKey):
         raise UnsupportedKeyError(
