@@ -13,9 +13,9 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "signer": ("signer.cli", "issue and deny PodCertificateRequests for our signer names"),
     "shim": ("kubelet_shim.cli", "the kubelet's half of Pod Certificates, for one node"),
-    "audit": ("bundles.audit_cli", "audit projected credentials, requests and the audit log"),
+    "audit": ("audit.cli", "audit projected credentials, requests and the audit log"),
     "devcluster": ("devcluster.cli", "a real local etcd + kube-apiserver"),
-    "demo": ("podcert.demo", "run the end-to-end demo on a local devcluster"),
+    "demo": ("devcluster.demo", "run the end-to-end demo on a local devcluster"),
 }
 
 

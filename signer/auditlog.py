@@ -6,7 +6,7 @@ breaks the chain at that point; signed checkpoints (JWTs whose x5c chains to the
 rewrite of the whole file.
 
 This module is the writer (`AuditLog`), which does file I/O. The line format and the pure readers
-(`verify`, `iter_entries`) live in `bundles.auditlog`, so auditors read the log without depending on
+(`verify`, `iter_entries`) live in `podcert.auditlog`, so auditors read the log without depending on
 the signer; they are re-exported here for the signer's own code and tests.
 """
 
@@ -29,7 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bundles.auditlog import (
+from podcert.auditlog import (
     CHECKPOINT_ALGORITHM,
     GENESIS,
     AuditLogError,

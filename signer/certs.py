@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.types import (
 )
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from bundles.auditlog import AUDIT_SIGNING_EKU, AUDIT_SPIFFE_PATH
+from podcert.auditlog import AUDIT_SIGNING_EKU, AUDIT_SPIFFE_PATH
 from signer import model
 
 # The API server requires beginRefreshAt in [notBefore + 10 min, notAfter - 10 min].

@@ -2,7 +2,7 @@
 
 The world is real where it can be: leaves signed by the signer's own CA code, volumes written by
 the shim's atomic writer, an audit log written by the signer's writer. The cluster's objects are
-API dicts, as `bundles.snapshot.read_cluster` hands them over.
+API dicts, as `audit.snapshot.read_cluster` hands them over.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bundles import audit_cli
-from bundles.audit import Report, Settings, Snapshot, TrustSource, audit_findings, chain_roots
-from bundles.auditlog import GENESIS, line_hash
-from bundles.snapshot import read_audit_log, read_root
+from audit import Report, Settings, Snapshot, TrustSource, audit_findings, chain_roots
+from audit import cli as audit_cli
+from audit.snapshot import read_audit_log, read_root
 from kubelet_shim.storage import AtomicDirStorage, FileSpec
+from podcert.auditlog import GENESIS, line_hash
 from podcert.cli import main
 from signer import ca, certs, model
 from signer.auditlog import AuditLog, Entry
@@ -777,7 +777,7 @@ def test_argument_errors_exit_2(argv: list[str]) -> None:
 
 def test_the_audit_modules_import_neither_kubernetes_nor_aiohttp() -> None:
     code = (
-        "import sys, bundles.audit, bundles.snapshot, bundles.audit_cli; "
+        "import sys, audit, audit.snapshot, audit.cli; "
         "print(sorted({'kubernetes', 'aiohttp', 'signer', 'kubelet_shim'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

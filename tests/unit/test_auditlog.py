@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from bundles.auditlog import AUDIT_SIGNING_EKU
+from podcert.auditlog import AUDIT_SIGNING_EKU
 from signer.auditlog import (
     GENESIS,
     AuditLog,
@@ -850,7 +850,7 @@ AUDIT_CERT_SHAPES = [
 
 @pytest.mark.parametrize(("shape", "problem"), AUDIT_CERT_SHAPES)
 def test_audit_certificate_shape(shape: dict[str, object], problem: str) -> None:
-    from bundles.auditlog import audit_certificate_problem
+    from podcert.auditlog import audit_certificate_problem
 
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
@@ -878,7 +878,7 @@ def test_audit_certificate_shape(shape: dict[str, object], problem: str) -> None
 
 
 def test_the_signers_audit_certificate_has_the_audit_shape() -> None:
-    from bundles.auditlog import audit_certificate_problem
+    from podcert.auditlog import audit_certificate_problem
     from signer import certs, model
 
     root_key = ec.generate_private_key(ec.SECP256R1())

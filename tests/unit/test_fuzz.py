@@ -12,8 +12,8 @@ the exception types it may raise (anything else is a bug):
     bundles.formats.load_credential(_files),        files in a pod volume       BundleError,
       load_trust_bundle, then spiffe_id and                                     CertificateIdError
       verify_chain on what loaded
-    bundles.auditlog.verify                         an audit log on disk        nothing
-    bundles.auditlog.iter_entries                   same                        AuditLogError
+    podcert.auditlog.verify                         an audit log on disk        nothing
+    podcert.auditlog.iter_entries                   same                        AuditLogError
     kubelet_shim.volumes.parse_pod                  pod specs                   nothing
 
 The strategies start from valid inputs and damage them where the parsers look, so most examples
@@ -55,9 +55,10 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa, x2551
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from bundles import auditlog, formats, spiffe
+from bundles import formats, spiffe
 from kubelet_shim import keys, volumes
 from kubelet_shim.storage import path_problem
+from podcert import auditlog
 from signer import ca, certs, csr, decide, model, objects, policy
 from signer.auditlog import AuditLog
 from tests.unit.test_auditlog import Pki, make_pki

@@ -1,9 +1,10 @@
-"""Reading the signer's audit log: the line format, `verify` and `iter_entries`.
+"""The signer's audit log format: the line format, the audit certificate, `verify`, `iter_entries`.
 
-Why it lives in bundles: the log is written by the signer (`signer.auditlog.AuditLog`) but read by
-auditors, `podcert audit` among them, which must not depend on the signer. So the format (how a
-line is framed, encoded and hashed) and everything that reads it live here, and the writer imports
-them: one definition of the format for both sides.
+Why it lives in podcert's bottom layer: the log is written by the signer
+(`signer.auditlog.AuditLog`) but read by auditors, `podcert audit` among them, which must not
+depend on the signer. So the format (how a line is framed, encoded and hashed, what an audit
+certificate is) and everything that reads it live here, and both the writer and the audit import
+them: one definition for both sides.
 
 Each line carries the SHA-256 of the line before it, so removing or editing a line breaks the
 chain at that point. A chain alone can be recomputed by someone who rewrites the whole file, so

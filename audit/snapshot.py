@@ -1,4 +1,4 @@
-"""Gathering what `podcert audit` looks at into a `bundles.audit.Snapshot`.
+"""Gathering what `podcert audit` looks at into a `audit.model.Snapshot`.
 
 The audit itself is pure; this is its edge: reading a node's projected volumes the way a pod sees
 them (through each volume's `..data` symlink, one consistent version per volume), the signer's
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from bundles.audit import TrustSource, VolumeFiles
+from audit.model import TrustSource, VolumeFiles
 from bundles.formats import MAX_BUNDLE_BYTES
 
 if TYPE_CHECKING:

@@ -1,0 +1,291 @@
+"""Reading the cluster's objects and joining every input per pod projection.
+
+A projection is one podCertificate source of one pod; files on a node, requests and audit log
+entries are attached to it by pod UID, volume, path, serial and request UID, whichever the inputs
+carry. Each join is made only from what was given.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cryptography import x509
+
+from audit.examine import DiskCredential, VolumeFacts
+from audit.model import JSON, Settings, Snapshot
+from podcert import pcrs
+from podcert.auditlog import AuditLogError, Entry, iter_entries
+from podcert.pcrs import terminal_condition
+from podcert.times import parse_time
+
+# --- the cluster's objects ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A podCertificate source in a pod's spec."""
+
+    volume: str
+    index: int
+    signer_name: str
+    paths: tuple[str, ...]  # bundle, key and chain paths that are set
+    shown_path: str | None  # the bundle, else the chain
+
+
+@dataclass(frozen=True)
+class Request:
+    uid: str
+    namespace: str
+    name: str
+    pod_uid: str
+    pod_name: str
+    signer_name: str
+    node_name: str
+    created: dt.datetime | None
+    outcome: Literal["Issued", "Denied", "Failed"] | None
+    message: str
+    chain: tuple[x509.Certificate, ...]
+    begin_refresh_at: dt.datetime | None
+    service_account: str = ""
+    issued_at: dt.datetime | None = None  # the Issued condition's time, written by the signer
+
+
+def _str(obj: object, *path: str) -> str:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, Mapping) else None
+    return obj if isinstance(obj, str) else ""
+
+
+def _sources(pod: JSON) -> list[_Source]:
+    found: list[_Source] = []
+    volumes = (pod.get("spec") or {}).get("volumes")
+    for volume in volumes if isinstance(volumes, list) else ():
+        if not isinstance(volume, Mapping):
+            continue
+        sources = (volume.get("projected") or {}).get("sources")
+        for index, source in enumerate(sources if isinstance(sources, list) else ()):
+            cert = source.get("podCertificate") if isinstance(source, Mapping) else None
+            if not isinstance(cert, Mapping):
+                continue
+            bundle = _str(cert, "credentialBundlePath")
+            chain = _str(cert, "certificateChainPath")
+            paths = tuple(p for p in (bundle, _str(cert, "keyPath"), chain) if p)
+            found.append(
+                _Source(
+                    _str(volume, "name"),
+                    index,
+                    _str(cert, "signerName"),
+                    paths,
+                    bundle or chain or None,
+                )
+            )
+    return found
+
+
+def request_from_api(pcr: JSON) -> Request | None:
+    meta, spec, status = pcr.get("metadata"), pcr.get("spec"), pcr.get("status") or {}
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return None
+    condition = terminal_condition(status)
+    outcome = pcrs.outcome(pcr)
+    chain: tuple[x509.Certificate, ...] = ()
+    pem = status.get("certificateChain") if isinstance(status, Mapping) else None
+    if outcome == "Issued" and isinstance(pem, str):
+        try:
+            chain = tuple(x509.load_pem_x509_certificates(pem.encode()))
+        except ValueError:
+            chain = ()  # the API server checked it on write; a broken one is not ours to judge
+    message = f"{condition[1]}: {condition[2]}".strip(": ") if condition else ""
+    return Request(
+        uid=_str(meta, "uid"),
+        namespace=_str(meta, "namespace"),
+        name=_str(meta, "name"),
+        pod_uid=_str(spec, "podUID"),
+        pod_name=_str(spec, "podName"),
+        signer_name=_str(spec, "signerName"),
+        node_name=_str(spec, "nodeName"),
+        created=parse_time(meta.get("creationTimestamp")),
+        outcome=outcome,
+        message=message,
+        chain=chain,
+        begin_refresh_at=parse_time(
+            status.get("beginRefreshAt") if isinstance(status, Mapping) else None
+        ),
+        service_account=_str(spec, "serviceAccountName"),
+        issued_at=_issued_at(status) if outcome == "Issued" else None,
+    )
+
+
+def _issued_at(status: object) -> dt.datetime | None:
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for cond in conditions if isinstance(conditions, list) else ():
+        if isinstance(cond, Mapping) and cond.get("type") == "Issued":
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
+
+
+def readable_entries(lines: Sequence[bytes]) -> list[Entry]:
+    """The entries that parse; `verify` reports the ones that do not."""
+    found: list[Entry] = []
+    for line in lines:
+        try:
+            found.extend(iter_entries([line]))
+        except AuditLogError:
+            continue
+    return found
+
+
+# --- joining ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Proj:
+    """A projection being assembled from the inputs (mutable while joining)."""
+
+    pod_uid: str
+    namespace: str | None = None
+    pod: str | None = None
+    node: str | None = None
+    service_account: str | None = None
+    volume: str | None = None
+    path: str | None = None
+    signer_name: str | None = None
+    paths: tuple[str, ...] = ()
+    disk: DiskCredential | None = None
+    requests: list[Request] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
+
+
+def join(
+    snapshot: Snapshot,
+    facts: Sequence[VolumeFacts],
+    requests: Sequence[Request],
+    entries: Sequence[Entry],
+) -> list[Proj]:
+    projections: list[Proj] = []
+    by_volume: dict[tuple[str, str], list[Proj]] = defaultdict(list)
+    by_pod: dict[str, list[Proj]] = defaultdict(list)
+
+    def add(proj: Proj) -> Proj:
+        projections.append(proj)
+        by_pod[proj.pod_uid].append(proj)
+        if proj.volume is not None:
+            by_volume[proj.pod_uid, proj.volume].append(proj)
+        return proj
+
+    for pod in snapshot.pods or ():
+        meta = pod.get("metadata") or {}
+        uid, namespace, name = _str(meta, "uid"), _str(meta, "namespace"), _str(meta, "name")
+        if not uid:
+            continue
+        for source in _sources(pod):
+            add(
+                Proj(
+                    uid,
+                    namespace=namespace,
+                    pod=name,
+                    node=_str(pod, "spec", "nodeName") or None,
+                    service_account=_str(pod, "spec", "serviceAccountName") or None,
+                    volume=source.volume,
+                    path=source.shown_path,
+                    signer_name=source.signer_name or None,
+                    paths=source.paths,
+                )
+            )
+
+    # Files on disk: to the pod source that names the file, else a projection of their own.
+    for volume in facts:
+        for credential in volume.credentials:
+            owner = next(
+                (
+                    p
+                    for p in by_volume.get((volume.pod_uid, volume.volume), ())
+                    if credential.path in p.paths or credential.key_path in p.paths
+                ),
+                None,
+            )
+            if owner is None:
+                owner = add(Proj(volume.pod_uid, volume=volume.volume, path=credential.path))
+            if owner.disk is None or (owner.disk.cert is None and credential.cert is not None):
+                owner.disk = credential
+
+    # Requests: to the pod's projection for that signer (by key when several could match).
+    request_owner: dict[str, Proj] = {}
+    for request in sorted(
+        requests, key=lambda r: r.created or dt.datetime.min.replace(tzinfo=dt.UTC)
+    ):
+        candidates = [
+            p
+            for p in by_pod.get(request.pod_uid, ())
+            if p.signer_name in (None, request.signer_name)
+        ]
+        owner = _pick(candidates, request)
+        if owner is None:
+            owner = add(Proj(request.pod_uid, signer_name=request.signer_name))
+        owner.requests.append(request)
+        owner.signer_name = owner.signer_name or request.signer_name
+        owner.namespace = owner.namespace or request.namespace
+        owner.pod = owner.pod or request.pod_name
+        owner.node = owner.node or request.node_name
+        owner.service_account = owner.service_account or request.service_account or None
+        request_owner[request.uid] = owner
+
+    # Audit log entries: by request UID, by the serial on disk, then by (namespace, pod, signer).
+    by_serial = {
+        p.disk.cert.serial: p for p in projections if p.disk is not None and p.disk.cert is not None
+    }
+    for entry in entries:
+        owner = request_owner.get(entry.uid)
+        if owner is None and entry.serial:
+            owner = by_serial.get(norm_serial(entry.serial))
+        if owner is not None:
+            owner.signer_name = owner.signer_name or entry.signer_name
+            owner.namespace = owner.namespace or entry.namespace
+            owner.pod = owner.pod or entry.pod
+            owner.node = owner.node or entry.node
+    by_name: dict[tuple[str, str, str], Proj] = {}
+    for proj in projections:
+        if proj.namespace and proj.pod and proj.signer_name:
+            by_name.setdefault((proj.namespace, proj.pod, proj.signer_name), proj)
+    for entry in entries:
+        owner = request_owner.get(entry.uid) or by_name.get(
+            (entry.namespace, entry.pod, entry.signer_name)
+        )
+        if owner is not None:
+            owner.entries.append(entry)
+    return projections
+
+
+def _pick(candidates: list[Proj], request: Request) -> Proj | None:
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    if request.chain:
+        serial = f"{request.chain[0].serial_number:x}"
+        for proj in candidates:
+            if (
+                proj.disk is not None
+                and proj.disk.cert is not None
+                and proj.disk.cert.serial == serial
+            ):
+                return proj
+    named = [p for p in candidates if p.signer_name == request.signer_name]
+    return (named or candidates)[0]
+
+
+def norm_serial(serial: str) -> str:
+    try:
+        return f"{int(serial, 16):x}"
+    except ValueError:
+        return serial
+
+
+def selected(proj: Proj, settings: Settings) -> bool:
+    if settings.namespaces and proj.namespace not in settings.namespaces:
+        return False
+    if settings.signer_names and proj.signer_name not in settings.signer_names:
+        return False
+    return not (settings.node_name and proj.node not in (None, settings.node_name))
