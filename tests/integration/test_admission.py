@@ -195,3 +195,107 @@ def test_the_webhook_refuses_what_the_signer_would_deny_anyway(
 
     message = eventually(attempt, timeout=15)
     assert "UnknownAnnotation" in message and "evil.example/escalate" in message
+
+
+# --- issue 18, item 8: the webhook port is no oracle -------------------------------------------
+
+
+def _post(port: int, ca_pem: bytes, body: bytes) -> tuple[int, dict[str, Any]]:
+    """POST straight to the webhook, as anyone who can reach its port could."""
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    request = urllib.request.Request(
+        f"https://localhost:{port}/validate-podcertificaterequests",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as resp:  # noqa: S310
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def _review(user: str, pcr: dict[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "forged-1",
+                "kind": {
+                    "group": "certificates.k8s.io",
+                    "version": "v1",
+                    "kind": "PodCertificateRequest",
+                },
+                "resource": {
+                    "group": "certificates.k8s.io",
+                    "version": "v1",
+                    "resource": "podcertificaterequests",
+                },
+                "operation": "CREATE",
+                "userInfo": {"username": user},
+                "object": pcr,
+            },
+        }
+    ).encode()
+
+
+def test_a_forged_review_learns_nothing_and_hostile_bodies_get_typed_answers(
+    devcluster: DevCluster, webhook: Any
+) -> None:
+    import base64
+
+    port = next(int(a.split("=", 1)[1]) for a in webhook.args if a.startswith("--webhook-port="))
+    secret = Rest(devcluster.admin).request(
+        "GET", path_of("v1", "secrets", "podcert-adm", "podcert-ca")
+    )
+    ca_pem = base64.b64decode(secret["data"]["ca.crt"])
+    ns = devcluster.namespace("adm-oracle")
+    pod = make_pod(devcluster, ns, "victim", WEBHOOK_SIGNER)
+    key = keys.generate("ECDSAP256")
+    spec = pcr_spec(devcluster, pod, WEBHOOK_SIGNER, key)
+    real = {spec["podUID"], spec["nodeUID"], spec["serviceAccountUID"]}
+    # The attacker guesses UIDs and poses as the node.
+    guessed = {
+        **spec,
+        "podUID": "11111111-1111-1111-1111-111111111111",
+        "nodeUID": "22222222-2222-2222-2222-222222222222",
+        "serviceAccountUID": "33333333-3333-3333-3333-333333333333",
+    }
+    pcr = {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "PodCertificateRequest",
+        "metadata": {"namespace": ns, "generateName": "req-"},
+        "spec": guessed,
+    }
+
+    status, answer = _post(port, ca_pem, _review(f"system:node:{spec['nodeName']}", pcr))
+
+    assert status == 200
+    verdict = answer["response"]
+    assert verdict["allowed"] is False
+    text = str(verdict)
+    assert not any(uid in text for uid in real), text  # nothing the caller did not send
+    assert "PodBindingMismatch" in verdict["status"]["message"]
+
+    # Hostile bodies: a typed 400/413 each, one log line, no traceback.
+    deep = b"[" * 5000 + b"]" * 5000
+    cases = {
+        "deep": (deep, 400),
+        "not json": (b"\xff{not json", 400),
+        "not a review": (b'{"apiVersion": "v1", "kind": "Pod"}', 400),
+        "too large": (b'{"a": "' + b"x" * (2 * 1024 * 1024) + b'"}', 413),
+    }
+    for name, (body, expected) in cases.items():
+        status, answer = _post(port, ca_pem, body)
+        assert status == expected, (name, status, answer)
+    log = webhook.output()
+    assert "Traceback" not in log and "RecursionError" not in log
