@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import kube, processes
+from devcluster import kube
 from devcluster.cluster import free_port
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim import keys
 from podcert.rest import ApiError, Rest, path_of
+from tests.integration.conftest import StartSigner
 from tests.integration.helpers import create_pcr, make_pod, pcr_spec, request_as_node
 
 WEBHOOK_SIGNER = "adm.podcert.dev/webhook"
@@ -57,20 +58,15 @@ def grant_create(devcluster: DevCluster, user: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def webhook(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def webhook(devcluster: DevCluster, start_signer: StartSigner) -> Iterator[Any]:
     port = free_port()
-    proc = processes.signer(
-        devcluster.root,
-        tmp_path_factory.mktemp("webhook"),
-        [WEBHOOK_SIGNER],
+    proc = start_signer(
+        WEBHOOK_SIGNER,
         namespace="podcert-adm",
-        extra=[
-            f"--webhook-port={port}",
-            "--webhook-host=127.0.0.1",
-            "--webhook-dns-name=localhost",
-        ],
-    ).start()
-    proc.wait_ready()
+        webhook_port=port,
+        webhook_host="127.0.0.1",
+        webhook_dns_name="localhost",
+    )
     secret = Rest(devcluster.admin).request(
         "GET", path_of("v1", "secrets", "podcert-adm", "podcert-ca")
     )
@@ -87,7 +83,6 @@ def webhook(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) ->
         yield proc
     finally:
         kube.delete(devcluster.admin, [config])
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

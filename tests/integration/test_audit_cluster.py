@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from devcluster import processes
 from devcluster.cluster import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.storage import AtomicDirStorage, FileSpec
 from podcert.cli import main
 from podcert.rest import Rest, path_of
+from tests.integration.conftest import StartSigner
 from tests.integration.helpers import condition, make_pod, request_as_node, settled
 
 SIGNER = "audit.podcert.dev/test"
@@ -34,20 +33,15 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def signer(devcluster: DevCluster, work: Path) -> Iterator[Any]:
-    proc = processes.signer(
-        devcluster.root,
-        work,
-        [SIGNER],
+def signer(start_signer: StartSigner, work: Path) -> Any:
+    # A checkpoint after every line: the log is anchored as soon as it has an entry.
+    return start_signer(
+        SIGNER,
         namespace=NAMESPACE,
-        # A checkpoint after every line: the log is anchored as soon as it has an entry.
-        extra=[f"--audit-log={work / 'audit.jsonl'}", "--audit-checkpoint-every=1"],
-    ).start()
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+        workdir=work,
+        audit_log=work / "audit.jsonl",
+        audit_checkpoint_every=1,
+    )
 
 
 @pytest.fixture(scope="module")

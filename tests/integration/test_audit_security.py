@@ -13,7 +13,6 @@ import datetime as dt
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from kubelet_shim.storage import AtomicDirStorage, FileSpec
 from podcert.cli import main
 from podcert.rest import Rest, path_of
 from signer import auditlog, objects
+from tests.integration.conftest import StartSigner
 from tests.integration.fault_helpers import fill, small_filesystem
 from tests.integration.helpers import PCRS, condition, make_pod, request_as_node, settled
 
@@ -44,20 +44,15 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def signer(devcluster: DevCluster, work: Path) -> Iterator[processes.Signer]:
-    proc = processes.signer(
-        devcluster.root,
-        work,
-        [SIGNER],
+def signer(start_signer: StartSigner, work: Path) -> processes.Signer:
+    # A checkpoint after every entry: each issuance is its own signed prefix to cut back to.
+    return start_signer(
+        SIGNER,
         namespace=NAMESPACE,
-        # A checkpoint after every entry: each issuance is its own signed prefix to cut back to.
-        extra=[f"--audit-log={work / 'audit.jsonl'}", "--audit-checkpoint-every=1"],
-    ).start()
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+        workdir=work,
+        audit_log=work / "audit.jsonl",
+        audit_checkpoint_every=1,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from devcluster.cluster import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.kube import request_rotation
 from podcert.rest import JSON, Rest, path_of
+from tests.integration.conftest import StartShim, StartSigner
 from tests.integration.fault_helpers import (
     KillSwitch,
     compact_etcd,
@@ -60,8 +61,6 @@ BUNDLE = "credentialbundle.pem"
 BURST = 60
 KILL_ROUNDS = 12
 
-StartShim = Callable[..., processes.Shim]
-
 
 @pytest.fixture(scope="module")
 def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
@@ -82,13 +81,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def signer(private: DevCluster, work: Path) -> Iterator[processes.Signer]:
-    proc = processes.signer(private.root, work, [SIGNER], namespace=SIGNER_NAMESPACE).start()
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def signer(start_signer: StartSigner, private: DevCluster, work: Path) -> processes.Signer:
+    return start_signer(SIGNER, namespace=SIGNER_NAMESPACE, cluster=private, workdir=work)
 
 
 @pytest.fixture
@@ -104,16 +98,16 @@ def ns(private: DevCluster) -> str:
 
 
 @pytest.fixture
-def start_shim(private: DevCluster, work: Path, signer: processes.Signer) -> Iterator[StartShim]:
-    """Start a shim for a node (waited ready); every one started is stopped afterwards."""
+def start_shim(
+    start_shim: StartShim, private: DevCluster, work: Path, signer: processes.Signer
+) -> Iterator[StartShim]:
+    """Shims of the private cluster (waited ready), each stopped when its test ends."""
     started: list[processes.Shim] = []
 
-    def start(node: str, *, root: Path | None = None, log_name: str = "", **kw: Any) -> Any:
-        proc = processes.shim(
-            private.root, work, node, root=root or work / f"root-{node}", log_name=log_name, **kw
-        )
+    def start(node: str, **kwargs: Any) -> processes.Shim:
+        proc = start_shim(node, cluster=private, workdir=work, **kwargs)
         started.append(proc)
-        return proc.start().wait_ready()
+        return proc
 
     yield start
     for proc in started:

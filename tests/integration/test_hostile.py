@@ -30,6 +30,7 @@ from devcluster import kube, processes
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim import keys
 from podcert.rest import JSON, ApiError
+from tests.integration.conftest import StartSigner
 from tests.integration.helpers import condition, create_pcr, make_pod, pcr_spec, settled
 from tests.integration.shim_helpers import (
     Shim,
@@ -70,20 +71,11 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def signer(devcluster: DevCluster, work: Path) -> Iterator[processes.Signer]:
+def signer(start_signer: StartSigner, work: Path) -> processes.Signer:
     (work / "policy.yaml").write_text(POLICY)
-    proc = processes.signer(
-        devcluster.root,
-        work,
-        [SIGNER],
-        namespace=SIGNER_NAMESPACE,
-        extra=[f"--policy={work / 'policy.yaml'}"],
-    ).start()
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+    return start_signer(
+        SIGNER, namespace=SIGNER_NAMESPACE, workdir=work, policy=work / "policy.yaml"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from devcluster.testing import DevCluster, eventually
 from kubelet_shim import keys
 from kubelet_shim.kube import ROTATE_ANNOTATION, request_rotation
 from podcert.rest import JSON, ApiError, Rest, path_of
+from tests.integration.conftest import StartSigner
 from tests.integration.helpers import create_pcr, pcr_spec
 from tests.integration.shim_helpers import (
     Shim,
@@ -59,13 +60,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def signer(devcluster: DevCluster, work: Path) -> Iterator[processes.Signer]:
-    proc = processes.signer(devcluster.root, work, [SIGNER], namespace=SIGNER_NAMESPACE).start()
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def signer(start_signer: StartSigner, work: Path) -> processes.Signer:
+    return start_signer(SIGNER, namespace=SIGNER_NAMESPACE, workdir=work)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from devcluster.testing import DevCluster
 from kubelet_shim import keys
 from podcert.rest import Rest, path_of
 from signer import auditlog, model
+from tests.integration.conftest import StartSigner
 from tests.integration.helpers import (
     condition,
     create_pcr,
@@ -48,25 +48,17 @@ signers:
 
 
 @pytest.fixture(scope="module")
-def signer(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def signer(start_signer: StartSigner, tmp_path_factory: pytest.TempPathFactory) -> Any:
     work = tmp_path_factory.mktemp("signer")
     (work / "policy.yaml").write_text(POLICY)
-    proc = processes.signer(
-        devcluster.root,
-        work,
-        [SIGNER],
+    return start_signer(
+        SIGNER,
         namespace="podcert-sig",
-        extra=[
-            f"--policy={work / 'policy.yaml'}",
-            f"--audit-log={work / 'audit.jsonl'}",
-            "--audit-checkpoint-every=50",
-        ],
-    ).start()
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+        workdir=work,
+        policy=work / "policy.yaml",
+        audit_log=work / "audit.jsonl",
+        audit_checkpoint_every=50,
+    )
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from devcluster.cluster import Paths
 from devcluster.testing import DevCluster, eventually
 from podcert.rest import JSON, Rest, path_of
 from signer import trustbundles
+from tests.integration.conftest import StartSigner
 from tests.integration.helpers import condition, make_pod, request_as_node, settled
 
 CTBS = "certificates.k8s.io/v1"
@@ -67,18 +67,8 @@ def ca_command(devcluster: DevCluster, namespace: str, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def rotating(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    proc = processes.signer(
-        devcluster.root,
-        tmp_path_factory.mktemp("rotation"),
-        ["rot.podcert.dev/main"],
-        namespace="podcert-rot",
-    ).start()
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def rotating(start_signer: StartSigner) -> Any:
+    return start_signer("rot.podcert.dev/main", namespace="podcert-rot")
 
 
 def test_the_signer_publishes_its_roots_and_repairs_a_deleted_bundle(
