@@ -1,0 +1,133 @@
+"""The Pod Certificates API's key types, in one table: what each name means, how a node makes
+such a key, and what its stub PKCS#10 request is signed with.
+
+`KeyType` lists the API's names and `_spec` gives each its row; `assert_never` makes mypy refuse
+a name without a row, and the Literal refuses a row without a name. A new key type is one line in
+`KeyType` and one `case` here. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal, assert_never, get_args
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
+
+KeyType = Literal["RSA3072", "RSA4096", "ECDSAP256", "ECDSAP384", "ECDSAP521", "ED25519"]
+# In the API's order.
+KEY_TYPES: Final[tuple[KeyType, ...]] = get_args(KeyType)
+
+PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
+PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
+
+Algorithm = Literal["RSA", "ECDSA", "Ed25519"]
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    algorithm: Algorithm
+    bits: int  # RSA modulus size, or the curve's size
+    curve: str | None  # the curve's name as cryptography reports it (ECDSA only)
+    # What the key signs its stub CSR with: the digest matched to its strength; None for
+    # Ed25519, which hashes internally.
+    digest: type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512] | None
+    # The order in which a signer suggests a key type it accepts (1 first).
+    preference: int
+
+
+def _spec(key_type: KeyType) -> KeySpec:
+    match key_type:
+        case "ECDSAP256":
+            return KeySpec("ECDSA", 256, "secp256r1", hashes.SHA256, 1)
+        case "ED25519":
+            return KeySpec("Ed25519", 256, None, None, 2)
+        case "ECDSAP384":
+            return KeySpec("ECDSA", 384, "secp384r1", hashes.SHA384, 3)
+        case "ECDSAP521":
+            return KeySpec("ECDSA", 521, "secp521r1", hashes.SHA512, 4)
+        case "RSA3072":
+            return KeySpec("RSA", 3072, None, hashes.SHA256, 5)
+        case "RSA4096":
+            return KeySpec("RSA", 4096, None, hashes.SHA256, 6)
+        case _:
+            assert_never(key_type)
+
+
+KEY_SPECS: Final[Mapping[KeyType, KeySpec]] = {key_type: _spec(key_type) for key_type in KEY_TYPES}
+# Best first: what a signer suggests when it refuses a request's key type.
+BY_PREFERENCE: Final[tuple[KeyType, ...]] = tuple(
+    sorted(KEY_TYPES, key=lambda key_type: KEY_SPECS[key_type].preference)
+)
+_CURVES: Final[Mapping[str, ec.EllipticCurve]] = {
+    "secp256r1": ec.SECP256R1(),
+    "secp384r1": ec.SECP384R1(),
+    "secp521r1": ec.SECP521R1(),
+}
+
+
+def generate(key_type: KeyType) -> PrivateKey:
+    """A new private key of `key_type` (ValueError for a name the API does not define)."""
+    spec = KEY_SPECS.get(key_type)
+    if spec is None:
+        raise ValueError(
+            f"keyType: unsupported key type {key_type!r}; one of {', '.join(KEY_TYPES)}"
+        )
+    if spec.algorithm == "RSA":
+        return rsa.generate_private_key(public_exponent=65537, key_size=spec.bits)
+    if spec.algorithm == "ECDSA":
+        assert spec.curve is not None
+        return ec.generate_private_key(_CURVES[spec.curve])
+    return ed25519.Ed25519PrivateKey.generate()
+
+
+def key_type_of(public_key: object) -> KeyType | None:
+    """The API's name for `public_key`'s type, or None when the API does not define it."""
+    if isinstance(public_key, rsa.RSAPublicKey):
+        algorithm: Algorithm = "RSA"
+        bits, curve = public_key.key_size, None
+    elif isinstance(public_key, ec.EllipticCurvePublicKey):
+        algorithm, bits, curve = "ECDSA", public_key.curve.key_size, public_key.curve.name
+    elif isinstance(public_key, ed25519.Ed25519PublicKey):
+        algorithm, bits, curve = "Ed25519", 256, None
+    else:
+        return None
+    for key_type, spec in KEY_SPECS.items():
+        if (spec.algorithm, spec.bits, spec.curve) == (algorithm, bits, curve):
+            return key_type
+    return None
+
+
+def stub_csr(key: PrivateKey) -> bytes:
+    """DER of an empty-subject PKCS#10 request signed by `key`: what the node sends as
+    stubPKCS10Request to prove it holds the key. A key of no API type (tests make them, for a
+    signer to refuse) signs with SHA-256."""
+    key_type = key_type_of(key.public_key())
+    if key_type is not None:
+        digest = KEY_SPECS[key_type].digest
+    elif isinstance(key, ed25519.Ed25519PrivateKey):
+        digest = None
+    else:
+        digest = hashes.SHA256
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([]))
+        .sign(key, digest() if digest is not None else None)
+    )
+    return csr.public_bytes(serialization.Encoding.DER)
+
+
+def spki_der(public_key: PublicKeyTypes) -> bytes:
+    """SubjectPublicKeyInfo DER: how the API server compares an issued leaf's key with the
+    requested one, and how we do."""
+    return public_key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def public_der(key: PrivateKey) -> bytes:
+    """`spki_der` of a private key's public half."""
+    return spki_der(key.public_key())
