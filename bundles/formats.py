@@ -19,22 +19,18 @@ from typing import Final
 from cryptography import x509
 from cryptography.exceptions import InternalError, InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
-from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
+from cryptography.hazmat.primitives.asymmetric import ed448
 
 from bundles.spiffe import CertificateIdError, SpiffeId, spiffe_id_of
+from podcert.api import keys
 
 # A credential bundle is a key and a short chain; a trust bundle a few dozen CAs. Anything far
 # larger is an accident or an attack, and is refused before any parsing work is done.
 MAX_BUNDLE_BYTES: Final = 4 * 1024 * 1024
 
-# The key types a TLS stack can sign with (the Pod Certificates API allows RSA, ECDSA, Ed25519).
-PrivateKey = (
-    rsa.RSAPrivateKey
-    | ec.EllipticCurvePrivateKey
-    | ed25519.Ed25519PrivateKey
-    | ed448.Ed448PrivateKey
-)
+# The keys a credential may hold: the Pod Certificates API's key types, and Ed448, which TLS
+# stacks sign with too.
+PrivateKey = keys.PrivateKey | ed448.Ed448PrivateKey
 
 _KEY_LABEL: Final = "PRIVATE KEY"  # PKCS#8 PrivateKeyInfo, unencrypted
 _ENCRYPTED_KEY_LABEL: Final = "ENCRYPTED PRIVATE KEY"
@@ -184,13 +180,17 @@ def load_trust_bundle(data: bytes) -> TrustBundle:
 
 
 def dump_credential(credential: Credential) -> bytes:
-    """The credential bundle bytes the kubelet would write (for tests and tools)."""
-    key = credential.key.private_bytes(
+    """The credential bundle bytes the kubelet writes: the key block, then the chain, leaf first."""
+    return dump_private_key(credential.key) + dump_certificates(credential.chain)
+
+
+def dump_private_key(key: PrivateKey) -> bytes:
+    """One unencrypted PKCS#8 `PRIVATE KEY` block: a key file, or a credential bundle's start."""
+    return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    return key + dump_certificates(credential.chain)
 
 
 def dump_certificates(certificates: Iterable[x509.Certificate]) -> bytes:
@@ -401,20 +401,14 @@ def _tlv(der: bytes, offset: int) -> tuple[int, int, int] | None:
     return (tag, start, end) if end <= len(der) else None
 
 
-def _spki(public_key: PublicKeyTypes) -> bytes:
-    return public_key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-
-
 def _check_key_matches(key: PrivateKey, leaf: x509.Certificate) -> None:
     try:
-        leaf_spki = _spki(leaf.public_key())
+        leaf_spki = keys.spki_der(leaf.public_key())
     except (ValueError, UnsupportedAlgorithm):
         raise MalformedCertificateError(
             f"leaf {describe(leaf)} has a public key that cannot be decoded"
         ) from None
-    if _spki(key.public_key()) != leaf_spki:
+    if keys.spki_der(key.public_key()) != leaf_spki:
         raise KeyMismatchError(f"the private key does not belong to leaf {describe(leaf)}")
 
 

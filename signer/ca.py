@@ -21,18 +21,16 @@ from typing import Final, Literal
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
+from bundles.formats import dump_private_key
+from podcert.api import keys
 from signer import certs, model
 
-CAKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
+CAKey = keys.PrivateKey
+# The API's key types a CA may have.
 CAKeyType = Literal["ECDSAP256", "ECDSAP384", "RSA3072", "RSA4096", "ED25519"]
-
-_CURVES: Final[dict[str, ec.EllipticCurve]] = {
-    "ECDSAP256": ec.SECP256R1(),
-    "ECDSAP384": ec.SECP384R1(),
-}
 
 # Secret data keys.
 TLS_CRT: Final = "tls.crt"
@@ -62,18 +60,6 @@ class CABundle:
         return self.intermediate.not_valid_after_utc
 
 
-def generate_key(key_type: CAKeyType) -> CAKey:
-    if key_type in _CURVES:
-        return ec.generate_private_key(_CURVES[key_type])
-    if key_type == "RSA3072":
-        return rsa.generate_private_key(public_exponent=65537, key_size=3072)
-    if key_type == "RSA4096":
-        return rsa.generate_private_key(public_exponent=65537, key_size=4096)
-    if key_type == "ED25519":
-        return ed25519.Ed25519PrivateKey.generate()
-    raise ValueError(f"unsupported CA key type {key_type!r}")
-
-
 def new_ca(
     common_name_prefix: str,
     now: dt.datetime,
@@ -84,7 +70,7 @@ def new_ca(
     backdate: dt.timedelta = DEFAULT_BACKDATE,
 ) -> CABundle:
     """A fresh root and an intermediate under it, both valid from `now` (minus `backdate`)."""
-    root_key = generate_key(key_type)
+    root_key = keys.generate(key_type)
     not_before = certs.truncate_to_second(now - backdate)
     root = _ca_certificate(
         subject=_name(f"{common_name_prefix} root"),
@@ -124,7 +110,7 @@ def new_intermediate(
         raise CAError(f"{CA_KEY}: the root key is not available, so no intermediate can be made")
     if common_name_prefix is None:
         common_name_prefix = _common_name(bundle.root).removesuffix(" root")
-    key = generate_key(key_type)
+    key = keys.generate(key_type)
     intermediate = _ca_certificate(
         subject=_name(
             f"{common_name_prefix} intermediate {now.astimezone(dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
@@ -152,11 +138,11 @@ def to_secret_data(bundle: CABundle) -> dict[str, bytes]:
     """The bundle as Kubernetes Secret data (raw bytes; the API client base64-encodes)."""
     data = {
         TLS_CRT: bundle.intermediate.public_bytes(serialization.Encoding.PEM),
-        TLS_KEY: _pkcs8(bundle.intermediate_key),
+        TLS_KEY: dump_private_key(bundle.intermediate_key),
         CA_CRT: bundle.root.public_bytes(serialization.Encoding.PEM),
     }
     if bundle.root_key is not None:
-        data[CA_KEY] = _pkcs8(bundle.root_key)
+        data[CA_KEY] = dump_private_key(bundle.root_key)
     return data
 
 
@@ -196,7 +182,7 @@ def from_secret_data(data: Mapping[str, bytes]) -> CABundle:
 def _ca_certificate(
     *,
     subject: x509.Name,
-    public_key: rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey,
+    public_key: keys.PublicKey,
     issuer: x509.Certificate | None,
     issuer_key: CAKey,
     not_before: dt.datetime,
@@ -251,14 +237,6 @@ def _common_name(cert: x509.Certificate) -> str:
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     value = names[0].value if names else cert.subject.rfc4514_string()
     return value if isinstance(value, str) else value.decode("utf-8", "replace")
-
-
-def _pkcs8(key: CAKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
 
 
 def _same(a: x509.Certificate, b: x509.Certificate) -> bool:

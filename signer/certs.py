@@ -22,11 +22,9 @@ from cryptography.hazmat.primitives.asymmetric.types import (
 )
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from podcert.api.lifetimes import REFRESH_MARGIN
 from podcert.auditlog import AUDIT_SIGNING_EKU, AUDIT_SPIFFE_PATH
 from signer import model
-
-# The API server requires beginRefreshAt in [notBefore + 10 min, notAfter - 10 min].
-REFRESH_MARGIN = dt.timedelta(minutes=10)
 
 
 def sign_leaf(plan: model.LeafPlan, ca: model.IssuingCA, serial: int) -> str:

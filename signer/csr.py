@@ -9,25 +9,16 @@ the decision turns that into a Deny. Pure: no I/O, no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
+from podcert.api.keys import KEY_TYPES, KeyType, key_type_of
 from signer import model
 
-KeyType = Literal["RSA3072", "RSA4096", "ECDSAP256", "ECDSAP384", "ECDSAP521", "ED25519"]
-# The key types the Pod Certificates API defines, in the API's order.
-KEY_TYPES: Final[tuple[KeyType, ...]] = get_args(KeyType)
-
-_CURVES: Final[dict[str, KeyType]] = {
-    "secp256r1": "ECDSAP256",
-    "secp384r1": "ECDSAP384",
-    "secp521r1": "ECDSAP521",
-}
-_RSA_SIZES: Final[dict[int, KeyType]] = {3072: "RSA3072", 4096: "RSA4096"}
 _SUPPORTED: Final = ", ".join(KEY_TYPES)
 
 
@@ -59,17 +50,6 @@ def parse_public_key(request: model.Request) -> ParsedKey:
         model.INVALID_REQUEST,
         "The request carries neither a stub PKCS#10 request nor a PKIX public key.",
     )
-
-
-def key_type_of(public_key: object) -> KeyType | None:
-    """The API key type name of `public_key`, or None when the API does not define it."""
-    if isinstance(public_key, rsa.RSAPublicKey):
-        return _RSA_SIZES.get(public_key.key_size)
-    if isinstance(public_key, ec.EllipticCurvePublicKey):
-        return _CURVES.get(public_key.curve.name)
-    if isinstance(public_key, ed25519.Ed25519PublicKey):
-        return "ED25519"
-    return None
 
 
 def _from_csr(der: bytes) -> ParsedKey:

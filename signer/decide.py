@@ -13,31 +13,21 @@ import datetime as dt
 import re
 from typing import Final
 
-from signer import certs, csr, model
-from signer.policy import (
-    MAX_LIFETIME_SECONDS,
-    MIN_LIFETIME_SECONDS,
-    SignerPolicy,
-    is_dns_name,
-    parse_annotations,
-    show,
+from podcert.api.keys import BY_PREFERENCE, KEY_TYPES
+from podcert.api.lifetimes import (
+    MAX_MAX_EXPIRATION_SECONDS,
+    MIN_LIFETIME,
+    MIN_MAX_EXPIRATION_SECONDS,
+    max_expiration_allowed,
 )
+from signer import certs, csr, model
+from signer.policy import SignerPolicy, is_dns_name, parse_annotations, show
 
 # Retry reasons (for logs and metrics; the request stays pending).
 CA_NOT_LOADED: Final = "CANotLoaded"
 CA_NOT_YET_VALID: Final = "CANotYetValid"
 CA_TOO_SHORT: Final = "CATooShort"
 
-MIN_LIFETIME: Final = dt.timedelta(seconds=MIN_LIFETIME_SECONDS)
-# The key types to suggest when a request's type is refused, best first.
-_PREFERRED_KEY_TYPES: Final[tuple[csr.KeyType, ...]] = (
-    "ECDSAP256",
-    "ED25519",
-    "ECDSAP384",
-    "ECDSAP521",
-    "RSA3072",
-    "RSA4096",
-)
 _DNS_LABEL: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
@@ -138,10 +128,10 @@ def decide(
 def _check_spec(request: model.Request) -> model.Deny | None:
     """Fields the API server normally guarantees; checked again because they reach the SAN."""
     seconds = request.max_expiration_seconds
-    if not MIN_LIFETIME_SECONDS <= seconds <= MAX_LIFETIME_SECONDS:
+    if not max_expiration_allowed(seconds):
         return _invalid(
-            f"maxExpirationSeconds is {seconds}; it must be between {MIN_LIFETIME_SECONDS} "
-            f"and {MAX_LIFETIME_SECONDS}."
+            f"maxExpirationSeconds is {seconds}; it must be between {MIN_MAX_EXPIRATION_SECONDS} "
+            f"and {MAX_MAX_EXPIRATION_SECONDS}."
         )
     for field_name, value in (
         ("podUID", request.pod_uid),
@@ -223,8 +213,8 @@ def _invalid(message: str) -> model.Deny:
 
 
 def _allowed(policy: SignerPolicy) -> str:
-    return ", ".join(k for k in csr.KEY_TYPES if k in policy.key_types)
+    return ", ".join(k for k in KEY_TYPES if k in policy.key_types)
 
 
 def _suggest(policy: SignerPolicy) -> str:
-    return next((k for k in _PREFERRED_KEY_TYPES if k in policy.key_types), "ECDSAP256")
+    return next((k for k in BY_PREFERENCE if k in policy.key_types), "ECDSAP256")

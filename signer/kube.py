@@ -9,12 +9,12 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from podcert.api.events import ObjectRef, event_body
+from podcert.api.versions import group_version
+from podcert.discovery import certificates_versions
 from podcert.rest import JSON, ApiError, Rest, path_of
-from podcert.times import format_time
 
 log = logging.getLogger("podcert.signer")
-
-CERTS_GROUP = "certificates.k8s.io"
 
 
 class SignerKube:
@@ -28,21 +28,12 @@ class SignerKube:
 
     def discover(self) -> str:
         """certificates.k8s.io/v1 where served, else v1beta1 (1.35/1.36 clusters)."""
-        served: dict[str, set[str]] = {}
-        for version in ("v1", "v1beta1"):
-            found = self.rest.get(f"/apis/{CERTS_GROUP}/{version}")
-            served[version] = {str(r.get("name")) for r in (found or {}).get("resources") or []}
-        pcr = [v for v in served if "podcertificaterequests" in served[v]]
-        ctb = [v for v in served if "clustertrustbundles" in served[v]]
-        if not pcr:
-            raise ApiError(404, "NotFound", f"{CERTS_GROUP} serves no podcertificaterequests")
-        self.pcr_version = pcr[0]
-        self.ctb_version = ctb[0] if ctb else self.ctb_version
+        self.pcr_version, ctb = certificates_versions(self.rest)
+        self.ctb_version = ctb or self.ctb_version
         return self.pcr_version
 
     def _pcrs(self, namespace: str | None = None, name: str = "") -> str:
-        gv = f"{CERTS_GROUP}/{self.pcr_version}"
-        return path_of(gv, "podcertificaterequests", namespace, name)
+        return path_of(group_version(self.pcr_version), "podcertificaterequests", namespace, name)
 
     # --- PodCertificateRequests ------------------------------------------------------------
 
@@ -65,7 +56,7 @@ class SignerKube:
         meta = obj["metadata"]
         body = {
             **obj,
-            "apiVersion": f"{CERTS_GROUP}/{self.pcr_version}",
+            "apiVersion": group_version(self.pcr_version),
             "kind": "PodCertificateRequest",
         }
         return self.rest.request(
@@ -106,31 +97,23 @@ class SignerKube:
         """A core/v1 Event on the request (what `kubectl describe` shows). Best effort."""
         meta = pcr.get("metadata") or {}
         namespace = str(meta.get("namespace", "default"))
-        stamp = format_time(now)
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{meta.get('name', 'pcr')}.{uuid.uuid4().hex[:12]}",
-                "namespace": namespace,
-            },
-            "involvedObject": {
-                "apiVersion": f"{CERTS_GROUP}/{self.pcr_version}",
-                "kind": "PodCertificateRequest",
-                "name": meta.get("name"),
-                "namespace": namespace,
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "source": {"component": self.component},
-            "reportingComponent": self.component,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
+        about = ObjectRef(
+            api_version=group_version(self.pcr_version),
+            kind="PodCertificateRequest",
+            namespace=namespace,
+            name=str(meta.get("name") or "pcr"),
+            uid=str(meta.get("uid") or ""),
+            resource_version=meta.get("resourceVersion"),
+        )
+        event = event_body(
+            about,
+            event_type=kind,
+            reason=reason,
+            message=message,
+            now=now,
+            component=self.component,
+            suffix=uuid.uuid4().hex[:12],
+        )
         try:
             self.rest.request("POST", path_of("v1", "events", namespace), body=event)
         except ApiError as err:
@@ -190,7 +173,7 @@ class SignerKube:
     # --- ClusterTrustBundles ---------------------------------------------------------------
 
     def _ctbs(self, name: str = "") -> str:
-        return path_of(f"{CERTS_GROUP}/{self.ctb_version}", "clustertrustbundles", None, name)
+        return path_of(group_version(self.ctb_version), "clustertrustbundles", None, name)
 
     def list_trust_bundles(self, signer_name: str) -> tuple[list[JSON], str]:
         body = self.rest.request(
@@ -207,7 +190,7 @@ class SignerKube:
         """Create the bundle, or replace `existing` (guarded by its resourceVersion)."""
         doc = {
             **body,
-            "apiVersion": f"{CERTS_GROUP}/{self.ctb_version}",
+            "apiVersion": group_version(self.ctb_version),
             "kind": "ClusterTrustBundle",
         }
         if existing is None:

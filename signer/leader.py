@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from podcert.api.times import format_micro_time
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.signer.leader")
@@ -50,10 +51,6 @@ def decide_lease(
     if seen_change_at is None or now - seen_change_at >= settings.duration:
         return "acquire"  # the holder stopped renewing
     return "wait"
-
-
-def _stamp(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class Elector:
@@ -96,11 +93,15 @@ class Elector:
         spec: dict[str, Any] = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(self.settings.duration),
-            "renewTime": _stamp(now),
+            "renewTime": format_micro_time(now),
             "leaseTransitions": transitions,
         }
         old_spec = (lease or {}).get("spec") or {}
-        spec["acquireTime"] = _stamp(now) if acquired else old_spec.get("acquireTime", _stamp(now))
+        spec["acquireTime"] = (
+            format_micro_time(now)
+            if acquired
+            else old_spec.get("acquireTime", format_micro_time(now))
+        )
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if lease is not None:
             meta["resourceVersion"] = lease["metadata"]["resourceVersion"]

@@ -6,14 +6,13 @@ become `ObjectError` naming the field, never a KeyError or TypeError.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from podcert.pcrs import outcome as outcome
-from podcert.times import format_time, parse_time
+from podcert.api import requests
+from podcert.api.requests import outcome as outcome
+from podcert.api.times import format_time
 from signer import model
 
 JSON = dict[str, Any]
@@ -34,47 +33,33 @@ def _str(obj: Mapping[str, Any], path: str, *, required: bool = True) -> str:
     return node
 
 
-def _b64(obj: Mapping[str, Any], field: str) -> bytes:
-    value = obj.get(field)
-    if value in (None, ""):
-        return b""
-    if not isinstance(value, str):
-        raise ObjectError(f"spec.{field}: expected base64 text")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise ObjectError(f"spec.{field}: not valid base64") from None
-
-
 def request_from(pcr: Mapping[str, Any]) -> model.Request:
-    meta = pcr.get("metadata")
-    spec = pcr.get("spec")
-    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
-        raise ObjectError("metadata/spec: missing")
-    annotations = spec.get("unverifiedUserAnnotations") or {}
-    if not isinstance(annotations, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
-    ):
-        raise ObjectError("spec.unverifiedUserAnnotations: expected a map of strings")
-    max_exp = spec.get("maxExpirationSeconds", 86400)
-    if not isinstance(max_exp, int) or isinstance(max_exp, bool):
-        raise ObjectError("spec.maxExpirationSeconds: expected an integer")
+    """The signer's view of a request, read by `podcert.api.requests`; every field the API
+    server always sets must be there (a request without one is denied as InvalidRequest)."""
+    try:
+        parsed = requests.parse_request(pcr)
+    except requests.RequestError as err:
+        raise ObjectError(str(err)) from None
+    missing = requests.missing_field(parsed)
+    if missing is not None:
+        raise ObjectError(f"{missing}: expected a non-empty string")
+    spec = parsed.spec
     return model.Request(
-        namespace=_str(meta, "namespace"),
-        name=_str(meta, "name"),
-        uid=_str(meta, "uid"),
-        signer_name=_str(spec, "signerName"),
-        pod_name=_str(spec, "podName"),
-        pod_uid=_str(spec, "podUID"),
-        service_account_name=_str(spec, "serviceAccountName"),
-        service_account_uid=_str(spec, "serviceAccountUID"),
-        node_name=_str(spec, "nodeName"),
-        node_uid=_str(spec, "nodeUID"),
-        max_expiration_seconds=max_exp,
-        stub_csr=_b64(spec, "stubPKCS10Request"),
-        pkix_public_key=_b64(spec, "pkixPublicKey"),
-        user_annotations=dict(annotations),
-        created=parse_time(meta.get("creationTimestamp")),
+        namespace=parsed.namespace,
+        name=parsed.name,
+        uid=parsed.uid,
+        signer_name=spec.signer_name,
+        pod_name=spec.pod_name,
+        pod_uid=spec.pod_uid,
+        service_account_name=spec.service_account_name,
+        service_account_uid=spec.service_account_uid,
+        node_name=spec.node_name,
+        node_uid=spec.node_uid,
+        max_expiration_seconds=spec.max_expiration_seconds,
+        stub_csr=spec.stub_pkcs10_request,
+        pkix_public_key=spec.pkix_public_key,
+        user_annotations=dict(spec.unverified_user_annotations),
+        created=parsed.created,
     )
 
 

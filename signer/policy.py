@@ -56,14 +56,17 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from podcert.api.keys import KEY_TYPES, KeyType
+from podcert.api.lifetimes import (
+    DEFAULT_MAX_EXPIRATION_SECONDS,
+    MAX_MAX_EXPIRATION_SECONDS,
+    MIN_MAX_EXPIRATION_SECONDS,
+    max_expiration_allowed,
+)
 from podcert.ratelimit import Rate
 from signer import model
-from signer.csr import KEY_TYPES, KeyType
 
-DEFAULT_MAX_LIFETIME: Final = dt.timedelta(seconds=86400)
-# The API's bounds on maxExpirationSeconds; a policy outside them could never be honoured.
-MIN_LIFETIME_SECONDS: Final = 3600
-MAX_LIFETIME_SECONDS: Final = 7862400
+DEFAULT_MAX_LIFETIME: Final = dt.timedelta(seconds=DEFAULT_MAX_EXPIRATION_SECONDS)
 DEFAULT_CLUSTER_DOMAIN: Final = "cluster.local"
 # Bounds of rateLimit.perNode: below one request per 100 s a node could not even start its
 # pods; above these nothing is limited in practice, so a larger value is a typo.
@@ -311,12 +314,13 @@ class _Reader:
         if "maxLifetimeSeconds" in keys:
             value = keys["maxLifetimeSeconds"][1]
             seconds = self.integer(value, f"{path}.maxLifetimeSeconds")
-            if not MIN_LIFETIME_SECONDS <= seconds <= MAX_LIFETIME_SECONDS:
+            # The API's bounds on maxExpirationSeconds: outside them it could never be honoured.
+            if not max_expiration_allowed(seconds):
                 raise self.error(
                     value,
                     f"{path}.maxLifetimeSeconds",
-                    f"{seconds} is out of range; expected {MIN_LIFETIME_SECONDS} (1 h) to "
-                    f"{MAX_LIFETIME_SECONDS} (91 d)",
+                    f"{seconds} is out of range; expected {MIN_MAX_EXPIRATION_SECONDS} (1 h) to "
+                    f"{MAX_MAX_EXPIRATION_SECONDS} (91 d)",
                 )
             policy = dataclasses.replace(policy, max_lifetime=dt.timedelta(seconds=seconds))
         if "keyTypes" in keys:

@@ -25,6 +25,7 @@ from typing import Final, Literal
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from podcert.api.times import format_time, parse_time
 from signer import ca
 
 State = Literal["prepared", "active", "retired"]
@@ -180,15 +181,10 @@ def generation_id(now: dt.datetime, existing: Sequence[Generation]) -> str:
 def _time(value: object, field: str) -> dt.datetime:
     if not isinstance(value, str):
         raise ca.CAError(f"{INDEX_KEY}: {field}: expected an RFC 3339 time")
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ca.CAError(f"{INDEX_KEY}: {field}: {value!r} is not an RFC 3339 time") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
-def _stamp(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    parsed = parse_time(value)
+    if parsed is None:
+        raise ca.CAError(f"{INDEX_KEY}: {field}: {value!r} is not an RFC 3339 time")
+    return parsed
 
 
 def from_secret(data: Mapping[str, bytes], now: dt.datetime) -> list[Generation]:
@@ -245,9 +241,9 @@ def to_secret(generations: Sequence[Generation]) -> dict[str, bytes]:
     for gen in generations:
         for name, value in ca.to_secret_data(gen.bundle).items():
             data[f"{gen.id}.{name}"] = value
-        entry: dict[str, str] = {"id": gen.id, "state": gen.state, "since": _stamp(gen.since)}
+        entry: dict[str, str] = {"id": gen.id, "state": gen.state, "since": format_time(gen.since)}
         if gen.trusted_until is not None:
-            entry["trustedUntil"] = _stamp(gen.trusted_until)
+            entry["trustedUntil"] = format_time(gen.trusted_until)
         index.append(entry)
     data[INDEX_KEY] = json.dumps(index, indent=1).encode()
     current = active(generations)
