@@ -8,7 +8,7 @@ import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from audit.examine import CertFacts, anchor_set, cert_facts
 from audit.join import Proj, Request, norm_serial
@@ -25,7 +25,17 @@ from audit.model import (
     subject_of,
 )
 from audit.trust import TrustIndex
+from podcert.api.credentials import CredentialState, refresh_point
+from podcert.api.credentials import credential_state as api_credential_state
 from podcert.auditlog import Entry
+
+# The API's credential states under the names the audit reports.
+_STATE_NAMES: Final[Mapping[CredentialState, State]] = {
+    "fresh": "fresh",
+    "refresh_due": "refresh due",
+    "overdue_for_refresh": "overdue",
+    "expired": "expired",
+}
 
 # --- judging one projection ---------------------------------------------------------------------
 
@@ -48,10 +58,10 @@ def assess(
     unchecked = anchor_set(())
     request_facts = {r.uid: cert_facts(r.chain, unchecked, now) for r in issued}
 
-    # The current credential: what is on disk, else the newest issued request's leaf.
+    # The current credential: what is on disk, else the newest issued request's leaf; its
+    # refresh point is the one that request gave (beginRefreshAt), else the API's estimate.
     current: CertFacts | None = None
-    refresh_at: dt.datetime | None = None
-    hint: Literal["request", "estimated"] | None = None
+    hinted: Request | None = None
     if proj.disk is not None:
         if proj.disk.cert is None:
             findings.append(
@@ -59,31 +69,28 @@ def assess(
             )
         current = proj.disk.cert
         if current is not None:
-            source = next(
+            hinted = next(
                 (r for r in issued if request_facts[r.uid].serial == current.serial), None
             )
-            if source is not None and source.begin_refresh_at is not None:
-                refresh_at, hint = source.begin_refresh_at, "request"
     elif issued:
-        newest = issued[-1]
-        current = cert_facts(newest.chain, anchor_set(trust.all_der), now)
-        if newest.begin_refresh_at is not None:
-            refresh_at, hint = newest.begin_refresh_at, "request"
-    if current is not None and refresh_at is None:
-        lifetime = current.not_after - current.not_before
-        refresh_at = current.not_before + lifetime * settings.hintless_refresh_fraction
-        hint = "estimated"
-
+        hinted = issued[-1]
+        current = cert_facts(hinted.chain, anchor_set(trust.all_der), now)
+    refresh_at: dt.datetime | None = None
+    hint: Literal["request", "estimated"] | None = None
     credential_state: State | None = None
-    if current is not None and refresh_at is not None:
-        if now >= current.not_after:
-            credential_state = "expired"
-        elif now > refresh_at + settings.overdue_grace:
-            credential_state = "overdue"
-        elif now >= refresh_at:
-            credential_state = "refresh due"
-        else:
-            credential_state = "fresh"
+    if current is not None:
+        given = hinted.begin_refresh_at if hinted is not None else None
+        refresh_at = refresh_point(current.not_before, current.not_after, given)
+        hint = "request" if given is not None and refresh_at == given else "estimated"
+        credential_state = _STATE_NAMES[
+            api_credential_state(
+                current.not_before,
+                current.not_after,
+                refresh_at,
+                now,
+                overdue_grace=settings.overdue_grace,
+            )
+        ]
 
     # The newest request matters when it is newer than the credential: unanswered or refused.
     request_state: State | None = None

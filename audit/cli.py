@@ -33,6 +33,7 @@ from audit.snapshot import (
     read_pod,
     read_trust_files,
 )
+from podcert.api.times import TimeFieldError, parse_zoned_time
 
 EXIT_HEALTHY: Final = 0
 EXIT_FINDINGS: Final = 1
@@ -60,12 +61,9 @@ def duration(text: str) -> dt.timedelta:
 def rfc3339(text: str) -> dt.datetime:
     """An RFC 3339 time with a zone (`2026-05-01T12:00:00Z`): an argparse type."""
     try:
-        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an RFC 3339 time") from None
-    if moment.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +00:00)")
-    return moment
+        return parse_zoned_time(text, "--now")
+    except TimeFieldError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
 
 
 def register(subparsers: Any) -> None:

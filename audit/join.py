@@ -11,16 +11,13 @@ import datetime as dt
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from cryptography import x509
 
 from audit.examine import DiskCredential, VolumeFacts
 from audit.model import JSON, Settings, Snapshot
-from podcert import pcrs
+from podcert.api.requests import Outcome, RequestError, certificates, parse_request
 from podcert.auditlog import AuditLogError, Entry, iter_entries
-from podcert.pcrs import terminal_condition
-from podcert.times import parse_time
 
 # --- the cluster's objects ----------------------------------------------------------------------
 
@@ -46,7 +43,7 @@ class Request:
     signer_name: str
     node_name: str
     created: dt.datetime | None
-    outcome: Literal["Issued", "Denied", "Failed"] | None
+    outcome: Outcome | None
     message: str
     chain: tuple[x509.Certificate, ...]
     begin_refresh_at: dt.datetime | None
@@ -87,45 +84,36 @@ def _sources(pod: JSON) -> list[_Source]:
 
 
 def request_from_api(pcr: JSON) -> Request | None:
-    meta, spec, status = pcr.get("metadata"), pcr.get("spec"), pcr.get("status") or {}
-    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+    """The audit's view of a request, read by `podcert.api.requests`; None for an object of
+    the wrong shape (the API server never returns one)."""
+    try:
+        parsed = parse_request(pcr)
+    except RequestError:
         return None
-    condition = terminal_condition(status)
-    outcome = pcrs.outcome(pcr)
+    status = parsed.status
     chain: tuple[x509.Certificate, ...] = ()
-    pem = status.get("certificateChain") if isinstance(status, Mapping) else None
-    if outcome == "Issued" and isinstance(pem, str):
+    if status.outcome == "Issued" and status.certificate_chain:
         try:
-            chain = tuple(x509.load_pem_x509_certificates(pem.encode()))
-        except ValueError:
+            chain = certificates(status)
+        except RequestError:
             chain = ()  # the API server checked it on write; a broken one is not ours to judge
-    message = f"{condition[1]}: {condition[2]}".strip(": ") if condition else ""
+    message = f"{status.reason}: {status.message}".strip(": ") if status.condition else ""
     return Request(
-        uid=_str(meta, "uid"),
-        namespace=_str(meta, "namespace"),
-        name=_str(meta, "name"),
-        pod_uid=_str(spec, "podUID"),
-        pod_name=_str(spec, "podName"),
-        signer_name=_str(spec, "signerName"),
-        node_name=_str(spec, "nodeName"),
-        created=parse_time(meta.get("creationTimestamp")),
-        outcome=outcome,
+        uid=parsed.uid,
+        namespace=parsed.namespace,
+        name=parsed.name,
+        pod_uid=parsed.spec.pod_uid,
+        pod_name=parsed.spec.pod_name,
+        signer_name=parsed.spec.signer_name,
+        node_name=parsed.spec.node_name,
+        created=parsed.created,
+        outcome=status.outcome,
         message=message,
         chain=chain,
-        begin_refresh_at=parse_time(
-            status.get("beginRefreshAt") if isinstance(status, Mapping) else None
-        ),
-        service_account=_str(spec, "serviceAccountName"),
-        issued_at=_issued_at(status) if outcome == "Issued" else None,
+        begin_refresh_at=status.begin_refresh_at,
+        service_account=parsed.spec.service_account_name,
+        issued_at=status.issued_at,
     )
-
-
-def _issued_at(status: object) -> dt.datetime | None:
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    for cond in conditions if isinstance(conditions, list) else ():
-        if isinstance(cond, Mapping) and cond.get("type") == "Issued":
-            return parse_time(cond.get("lastTransitionTime"))
-    return None
 
 
 def readable_entries(lines: Sequence[bytes]) -> list[Entry]:

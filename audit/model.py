@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from podcert.api.credentials import OVERDUE_GRACE
+from podcert.api.times import format_precise
+
 JSON = Mapping[str, Any]
 
 State = Literal[
@@ -74,7 +77,7 @@ class Settings:
     # A request for a signer name no signer has ever answered is stuck after this long.
     no_signer_grace: dt.timedelta = dt.timedelta(minutes=1)
     # The kubelet's CertificateOverdueForRefresh: this long past the refresh point.
-    overdue_grace: dt.timedelta = dt.timedelta(minutes=10)
+    overdue_grace: dt.timedelta = OVERDUE_GRACE
     # Trust anchors expiring within this window are reported.
     root_expiry_warning: dt.timedelta = dt.timedelta(days=7)
     # Audit log entries not covered by a checkpoint this long after they were written are
@@ -90,8 +93,6 @@ class Settings:
     # Check the audit log's hash chain only, as the operator asked: with no trust roots the
     # checkpoints cannot be tied to the signer, which is otherwise a finding.
     log_chain_only: bool = False
-    # Where the refresh point lies when no request tells it (the kubelet's half-life hint).
-    hintless_refresh_fraction: float = 0.5
     namespaces: frozenset[str] = frozenset()
     signer_names: frozenset[str] = frozenset()
     node_name: str | None = None
@@ -158,6 +159,8 @@ class Projection:
     not_before: dt.datetime | None
     not_after: dt.datetime | None
     begin_refresh_at: dt.datetime | None
+    # "request": the request's beginRefreshAt; "estimated": none known, the API's estimate
+    # (`podcert.api.credentials.refresh_point`), which the shim also follows.
     refresh_hint: Literal["request", "estimated"] | None
     state: State
     rotations: int  # distinct leaves seen for it across requests, audit log and disk
@@ -299,9 +302,7 @@ def _finding_json(finding: Finding) -> dict[str, str]:
 
 
 def fmt_time(moment: dt.datetime | None) -> str | None:
-    if moment is None:
-        return None
-    return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    return None if moment is None else format_precise(moment)
 
 
 def subject_of(

@@ -17,21 +17,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 from audit.model import TrustSource, VolumeFiles
 from bundles.formats import MAX_BUNDLE_BYTES
+from podcert.api import volumes
+from podcert.api.versions import group_version
 
 if TYPE_CHECKING:
     from podcert.rest import Rest
 
-# The kubelet's layout, which the shim's atomic writer reproduces:
-# ROOT/pods/<pod UID>/volumes/kubernetes.io~projected/<volume>/..data -> ..<timestamp>/<files>
-PLUGIN_DIR: Final = "kubernetes.io~projected"
-DATA_DIR: Final = "..data"
-_READ_ATTEMPTS: Final = 5  # re-reads of a volume that rotated while it was being read
 _PEM: Final = b"-----BEGIN "
 _PAGE: Final = 500  # objects per list request
-
-CERTIFICATES_GROUP: Final = "certificates.k8s.io"
-# Newest first: 1.37 serves v1; 1.35/1.36 serve the same objects as v1beta1.
-CERTIFICATES_VERSIONS: Final = ("v1", "v1beta1")
 
 
 class SnapshotError(Exception):
@@ -43,7 +36,7 @@ class SnapshotError(Exception):
 
 def pod_uids(root: Path) -> list[str]:
     """The pods under a kubelet-style root, in a stable order (cheap: one directory listing)."""
-    pods = root / "pods"
+    pods = root / volumes.PODS_DIR
     if not pods.is_dir():
         raise SnapshotError(f"{root} has no pods/ directory: not a kubelet (or shim) root")
     with os.scandir(pods) as entries:
@@ -57,14 +50,14 @@ def read_root(root: Path) -> tuple[VolumeFiles, ...]:
 
 def read_pod(root: Path, pod_uid: str) -> list[VolumeFiles]:
     """The pod's projected volumes that hold PEM files, each one consistent version."""
-    projected = f"{root}/pods/{pod_uid}/volumes/{PLUGIN_DIR}"
+    projected = str(volumes.projected_dir(root, pod_uid))
     try:
         with os.scandir(projected) as entries:
             names = sorted(entry.name for entry in entries if entry.is_dir())
     except (FileNotFoundError, NotADirectoryError):
         return []
-    volumes = (VolumeFiles(pod_uid, name, _read_volume(f"{projected}/{name}")) for name in names)
-    return [volume for volume in volumes if volume.files]
+    found = (VolumeFiles(pod_uid, name, _read_volume(f"{projected}/{name}")) for name in names)
+    return [volume for volume in found if volume.files]
 
 
 def _read_volume(directory: str) -> dict[str, bytes]:
@@ -76,24 +69,29 @@ def _read_volume(directory: str) -> dict[str, bytes]:
     beyond their first bytes: the audit has no business holding them.
     """
     # os-level calls on purpose, here and below: this is the loop over thousands of volumes.
-    data_link = f"{directory}/{DATA_DIR}"
-    for _ in range(_READ_ATTEMPTS):
+    data_link = f"{directory}/{volumes.DATA_DIR}"
+
+    def current() -> str | None:
         try:
-            current = os.readlink(data_link)  # noqa: PTH115
-        except FileNotFoundError:  # not written by an atomic writer: the visible files
-            return _pem_files(directory, "", True)
-        except OSError:
-            break
-        try:
-            files = _pem_files(f"{directory}/{current}", "", False)
+            return os.readlink(data_link)  # noqa: PTH115
         except FileNotFoundError:
-            continue
-        try:
-            if os.readlink(data_link) == current:  # noqa: PTH115
-                return files
-        except OSError:
-            continue
-    return {}
+            return None
+        except OSError as exc:  # `..data` is there but no link: nothing consistent to read
+            raise _Unreadable from exc
+
+    try:
+        files = volumes.read_consistently(
+            current, lambda version: _pem_files(f"{directory}/{version}", "", False)
+        )
+    except (_Unreadable, volumes.VolumeChangingError):
+        return {}
+    if files is None:  # not written by an atomic writer: the visible files
+        return _pem_files(directory, "", True)
+    return files
+
+
+class _Unreadable(Exception):
+    pass
 
 
 def _pem_files(directory: str, prefix: str, skip_hidden: bool) -> dict[str, bytes]:
@@ -164,17 +162,18 @@ def read_cluster(
     Pods are trimmed to what the audit reads (identity, node, projected volumes) so ten thousand
     of them stay small. Raises `podcert.rest.ApiError` when the API server refuses.
     """
-    from podcert.rest import path_of  # the Kubernetes client loads only when the cluster is read
+    # The Kubernetes client loads only when the cluster is read.
+    from podcert.discovery import certificates_versions
+    from podcert.rest import path_of
 
     selector = {"fieldSelector": f"spec.nodeName={node_name}"} if node_name else {}
-    version = _certificates_version(rest)
-    group_version = f"{CERTIFICATES_GROUP}/{version}"
+    pcr_version, ctb_version = certificates_versions(rest)
     pods: list[dict[str, Any]] = []
     requests: list[dict[str, Any]] = []
     for namespace in namespaces or (None,):
         pods += [_trim_pod(p) for p in _list(rest, path_of("v1", "pods", namespace), selector)]
         requests += _list(
-            rest, path_of(group_version, "podcertificaterequests", namespace), selector
+            rest, path_of(group_version(pcr_version), "podcertificaterequests", namespace), selector
         )
     trust = tuple(
         TrustSource(
@@ -182,22 +181,14 @@ def read_cluster(
             str(ctb.get("spec", {}).get("trustBundle", "")).encode(),
             ctb.get("spec", {}).get("signerName") or None,
         )
-        for ctb in _list(rest, path_of(group_version, "clustertrustbundles"), {})
+        for ctb in (
+            _list(rest, path_of(group_version(ctb_version), "clustertrustbundles"), {})
+            if ctb_version is not None
+            else ()
+        )
         if ctb.get("spec", {}).get("signerName")  # unlinked bundles vouch for no signer
     )
     return ClusterObjects(tuple(pods), tuple(requests), trust)
-
-
-def _certificates_version(rest: Rest) -> str:
-    # v1 also serves CertificateSigningRequests, so ask for the resource, not the version.
-    for version in CERTIFICATES_VERSIONS:
-        listing = rest.get(f"/apis/{CERTIFICATES_GROUP}/{version}") or {}
-        names = {r.get("name") for r in listing.get("resources") or () if isinstance(r, dict)}
-        if "podcertificaterequests" in names:
-            return version
-    raise SnapshotError(
-        f"the API server serves no {CERTIFICATES_GROUP} version with PodCertificateRequests"
-    )
 
 
 def _list(rest: Rest, path: str, query: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -25,6 +25,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from bundles.formats import dump_private_key
+from podcert.api import volumes
 from signer import ca, certs, model
 from signer.auditlog import AuditLog, Entry
 
@@ -42,7 +44,7 @@ def generate(root: Path, count: int, now: dt.datetime) -> tuple[Path, Path]:
     trust_path = root / "trust.pem"
     trust_path.write_bytes(trust_pem)
     log_path = root / "audit.jsonl"
-    stamp = now.strftime("..%Y_%m_%d_%H_%M_%S.000000001")
+    stamp = volumes.version_prefix(now) + "000000001"
     not_before = certs.truncate_to_second(now - dt.timedelta(minutes=5))
     with AuditLog(log_path, checkpoint_every=1000, fsync="never") as log:
         audit_key = ec.generate_private_key(ec.SECP256R1())
@@ -70,22 +72,15 @@ def generate(root: Path, count: int, now: dt.datetime) -> tuple[Path, Path]:
             )
             serial = certs.random_serial()
             chain = certs.sign_leaf(plan, issuer, serial)
-            credential = (
-                key.private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-                + chain.encode()
-            )
-            volume = root / "pods" / uid / "volumes" / "kubernetes.io~projected" / "identity"
+            credential = dump_private_key(key) + chain.encode()
+            volume = volumes.volume_dir(root, uid, "identity")
             version = volume / stamp
             version.mkdir(parents=True)
             (version / "credentialbundle.pem").write_bytes(credential)
             (version / "trust-bundle.pem").write_bytes(trust_pem)
-            (volume / "..data").symlink_to(stamp)
+            (volume / volumes.DATA_DIR).symlink_to(stamp)
             for name in ("credentialbundle.pem", "trust-bundle.pem"):
-                (volume / name).symlink_to(f"..data/{name}")
+                (volume / name).symlink_to(volumes.visible_link(name))
             log.append(
                 Entry(
                     time=now,

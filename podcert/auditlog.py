@@ -51,6 +51,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
 
+from podcert.api.times import format_precise
+
 __all__ = [
     "AUDIT_SIGNING_EKU",
     "AUDIT_SPIFFE_PATH",
@@ -171,10 +173,6 @@ def encode_line(obj: dict[str, object]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
-def _format_time(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
-
-
 def _parse_time(value: str, key: str) -> dt.datetime:
     try:
         parsed = dt.datetime.fromisoformat(value)
@@ -190,7 +188,7 @@ def entry_fields(entry: Entry) -> dict[str, object]:
     out: dict[str, object] = {}
     for name in _ENTRY_FIELDS:
         value = getattr(entry, name)
-        out[name] = _format_time(value) if isinstance(value, dt.datetime) else value
+        out[name] = format_precise(value) if isinstance(value, dt.datetime) else value
     return out
 
 
@@ -354,7 +352,7 @@ def _check_checkpoint(
     except (OverflowError, OSError, ValueError):  # which one depends on the platform
         return _Checked([*problems, f"{where} claims an iat that is not a date"])
     if signed_at > now + _MAX_CLOCK_SKEW:
-        problems.append(f"{where} is dated {_format_time(signed_at)}, in the future")
+        problems.append(f"{where} is dated {format_precise(signed_at)}, in the future")
     if problems:
         return _Checked(problems)
     if trust_roots is not None:
