@@ -33,8 +33,8 @@ from typing import Any
 
 from bench.bench_time_to_credential import devcluster, percentile, prepare_namespace
 from devcluster import kube, processes
-from kubelet_shim import keys
-from podcert.pcrs import outcome
+from podcert.api import keys
+from podcert.api.requests import outcome
 from podcert.rest import ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"

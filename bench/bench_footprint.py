@@ -39,7 +39,7 @@ from bench.bench_time_to_credential import (
 )
 from devcluster import kube, processes
 from devcluster.stack import Stack
-from kubelet_shim import keys
+from podcert.api import keys
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"

@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.bench_time_to_credential import component_pids, cpu_of
 from devcluster import cluster, kube, processes
-from kubelet_shim import keys
+from podcert.api import keys
 from podcert.rest import JSON, ApiError, Rest, load_client, path_of
 from signer import ca, certs, model, objects
 from signer.csr import parse_public_key

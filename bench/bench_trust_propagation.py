@@ -28,6 +28,8 @@ from bench.bench_time_to_credential import (
     wait_until,
 )
 from devcluster.stack import BUNDLE, SIGNER_NAMESPACE, TRUST, Stack, identity_volume
+from podcert.api.versions import group_version
+from podcert.discovery import certificates_versions
 from podcert.rest import ApiError, Rest, path_of
 
 TARGET_SECONDS = 5.0
@@ -67,16 +69,10 @@ class FirstChange:
 
 def trust_bundle_path(rest: Rest) -> str:
     """The ClusterTrustBundle collection this API server serves (v1, else v1beta1)."""
-    for version in ("v1", "v1beta1"):
-        path = path_of(f"certificates.k8s.io/{version}", "clustertrustbundles")
-        try:
-            rest.request("GET", path, query={"limit": 1})
-        except ApiError as err:
-            if err.status == 404:
-                continue
-            raise
-        return path
-    raise RuntimeError("the API server serves no ClusterTrustBundles")
+    version = certificates_versions(rest)[1]
+    if version is None:
+        raise RuntimeError("the API server serves no ClusterTrustBundles")
+    return path_of(group_version(version), "clustertrustbundles")
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from cryptography import x509
 
 from devcluster import cluster, kube
 from devcluster.stack import Stack, wait_for
-from kubelet_shim import keys
+from podcert.api import keys
 from podcert.rest import JSON, ApiError, Rest, path_of
 from signer import objects
 

@@ -24,11 +24,11 @@ import yaml
 
 from devcluster import kube
 from devcluster.cluster import free_port
+from podcert.api.volumes import volume_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SIGNER_RBAC = REPO / "manifests" / "signer" / "rbac.yaml"
 DEFAULT_SIGNER = "podcert.dev/workload"
-PROJECTED = "kubernetes.io~projected"
 
 
 def signer_rbac(
@@ -213,7 +213,7 @@ class Shim(Process):
         return 0.0
 
     def volume_dir(self, pod_uid: str, volume: str = "identity") -> Path:
-        return self.root / "pods" / pod_uid / "volumes" / PROJECTED / volume
+        return volume_dir(self.root, pod_uid, volume)
 
 
 def shim(

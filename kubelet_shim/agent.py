@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from bundles import formats
-from kubelet_shim import keys, projection, trust
+from kubelet_shim import projection, trust
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef, ShimApi, pcr_body
 from kubelet_shim.metrics import Metrics
+from kubelet_shim.podspec import parse_pod
 from kubelet_shim.projection import ProjectionState
 from kubelet_shim.storage import FileSpec, Storage, StorageError, UnsafeDirectoryError
 from kubelet_shim.volumes import (
@@ -39,13 +39,13 @@ from kubelet_shim.volumes import (
     ProjectedVolume,
     TrustBundleSource,
     WorkKey,
-    parse_pod,
 )
-from podcert import pcrs
-from podcert.pcrs import terminal_condition
+from podcert.api import keys
+from podcert.api.requests import RequestError, certificates, parse_status
+from podcert.api.requests import outcome as settled
+from podcert.api.times import parse_time
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
-from podcert.times import parse_time
 from podcert.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger("podcert.shim")
@@ -238,7 +238,7 @@ class Agent:
             pending_of_gone = {
                 _pod_uid(pcr)
                 for pcr in self._pcrs.values()
-                if _pod_uid(pcr) not in known and pcrs.outcome(pcr) is None
+                if _pod_uid(pcr) not in known and settled(pcr) is None
             }
         try:
             on_disk = set(self.storage.list_pods())
@@ -280,7 +280,7 @@ class Agent:
             uids = {
                 _pod_uid(obj)
                 for obj in items
-                if _pod_uid(obj) in self._pods or pcrs.outcome(obj) is None
+                if _pod_uid(obj) in self._pods or settled(obj) is None
             }
         for uid in sorted(uids):
             if uid:
@@ -290,7 +290,7 @@ class Agent:
         uid = _pod_uid(obj)
         with self._lock:
             self._index_pcr(obj, present=kind != "DELETED")
-            wanted = uid in self._pods or (kind != "DELETED" and pcrs.outcome(obj) is None)
+            wanted = uid in self._pods or (kind != "DELETED" and settled(obj) is None)
         if uid and wanted:
             self.queue.add(uid)
 
@@ -511,12 +511,14 @@ class Agent:
         }
         write = None if pod.terminal else self._drive(pod, memory, source, current, now, outcome)
         if write is not None:
-            key_pem = keys.pkcs8_pem(write.key)
-            chain = write.chain_pem if write.chain_pem.endswith(b"\n") else write.chain_pem + b"\n"
+            # The chain as the kubelet writes it: re-encoded block by block, after the key.
+            credential = formats.Credential(
+                write.key, tuple(x509.load_pem_x509_certificates(write.chain_pem))
+            )
             fresh = {
-                source.credential_bundle_path: key_pem + chain,
-                source.key_path: key_pem,
-                source.chain_path: chain,
+                source.credential_bundle_path: formats.dump_credential(credential),
+                source.key_path: formats.dump_private_key(credential.key),
+                source.chain_path: formats.dump_certificates(credential.chain),
             }
             for path, data in fresh.items():
                 if path is not None:
@@ -689,20 +691,15 @@ class Agent:
 
     def _begin_refresh_of(self, uid: str, leaf: x509.Certificate) -> dt.datetime | None:
         """The signer's refresh hint for a leaf, from its request if that still exists."""
-        wanted = leaf.public_bytes(serialization.Encoding.DER)
         with self._lock:
             candidates = [self._pcrs[k] for k in self._pcrs_by_pod.get(uid, ())]
         for pcr in candidates:
-            status = pcr.get("status") or {}
-            chain = status.get("certificateChain")
-            if not isinstance(chain, str) or not chain:
-                continue
             try:
-                first = x509.load_pem_x509_certificate(chain.encode())
-            except ValueError:
+                status = parse_status(pcr.get("status"))
+                if status.outcome == "Issued" and certificates(status)[0] == leaf:
+                    return status.begin_refresh_at
+            except RequestError:
                 continue
-            if first.public_bytes(serialization.Encoding.DER) == wanted:
-                return parse_time(status.get("beginRefreshAt"))
         return None
 
     def _after(
@@ -777,7 +774,7 @@ class Agent:
             pending = [
                 self._pcrs[k]
                 for k in self._pcrs_by_pod.get(uid, ())
-                if pcrs.outcome(self._pcrs[k]) is None
+                if settled(self._pcrs[k]) is None
             ]
         for pcr in pending:
             meta = pcr["metadata"]
@@ -842,45 +839,34 @@ def request_event(
     """
     if pcr is None:
         return projection.RequestVanished(name)
-    status = pcr.get("status") or {}
-    condition = terminal_condition(status)
-    if condition is None:
+    try:
+        status = parse_status(pcr.get("status"))
+    except RequestError as err:
+        return projection.RequestFailed(name, "InvalidStatus", str(err))
+    if status.condition is None:
         return projection.RequestPending(name)
-    kind, reason, message = condition
-    if kind == "Denied":
-        return projection.RequestDenied(name, reason, message)
-    if kind == "Failed":
-        return projection.RequestFailed(name, reason, message)
-    chain_text = status.get("certificateChain")
-    not_before = parse_time(status.get("notBefore"))
-    not_after = parse_time(status.get("notAfter"))
-    if not isinstance(chain_text, str) or not_before is None or not_after is None:
+    if status.condition == "Denied":
+        return projection.RequestDenied(name, status.reason, status.message)
+    if status.condition == "Failed":
+        return projection.RequestFailed(name, status.reason, status.message)
+    if not status.certificate_chain or status.not_before is None or status.not_after is None:
         return projection.RequestFailed(
             name, "InvalidIssuedStatus", "issued without certificateChain, notBefore or notAfter"
         )
-    chain_pem = chain_text.encode()
     try:
-        chain = x509.load_pem_x509_certificates(chain_pem)
-    except ValueError as err:
-        return projection.RequestFailed(name, "InvalidIssuedStatus", f"certificateChain: {err}")
-    if key is not None:
-        leaf_key = (
-            chain[0]
-            .public_key()
-            .public_bytes(
-                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
+        chain = certificates(status)
+    except RequestError as err:
+        return projection.RequestFailed(name, "InvalidIssuedStatus", str(err))
+    if key is not None and keys.spki_der(chain[0].public_key()) != keys.public_der(key):
+        return projection.RequestFailed(
+            name, "InvalidIssuedStatus", "the leaf certificate does not hold the requested key"
         )
-        if leaf_key != keys.public_der(key):
-            return projection.RequestFailed(
-                name, "InvalidIssuedStatus", "the leaf certificate does not hold the requested key"
-            )
     return projection.RequestIssued(
         name,
-        chain_pem=chain_pem,
-        not_before=not_before,
-        not_after=not_after,
-        begin_refresh_at=parse_time(status.get("beginRefreshAt")),
+        chain_pem=status.certificate_chain.encode(),
+        not_before=status.not_before,
+        not_after=status.not_after,
+        begin_refresh_at=status.begin_refresh_at,
     )
 
 

@@ -19,8 +19,9 @@ from typing import Any
 from kubelet_shim import kube as shim_kube
 from kubelet_shim import metrics, projection
 from kubelet_shim.agent import Agent, Settings, utcnow
-from kubelet_shim.storage import AtomicDirStorage
+from kubelet_shim.atomic import AtomicDirStorage
 from podcert import logs
+from podcert.api.times import TimeFieldError, parse_zoned_time
 from podcert.rest import ApiError, Rest, load_client
 
 log = logging.getLogger("podcert.shim")
@@ -197,12 +198,9 @@ def rotate(args: argparse.Namespace) -> int:
         before = utcnow()
     else:
         try:
-            before = dt.datetime.fromisoformat(args.before.replace("Z", "+00:00"))
-        except ValueError:
-            print(f"--before: not an RFC 3339 time: {args.before!r}", file=sys.stderr)
-            return 2
-        if before.tzinfo is None:
-            print("--before: needs a time zone (e.g. a trailing Z)", file=sys.stderr)
+            before = parse_zoned_time(args.before, "--before")
+        except TimeFieldError as err:
+            print(err, file=sys.stderr)
             return 2
     rest = Rest(load_client(args.kubeconfig))
     try:

@@ -16,11 +16,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from podcert.api.events import ObjectRef, event_body
+from podcert.api.times import format_micro_time
+from podcert.api.versions import group_version
+from podcert.discovery import certificates_versions
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.shim")
 
-CERTS_GROUP = "certificates.k8s.io"
 COMPONENT = "podcert-shim"
 # The emergency-rotation annotation: credentials issued before this instant are re-keyed then.
 ROTATE_ANNOTATION = "podcert.dev/rotate-before"
@@ -71,24 +74,12 @@ class ShimKube:
     def discover(self) -> str:
         """certificates.k8s.io/v1 where served, else v1beta1 (1.36 clusters; 1.35's v1beta1
         carried a different proof of possession and is not supported)."""
-        found_pcr = found_ctb = None
-        for version in ("v1", "v1beta1"):
-            listing = self.rest.get(f"/apis/{CERTS_GROUP}/{version}") or {}
-            names = {r.get("name") for r in listing.get("resources") or []}
-            if found_pcr is None and "podcertificaterequests" in names:
-                found_pcr = version
-            if found_ctb is None and "clustertrustbundles" in names:
-                found_ctb = version
-        if found_pcr is None:
-            raise ApiError(404, "NotFound", f"{CERTS_GROUP} serves no podcertificaterequests")
-        self.pcr_version = found_pcr
-        self.ctb_version = found_ctb or "v1"
-        return found_pcr
+        self.pcr_version, ctb = certificates_versions(self.rest)
+        self.ctb_version = ctb or "v1"
+        return self.pcr_version
 
     def _pcrs(self, namespace: str | None = None, name: str = "") -> str:
-        return path_of(
-            f"{CERTS_GROUP}/{self.pcr_version}", "podcertificaterequests", namespace, name
-        )
+        return path_of(group_version(self.pcr_version), "podcertificaterequests", namespace, name)
 
     @property
     def _on_node(self) -> str:
@@ -109,10 +100,10 @@ class ShimKube:
         return self.rest.watch(self._pcrs(), resource_version, fieldSelector=self._on_node)
 
     def list_trust_bundles(self) -> tuple[list[JSON], str]:
-        return self._list(path_of(f"{CERTS_GROUP}/{self.ctb_version}", "clustertrustbundles"))
+        return self._list(path_of(group_version(self.ctb_version), "clustertrustbundles"))
 
     def watch_trust_bundles(self, resource_version: str) -> Iterator[JSON]:
-        path = path_of(f"{CERTS_GROUP}/{self.ctb_version}", "clustertrustbundles")
+        path = path_of(group_version(self.ctb_version), "clustertrustbundles")
         return self.rest.watch(path, resource_version)
 
     def _list(self, path: str, field_selector: str = "") -> tuple[list[JSON], str]:
@@ -139,7 +130,7 @@ class ShimKube:
     def create_pcr(self, namespace: str, body: JSON) -> JSON:
         body = {
             **body,
-            "apiVersion": f"{CERTS_GROUP}/{self.pcr_version}",
+            "apiVersion": group_version(self.pcr_version),
             "kind": "PodCertificateRequest",
         }
         try:
@@ -176,28 +167,16 @@ class ShimKube:
         self, pod: PodRef, kind: str, reason: str, message: str, now: dt.datetime
     ) -> None:
         """A core/v1 Event on the pod, as the kubelet records them. Best effort."""
-        stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:12]}", "namespace": pod.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod.name,
-                "namespace": pod.namespace,
-                "uid": pod.uid,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "source": {"component": COMPONENT, "host": self.node_name},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.node_name,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
+        event = event_body(
+            ObjectRef("v1", "Pod", pod.namespace, pod.name, pod.uid),
+            event_type=kind,
+            reason=reason,
+            message=message,
+            now=now,
+            component=COMPONENT,
+            suffix=uuid.uuid4().hex[:12],
+            instance=self.node_name,
+        )
         try:
             self.rest.request("POST", path_of("v1", "events", pod.namespace), body=event)
         except ApiError as err:
@@ -253,7 +232,7 @@ def pcr_body(
 
 def request_rotation(rest: Rest, namespace: str, pod_name: str, before: dt.datetime) -> None:
     """Set the emergency-rotation annotation on one pod (merge patch: nothing else changes)."""
-    stamp = before.astimezone(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    stamp = format_micro_time(before)
     rest.request(
         "PATCH",
         path_of("v1", "pods", namespace, pod_name),

@@ -16,8 +16,9 @@ the kubelet's half is a unit test with fixed datetimes:
   rotation, or a scheduled one when the instant is in the future.
 
 `projection_state` is the metrics label. The staleness events (CertificateOverdueForRefresh,
-CertificateExpired) come from changes of `refresh.credential_state` of `served(state)`, which also
-covers the old credential of a Denied projection; `wake_at` includes those instants.
+CertificateExpired) come from changes of the API's `credential_state` (shared with the audit) of
+`served(state)`, which also covers the old credential of a Denied projection; `wake_at` includes
+those instants.
 """
 
 from __future__ import annotations
@@ -26,18 +27,19 @@ import enum
 import random
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Final, Literal
 
 from kubelet_shim import refresh
-from kubelet_shim.keys import PrivateKey
+from podcert.api import credentials
+from podcert.api.keys import PrivateKey
 
 
 @dataclass(frozen=True)
 class Settings:
-    jitter: timedelta = refresh.DEFAULT_JITTER
+    jitter: timedelta = credentials.REFRESH_JITTER
     abandon_after: timedelta = timedelta(minutes=10)
     unanswered_after: timedelta = timedelta(minutes=5)
-    overdue_grace: timedelta = refresh.OVERDUE_GRACE
+    overdue_grace: timedelta = credentials.OVERDUE_GRACE
 
 
 DEFAULT_SETTINGS = Settings()
@@ -52,6 +54,21 @@ class ProjectionState(enum.StrEnum):
     EXPIRED = "expired"
     DENIED = "denied"
     FAILED = "failed"
+
+
+# The API's credential states under the kubelet's metric labels: it has no "refresh due" (a
+# credential stays "fresh" until it is overdue).
+_LABELS: Final[dict[credentials.CredentialState, ProjectionState]] = {
+    "fresh": ProjectionState.FRESH,
+    "refresh_due": ProjectionState.FRESH,
+    "overdue_for_refresh": ProjectionState.OVERDUE_FOR_REFRESH,
+    "expired": ProjectionState.EXPIRED,
+}
+
+
+def label(state: credentials.CredentialState) -> ProjectionState:
+    """The metric label (and event source) of a credential in `state`."""
+    return _LABELS[state]
 
 
 @dataclass(frozen=True)
@@ -431,8 +448,8 @@ def projection_state(
     credential = served(state)
     if credential is None:
         return ProjectionState.NOT_YET_ISSUED
-    return ProjectionState(
-        refresh.credential_state(
+    return label(
+        credentials.credential_state(
             credential.not_before,
             credential.not_after,
             credential.due_at(force_after),

@@ -25,7 +25,9 @@ from cryptography.hazmat.primitives import serialization
 from bundles import formats
 from devcluster import processes
 from devcluster.cluster import State
-from kubelet_shim.storage import DATA_DIR, DATA_TMP
+from podcert.api.requests import certificates, parse_status
+from podcert.api.requests import outcome as outcome
+from podcert.api.volumes import DATA_DIR, DATA_TMP
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
@@ -115,16 +117,9 @@ def requests_of(rest: Rest, namespace: str) -> list[JSON]:
     return items
 
 
-def outcome(pcr: JSON) -> str | None:
-    for cond in (pcr.get("status") or {}).get("conditions") or []:
-        if cond.get("status") == "True" and cond.get("type") in ("Issued", "Denied", "Failed"):
-            return str(cond["type"])
-    return None
-
-
 def issued_leaf(pcr: JSON) -> x509.Certificate | None:
-    chain = (pcr.get("status") or {}).get("certificateChain")
-    return x509.load_pem_x509_certificates(chain.encode())[0] if chain else None
+    status = parse_status(pcr.get("status"))
+    return certificates(status)[0] if status.certificate_chain else None
 
 
 def server_now(rest: Rest, namespace: str, name: str) -> str:

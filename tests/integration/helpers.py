@@ -10,7 +10,7 @@ from kubernetes import client
 
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, eventually
-from kubelet_shim import keys
+from podcert.api import keys
 from podcert.rest import JSON, Rest, path_of
 from signer import objects
 

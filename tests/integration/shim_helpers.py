@@ -13,11 +13,10 @@ from typing import Any
 
 from devcluster import kube, processes
 from devcluster.testing import DevCluster, eventually
-from podcert.pcrs import outcome as outcome
+from podcert.api.requests import outcome as outcome
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
-PROJECTED = "kubernetes.io~projected"
 Shim = processes.Shim
 
 

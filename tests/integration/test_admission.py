@@ -13,7 +13,7 @@ import yaml
 from devcluster import kube
 from devcluster.cluster import free_port
 from devcluster.testing import DevCluster, eventually
-from kubelet_shim import keys
+from podcert.api import keys
 from podcert.rest import ApiError, Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import create_pcr, make_pod, pcr_spec, request_as_node

@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives import serialization
 
 from devcluster.cluster import Paths
 from devcluster.testing import DevCluster, eventually
-from kubelet_shim.storage import AtomicDirStorage, FileSpec
+from kubelet_shim.atomic import AtomicDirStorage
+from kubelet_shim.storage import FileSpec
 from podcert.cli import main
 from podcert.rest import Rest, path_of
 from tests.integration.conftest import StartSigner

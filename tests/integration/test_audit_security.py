@@ -25,7 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from devcluster import processes
 from devcluster.cluster import Paths
 from devcluster.testing import DevCluster, eventually
-from kubelet_shim.storage import AtomicDirStorage, FileSpec
+from kubelet_shim.atomic import AtomicDirStorage
+from kubelet_shim.storage import FileSpec
 from podcert.cli import main
 from podcert.rest import Rest, path_of
 from signer import auditlog, objects

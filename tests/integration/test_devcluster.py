@@ -20,7 +20,7 @@ from kubernetes.client.rest import ApiException
 from devcluster import cluster
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster
-from kubelet_shim import keys
+from podcert.api import keys
 
 SIGNER = "example.com/devcluster-test"
 

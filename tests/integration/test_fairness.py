@@ -21,8 +21,8 @@ import pytest
 
 from devcluster import processes
 from devcluster.testing import DevCluster
-from kubelet_shim import keys
-from podcert.pcrs import outcome
+from podcert.api import keys
+from podcert.api.requests import outcome
 from podcert.rest import JSON, ApiError, Rest, path_of
 from tests.integration.helpers import PCRS, make_pod, pcr_spec
 

@@ -28,6 +28,7 @@ from devcluster import cluster, kube, processes
 from devcluster.cluster import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.kube import request_rotation
+from podcert.api.volumes import PLUGIN_DIR
 from podcert.rest import JSON, Rest, path_of
 from tests.integration.conftest import StartShim, StartSigner
 from tests.integration.fault_helpers import (
@@ -177,7 +178,7 @@ def test_api_server_restart_mid_burst_issues_one_credential_per_pod_and_leaves_n
     signer_mark = log_size(signer)
     issued_before = issued_count(signer)
     bundles = shim.root / "pods"
-    pattern = f"*/volumes/{processes.PROJECTED}/identity/{BUNDLE}"
+    pattern = f"*/volumes/{PLUGIN_DIR}/identity/{BUNDLE}"
 
     names = [f"burst-{i:02d}" for i in range(BURST)]
     created: list[str] = []

@@ -28,7 +28,7 @@ from kubernetes import client
 from bundles import formats
 from devcluster import kube, processes
 from devcluster.testing import DevCluster, eventually
-from kubelet_shim import keys
+from podcert.api import keys
 from podcert.rest import JSON, ApiError
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import condition, create_pcr, make_pod, pcr_spec, settled

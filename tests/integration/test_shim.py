@@ -27,8 +27,8 @@ from bundles import formats
 from devcluster import processes
 from devcluster.cluster import Paths
 from devcluster.testing import DevCluster, eventually
-from kubelet_shim import keys
 from kubelet_shim.kube import ROTATE_ANNOTATION, request_rotation
+from podcert.api import keys
 from podcert.rest import JSON, ApiError, Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import create_pcr, pcr_spec

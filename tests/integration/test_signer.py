@@ -15,7 +15,7 @@ from kubernetes import client
 
 from devcluster import processes
 from devcluster.testing import DevCluster
-from kubelet_shim import keys
+from podcert.api import keys
 from podcert.rest import Rest, path_of
 from signer import auditlog, model
 from tests.integration.conftest import StartSigner

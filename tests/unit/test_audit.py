@@ -26,7 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from audit import Report, Settings, Snapshot, TrustSource, audit_findings, chain_roots
 from audit import cli as audit_cli
 from audit.snapshot import read_audit_log, read_root
-from kubelet_shim.storage import AtomicDirStorage, FileSpec
+from kubelet_shim.atomic import AtomicDirStorage
+from kubelet_shim.storage import FileSpec
 from podcert.auditlog import GENESIS, line_hash
 from podcert.cli import main
 from signer import ca, certs, model

@@ -14,7 +14,7 @@ the exception types it may raise (anything else is a bug):
       verify_chain on what loaded
     podcert.auditlog.verify                         an audit log on disk        nothing
     podcert.auditlog.iter_entries                   same                        AuditLogError
-    kubelet_shim.volumes.parse_pod                  pod specs                   nothing
+    kubelet_shim.podspec.parse_pod                  pod specs                   nothing
 
 The strategies start from valid inputs and damage them where the parsers look, so most examples
 get past the first check: DER trees re-encoded with correct lengths around one damaged element
@@ -56,9 +56,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from bundles import formats, spiffe
-from kubelet_shim import keys, volumes
+from kubelet_shim import podspec, volumes
 from kubelet_shim.storage import path_problem
 from podcert import auditlog
+from podcert.api import keys
 from signer import ca, certs, csr, decide, model, objects, policy
 from signer.auditlog import AuditLog
 from tests.unit.test_auditlog import Pki, make_pki
@@ -1533,7 +1534,7 @@ VOLUME_ERROR_KINDS: Final = frozenset(get_args(volumes.ErrorKind))
 @FUZZ
 @given(pod=st.one_of(json_mutant(POD_SEEDS, keep_root=False), hostile_json))
 def test_damaged_pods_parse_into_work_items_and_field_errors_without_raising(pod: Any) -> None:
-    parsed = volumes.parse_pod(pod)
+    parsed = podspec.parse_pod(pod)
     event(f"{len(parsed.errors)} errors" if parsed.errors else "clean")
     for error in parsed.errors:
         assert error.kind in VOLUME_ERROR_KINDS
@@ -1570,7 +1571,7 @@ def test_the_seeds_are_valid_so_the_mutants_start_deep() -> None:
         formats.load_trust_bundle(Pem(tuple(blocks)).build())
     assert list(auditlog.iter_entries(LOG))
     for seed in POD_SEEDS:
-        assert not volumes.parse_pod(seed).errors
+        assert not podspec.parse_pod(seed).errors
     policy.load_policy(POLICY_SEED, "policy.yaml", [SIGNER], "cluster.local")
 
 

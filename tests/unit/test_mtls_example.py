@@ -32,7 +32,8 @@ from bundles.authz import Authorizer, allow_ids, allow_workloads
 from bundles.source import TLSSource
 from examples.mtls.client import IdentityClient
 from examples.mtls.server import IdentityServer
-from kubelet_shim.storage import AtomicDirStorage, FileSpec
+from kubelet_shim.atomic import AtomicDirStorage
+from kubelet_shim.storage import FileSpec
 from signer import ca, certs, model
 
 TRUST_DOMAIN = "td.test"

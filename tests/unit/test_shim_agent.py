@@ -20,12 +20,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from bundles import formats
-from kubelet_shim import keys, projection
+from bundles.formats import dump_private_key
+from kubelet_shim import projection
 from kubelet_shim.agent import Agent, Settings, request_event
+from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
 from kubelet_shim.projection import ProjectionState
-from kubelet_shim.storage import AtomicDirStorage, FileSpec, MemoryStorage
+from kubelet_shim.storage import FileSpec, MemoryStorage
 from kubelet_shim.volumes import WorkKey
+from podcert.api import keys
 from podcert.rest import JSON, ApiError
 
 T0 = dt.datetime(2026, 11, 29, 20, 0, tzinfo=dt.UTC)
@@ -548,7 +551,7 @@ def test_a_restart_does_not_trust_a_key_that_does_not_match_its_chain(rig: Rig) 
     issued_pod(rig)
     bundle = rig.files()["bundle.pem"]
     chain = bundle[bundle.index(b"-----BEGIN CERTIFICATE-----") :]
-    forged = keys.pkcs8_pem(keys.generate("ECDSAP256")) + chain
+    forged = dump_private_key(keys.generate("ECDSAP256")) + chain
     rig.storage.write_volume(UID, "identity", {"bundle.pem": FileSpec(forged, 0o600)}, None)
     rig.agent = rig.fresh_agent()
     rig.apply(make_pod([cert_volume()]))

@@ -9,8 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kubelet_shim import keys
-from kubelet_shim.keys import PrivateKey
+from bundles.formats import dump_private_key
 from kubelet_shim.projection import (
     DEFAULT_SETTINGS,
     CreateRequest,
@@ -40,6 +39,8 @@ from kubelet_shim.projection import (
     step,
     wake_at,
 )
+from podcert.api import keys
+from podcert.api.keys import PrivateKey
 
 T0 = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 MIN = timedelta(minutes=1)
@@ -465,7 +466,7 @@ def test_an_unwritten_credential_wants_a_tick_now(key1: PrivateKey) -> None:
 def test_keys_and_chains_stay_out_of_reprs(key1: PrivateKey) -> None:
     pending = Pending("pcr-1", key1, T0)
     fresh, actions = run(pending, issued("pcr-1", T0), T0)
-    pem = keys.pkcs8_pem(key1).decode()
+    pem = dump_private_key(key1).decode()
     for thing in (
         pending,
         fresh,

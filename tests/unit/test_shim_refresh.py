@@ -7,13 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kubelet_shim.refresh import (
-    DEFAULT_JITTER,
-    backoff,
-    credential_state,
-    fallback_refresh,
-    next_refresh,
-)
+from kubelet_shim.projection import label
+from kubelet_shim.refresh import backoff, next_refresh
+from podcert.api.credentials import REFRESH_JITTER, credential_state, fallback_refresh
 
 NB = datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
 DAY = timedelta(hours=24)
@@ -27,7 +23,7 @@ def refresh_at(
     *,
     seed: int = 1,
     now: datetime = NB,
-    jitter: timedelta = DEFAULT_JITTER,
+    jitter: timedelta = REFRESH_JITTER,
     not_after: datetime = NA,
 ) -> datetime:
     return next_refresh(NB, not_after, hint, rng=random.Random(seed), now=now, jitter=jitter)
@@ -115,7 +111,7 @@ def test_nonsense_inputs_are_rejected(kwargs: dict[str, object], message: str) -
         "begin_refresh_at": HINT,
         "rng": random.Random(1),
         "now": NB,
-        "jitter": DEFAULT_JITTER,
+        "jitter": REFRESH_JITTER,
     }
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
@@ -145,7 +141,9 @@ REFRESH = HINT + 2 * MIN
     ],
 )
 def test_credential_state(now: datetime, expected: str) -> None:
-    assert credential_state(NB, NA, REFRESH, now) == expected
+    # As the shim labels it (the kubelet's metric states): a credential past its refresh point
+    # stays "fresh" until it is overdue.
+    assert label(credential_state(NB, NA, REFRESH, now)) == expected
 
 
 def test_overdue_grace_is_injectable() -> None:

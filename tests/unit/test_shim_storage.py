@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from kubelet_shim import storage
+from kubelet_shim import atomic
+from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import (
-    AtomicDirStorage,
     FileSpec,
     MemoryStorage,
     Storage,
@@ -520,7 +520,7 @@ def test_a_link_swapped_in_mid_write_is_not_followed(
     holds (wherever that now is) and never through the link."""
     disk.write_volume(UID, "identity", payload("one"), owner=None)
     moved = tmp_path / "moved-away"
-    real_walk = storage._walk_into
+    real_walk = atomic.walk_into
 
     def walk_then_swap(*args: Any, **kwargs: Any) -> int:
         fd = real_walk(*args, **kwargs)
@@ -529,7 +529,7 @@ def test_a_link_swapped_in_mid_write_is_not_followed(
             vol(disk).symlink_to(outside, target_is_directory=True)
         return fd
 
-    monkeypatch.setattr(storage, "_walk_into", walk_then_swap)
+    monkeypatch.setattr(atomic, "walk_into", walk_then_swap)
     disk.write_volume(UID, "identity", payload("two"), owner=None)
     monkeypatch.undo()
     assert snapshot(outside) == {}

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubelet_shim.podspec import matches_selector, parse_pod
 from kubelet_shim.volumes import (
     CertificateSource,
     LabelSelector,
@@ -19,8 +20,6 @@ from kubelet_shim.volumes import (
     UnsupportedSource,
     VolumeError,
     WorkKey,
-    matches_selector,
-    parse_pod,
 )
 
 UID = "5d1b7a52-3c1e-4a8e-9a0c-6b0f7a0e2c11"

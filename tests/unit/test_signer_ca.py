@@ -10,7 +10,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from kubelet_shim import keys
+from bundles.formats import dump_private_key
+from podcert.api import keys
 from signer import ca, certs, model
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 30, 250_000, tzinfo=dt.UTC)
@@ -251,7 +252,7 @@ def test_a_leaf_certificate_is_not_accepted_as_the_issuing_ca() -> None:
     data = broken(
         tls_crt=leaf_pem.split(b"-----END CERTIFICATE-----")[0] + b"-----END CERTIFICATE-----\n"
     )
-    data["tls.key"] = keys.pkcs8_pem(leaf_key)
+    data["tls.key"] = dump_private_key(leaf_key)
     with pytest.raises(ca.CAError, match=r"^tls\.crt: .* is not a CA certificate"):
         ca.from_secret_data(data)
 

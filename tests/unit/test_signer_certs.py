@@ -15,7 +15,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubelet_shim import keys
+from podcert.api import keys
 from signer import ca, certs, model
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)

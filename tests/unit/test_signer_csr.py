@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa, x25519
 
-from kubelet_shim import keys
+from podcert.api import keys
 from signer import csr, model
 
 KEYS = {key_type: keys.generate(key_type) for key_type in csr.KEY_TYPES}

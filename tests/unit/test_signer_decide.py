@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from kubelet_shim import keys
+from podcert.api import keys
 from signer import ca, certs, csr, decide, model, policy
 
 SIGNER = "example.com/podcert"

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import dsa, ec, rsa
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kubelet_shim import keys
+from podcert.api import keys
 from signer import ca, certs, csr, decide, model, policy
 from tests.unit.test_signer_decide import (
     ISSUER,

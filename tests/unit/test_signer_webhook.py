@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kubelet_shim import keys
+from podcert.api import keys
 from signer import admission, model, policy, webhook
 from signer.admission import admit, review_response
 from signer.webhook import PATH, WebhookServer
