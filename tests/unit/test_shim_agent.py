@@ -22,8 +22,9 @@ from cryptography.x509.oid import NameOID
 from bundles import formats
 from bundles.formats import dump_private_key
 from kubelet_shim import projection
-from kubelet_shim.agent import Agent, Settings, request_event
+from kubelet_shim.agent import Agent, Settings
 from kubelet_shim.atomic import AtomicDirStorage
+from kubelet_shim.certificates import request_event
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
 from kubelet_shim.projection import ProjectionState
 from kubelet_shim.storage import FileSpec, MemoryStorage
