@@ -61,11 +61,12 @@ def test_apiserver_binary_is_stamped_with_its_version() -> None:
 def test_kubebuilder_assets_are_used_instead_of_building(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("kube-apiserver", "etcd"):
+    names = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler")
+    for name in names:
         (tmp_path / name).write_text("#!/bin/sh\n")
     monkeypatch.setenv("KUBEBUILDER_ASSETS", str(tmp_path))
     found = build.ensure_binaries(progress=lambda _line: None)
-    assert found == build.Binaries(tmp_path / "kube-apiserver", tmp_path / "etcd")
+    assert found == build.Binaries(*(tmp_path / name for name in names))
 
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
