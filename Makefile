@@ -22,9 +22,12 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Build (once, cached outside the repo) the real kube-apiserver and etcd, showing progress.
+# Install what a real node needs from Debian (apt-get, only when something is missing), then build
+# (once, cached outside the repo) the devcluster's binaries, showing progress: the whole 1.37
+# cluster with both kubelets.
 controlplane: $(VENV)/.installed
-	$(BIN)/podcert devcluster build
+	$(BIN)/podcert devcluster deps
+	$(BIN)/podcert devcluster build --kube-version 1.37 --kubelets
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 define PYTEST

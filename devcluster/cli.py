@@ -1,4 +1,4 @@
-"""`podcert devcluster up | down | status | node-kubeconfig | build`."""
+"""`podcert devcluster up | down | status | kubelet | node-kubeconfig | build | deps`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from devcluster import build, cluster, kube
+from devcluster import build, cluster, kube, nodes
 
 DEFAULT_DIR = Path(".devcluster")
 
@@ -18,19 +18,21 @@ def _say(line: str) -> None:
 
 def _up(args: argparse.Namespace) -> int:
     try:
-        state = cluster.up(args.dir, progress=_say, timeout=args.timeout)
+        state = cluster.up(
+            args.dir, kube_version=args.kube_version, progress=_say, timeout=args.timeout
+        )
     except (cluster.ClusterError, build.BuildError) as err:
         _say(f"devcluster up failed: {err}")
         return 1
     print(cluster.Paths(args.dir.resolve()).admin_kubeconfig)
-    _say(f"API server {state.server}")
+    _say(f"API server {state.server} (Kubernetes {state.kube_version})")
     return 0
 
 
 def _down(args: argparse.Namespace) -> int:
     try:
         cluster.down(args.dir)
-    except cluster.ClusterError as err:
+    except (cluster.ClusterError, nodes.NodeError) as err:
         _say(f"devcluster down failed: {err}")
         return 1
     _say("devcluster stopped")
@@ -43,8 +45,30 @@ def _status(args: argparse.Namespace) -> int:
         print("not running")
         return 1
     print(
-        f"running: {state.server} (etcd pid {state.etcd_pid}, apiserver pid {state.apiserver_pid})"
+        f"running: Kubernetes {state.kube_version} at {state.server} (etcd pid {state.etcd_pid}, "
+        f"apiserver pid {state.apiserver_pid}, controller-manager pid "
+        f"{state.controller_manager_pid}, scheduler pid {state.scheduler_pid})"
     )
+    for node in nodes.started(args.dir):
+        found = nodes.read_state(args.dir, node)
+        if found is not None:
+            print(f"node {node}: {found.kind} kubelet pid {found.kubelet_pid}, root {found.root}")
+    return 0
+
+
+def _kubelet(args: argparse.Namespace) -> int:
+    hollow = args.hollow
+    if not hollow and not args.real:
+        reason = nodes.real_node_unavailable()
+        if reason:
+            _say(f"running {args.node} as a hollow kubelet: {reason}")
+            hollow = True
+    try:
+        state = nodes.start(args.dir, args.node, hollow=hollow, progress=_say, timeout=args.timeout)
+    except (nodes.NodeError, cluster.ClusterError, build.BuildError) as err:
+        _say(f"devcluster kubelet failed: {err}")
+        return 1
+    print(state.root)  # the last line on stdout: the folder that holds pods/
     return 0
 
 
@@ -53,19 +77,36 @@ def _node_kubeconfig(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build(_args: argparse.Namespace) -> int:
+def _build(args: argparse.Namespace) -> int:
+    versions = args.kube_version or [build.DEFAULT_KUBE_VERSION]
     try:
-        bins = build.ensure_binaries(_say)
+        for version in versions:
+            bins = build.ensure_binaries(_say, version)
+            print(bins.kube_apiserver)
+            print(bins.kube_controller_manager)
+            print(bins.kube_scheduler)
+            if args.kubelets:
+                print(build.ensure_kubelet(version, progress=_say))
+                print(build.ensure_kubelet(version, hollow=True, progress=_say))
+        print(bins.etcd)
     except build.BuildError as err:
         _say(str(err))
         return 1
-    print(bins.kube_apiserver)
-    print(bins.etcd)
+    return 0
+
+
+def _deps(_args: argparse.Namespace) -> int:
+    try:
+        installed = nodes.install_packages(_say)
+    except nodes.NodeError as err:
+        _say(str(err))
+        return 1
+    _say(f"installed {', '.join(installed)}" if installed else "real-node packages present")
     return 0
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("devcluster", help="a real local etcd + kube-apiserver")
+    parser = subparsers.add_parser("devcluster", help="a real local Kubernetes cluster")
     sub = parser.add_subparsers(dest="devcluster_command", required=True, metavar="ACTION")
 
     def add(name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
@@ -76,15 +117,52 @@ def register(subparsers: Any) -> None:
         p.set_defaults(run=run)
         return p
 
-    up = add("up", "build (once) and start etcd + kube-apiserver; wait for /readyz", _up)
+    up = add(
+        "up",
+        "build (once) and start etcd, kube-apiserver, kube-controller-manager and kube-scheduler; "
+        "wait until each answers",
+        _up,
+    )
+    up.add_argument(
+        "--kube-version",
+        choices=sorted(build.KUBERNETES_VERSIONS),
+        default=build.DEFAULT_KUBE_VERSION,
+        help="Kubernetes minor (default: %(default)s); 1.35 and 1.36 serve certificates.k8s.io/"
+        "v1beta1 only",
+    )
     up.add_argument(
         "--timeout",
         type=float,
         default=cluster.READY_TIMEOUT,
-        help="seconds to wait for /readyz (default: %(default)s)",
+        help="seconds to wait for the control plane (default: %(default)s)",
     )
-    add("down", "stop everything `up` started", _down)
-    add("status", "say whether the devcluster runs", _status)
+    add("down", "stop everything `up` and `kubelet` started, remove the kubelets' roots", _down)
+    add("status", "say whether the devcluster runs, and its kubelets", _status)
+    kubelet = add(
+        "kubelet",
+        "start a kubelet of the cluster's version for NODE, as that node; wait until it is "
+        "Ready; print its root directory (the folder holding pods/) as the last line",
+        _kubelet,
+    )
+    kubelet.add_argument("node", help="node name")
+    kind = kubelet.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--hollow",
+        action="store_true",
+        help="kubemark's hollow kubelet: real kubelet code, fake runtime, no containers",
+    )
+    kind.add_argument(
+        "--real",
+        action="store_true",
+        help="containerd + runc, real containers; fail rather than fall back to --hollow "
+        "(the default is real where the machine allows it)",
+    )
+    kubelet.add_argument(
+        "--timeout",
+        type=float,
+        default=nodes.READY_TIMEOUT,
+        help="seconds to wait for the Node to be Ready (default: %(default)s)",
+    )
     node = add(
         "node-kubeconfig",
         "create a Node and write a kubeconfig that authenticates as it",
@@ -92,6 +170,17 @@ def register(subparsers: Any) -> None:
     )
     node.add_argument("node", help="node name")
     b = sub.add_parser(
-        "build", help="build kube-apiserver and etcd into the cache, print their paths"
+        "build",
+        help="build the control plane (and with --kubelets both kubelets) into the cache, "
+        "print the binaries' paths",
     )
+    b.add_argument(
+        "--kube-version",
+        action="append",
+        choices=sorted(build.KUBERNETES_VERSIONS),
+        help=f"a Kubernetes minor, repeatable (default: {build.DEFAULT_KUBE_VERSION})",
+    )
+    b.add_argument("--kubelets", action="store_true", help="also the real and hollow kubelets")
     b.set_defaults(run=_build)
+    d = sub.add_parser("deps", help="apt-get install what a real node needs (only what is missing)")
+    d.set_defaults(run=_deps)

@@ -1,7 +1,10 @@
-"""Start and stop a real etcd + kube-apiserver on loopback, detached, with state under one folder.
+"""Start and stop a real control plane on loopback, detached, with state under one folder: etcd,
+kube-apiserver, kube-controller-manager and kube-scheduler of one Kubernetes minor (1.35, 1.36 or
+1.37), with what that minor needs switched on for pod certificates.
 
 The folder holds everything: PKI, etcd data, logs, `state.json` (ports and pids) and
-`admin.kubeconfig`. `up` returns only when /readyz answers; `down` leaves no process behind.
+`admin.kubeconfig`. `up` returns only when every component answers; `down` stops the kubelets
+started with `devcluster.nodes` too, and leaves no process behind.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import signal
@@ -21,17 +25,49 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
 from devcluster import pki
-from devcluster.build import Binaries, ensure_binaries
+from devcluster.build import DEFAULT_KUBE_VERSION, Binaries, ensure_binaries
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 SERVICE_CIDR = "10.0.0.0/24"
 ISSUER = "https://kubernetes.default.svc"
 READY_TIMEOUT = 180.0
+
+# certificates.k8s.io/v1beta1 (ClusterTrustBundle, PodCertificateRequest) is off by default in
+# every minor; 1.35 and 1.36 serve only it, 1.37 serves it beside v1 for code that speaks it.
+RUNTIME_CONFIG = "certificates.k8s.io/v1beta1=true"
+# pkg/features/kube_features.go: all three are beta and off by default in 1.35 and 1.36, GA (on)
+# in 1.37. PodCertificateRequest also gates the podCertificate projection (kubelet, pod
+# validation) and the controller-manager's request cleaner; ClusterTrustBundleProjection needs
+# ClusterTrustBundle.
+POD_CERTIFICATE_GATES = (
+    "ClusterTrustBundle",
+    "ClusterTrustBundleProjection",
+    "PodCertificateRequest",
+)
+FEATURE_GATES = {
+    "1.35": POD_CERTIFICATE_GATES,
+    "1.36": POD_CERTIFICATE_GATES,
+    "1.37": (),
+}
+
+
+def feature_gates(kube_version: str) -> dict[str, bool]:
+    """The gates a minor needs switched on for pod certificates (the same for every component)."""
+    return dict.fromkeys(FEATURE_GATES[kube_version], True)
+
+
+def feature_gate_flags(kube_version: str) -> list[str]:
+    gates = feature_gates(kube_version)
+    if not gates:
+        return []
+    return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in gates.items())]
 
 
 class ClusterError(RuntimeError):
@@ -46,6 +82,13 @@ class State:
     apiserver_port: int
     etcd_binary: str
     apiserver_binary: str
+    kube_version: str = DEFAULT_KUBE_VERSION
+    controller_manager_pid: int = 0
+    controller_manager_binary: str = ""
+    controller_manager_port: int = 0
+    scheduler_pid: int = 0
+    scheduler_binary: str = ""
+    scheduler_port: int = 0
 
     @property
     def server(self) -> str:
@@ -74,6 +117,9 @@ class Paths:
 
     def node_kubeconfig(self, node: str) -> Path:
         return self.root / "nodes" / f"{node}.kubeconfig"
+
+    def component_kubeconfig(self, component: str) -> Path:
+        return self.root / f"{component}.kubeconfig"
 
 
 def free_port() -> int:
@@ -145,6 +191,35 @@ def _write_pki(paths: Paths, now: dt.datetime) -> None:
     (paths.pki / "ca.crt").write_bytes(ca.cert_pem)
 
 
+# The identities the bootstrap RBAC expects of the control plane's own clients.
+COMPONENT_USERS = {
+    "kube-controller-manager": ("system:kube-controller-manager", ()),
+    "kube-scheduler": ("system:kube-scheduler", ()),
+}
+
+
+def _write_component_identities(paths: Paths, server: str, now: dt.datetime) -> None:
+    """Client certificates (and kubeconfigs) for the controller-manager, the scheduler and the
+    API server's own calls to kubelets; made once, re-pointed at the current port each time."""
+    ca = load_ca(paths)
+    kubelet_client = paths.pki / "apiserver-kubelet-client.crt"
+    if not kubelet_client.exists():
+        pair = pki.issue(
+            ca, "kube-apiserver-kubelet-client", now, organizations=("system:masters",)
+        )
+        pki.write_private(paths.pki / "apiserver-kubelet-client.key", pair.key_pem)
+        kubelet_client.write_bytes(pair.cert_pem)
+    for component, (user, groups) in COMPONENT_USERS.items():
+        cert, key = paths.pki / f"{component}.crt", paths.pki / f"{component}.key"
+        if not cert.exists():
+            pair = pki.issue(ca, user, now, organizations=groups)
+            pki.write_private(key, pair.key_pem)
+            cert.write_bytes(pair.cert_pem)
+        pair = pki.KeyPair(cert.read_bytes(), key.read_bytes())
+        text = kubeconfig(server, ca.cert_pem, user, cert_creds(pair))
+        pki.write_private(paths.component_kubeconfig(component), text.encode())
+
+
 def load_ca(paths: Paths) -> pki.KeyPair:
     return pki.KeyPair((paths.pki / "ca.crt").read_bytes(), (paths.pki / "ca.key").read_bytes())
 
@@ -167,7 +242,13 @@ def etcd_args(binary: Path, paths: Paths, client_port: int, peer_port: int) -> l
     ]
 
 
-def apiserver_args(binary: Path, paths: Paths, etcd_port: int, port: int) -> list[str]:
+def apiserver_args(
+    binary: Path,
+    paths: Paths,
+    etcd_port: int,
+    port: int,
+    kube_version: str = DEFAULT_KUBE_VERSION,
+) -> list[str]:
     p = paths.pki
     return [
         str(binary),
@@ -187,9 +268,58 @@ def apiserver_args(binary: Path, paths: Paths, etcd_port: int, port: int) -> lis
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=Node,RBAC",
         "--enable-admission-plugins=NodeRestriction",
-        # Serve the older API beside v1 so the code can be tested against 1.35/1.36 clusters.
-        "--runtime-config=certificates.k8s.io/v1beta1=true",
+        f"--runtime-config={RUNTIME_CONFIG}",
+        *feature_gate_flags(kube_version),
+        # Logs and exec: kubelets listen on loopback, and the node's hostname resolves nowhere.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
         "--allow-privileged=true",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+# Nodes without a kubelet (most tests make Node objects and bind pods to them by hand) would be
+# marked unreachable, tainted, and their pods evicted after 5 minutes: the node lifecycle
+# controller stays off. Every other controller runs, as in a real cluster.
+CONTROLLERS = "*,-node-lifecycle-controller"
+
+
+def controller_manager_args(
+    binary: Path, paths: Paths, port: int, kube_version: str = DEFAULT_KUBE_VERSION
+) -> list[str]:
+    p = paths.pki
+    return [
+        str(binary),
+        f"--kubeconfig={paths.component_kubeconfig('kube-controller-manager')}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={p / 'kube-controller-manager'}",
+        "--leader-elect=false",
+        f"--controllers={CONTROLLERS}",
+        # Each controller acts as its own ServiceAccount with the bootstrap RBAC, as in kubeadm.
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={p / 'sa.key'}",
+        f"--root-ca-file={p / 'ca.crt'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        *feature_gate_flags(kube_version),
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def scheduler_args(
+    binary: Path, paths: Paths, port: int, kube_version: str = DEFAULT_KUBE_VERSION
+) -> list[str]:
+    return [
+        str(binary),
+        f"--kubeconfig={paths.component_kubeconfig('kube-scheduler')}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={paths.pki / 'kube-scheduler'}",
+        "--leader-elect=false",
+        *feature_gate_flags(kube_version),
         "--profiling=false",
         "--v=1",
     ]
@@ -257,6 +387,27 @@ def wait_until(
         time.sleep(interval)
 
 
+def wait_until_value(
+    probe: Callable[[], T | None],
+    deadline: float,
+    what: str,
+    *,
+    interval: float = 0.1,
+    failed: Callable[[], str | None] = lambda: None,
+) -> T:
+    """Like wait_until, for a probe that returns what it found (None until then)."""
+    found: list[T] = []
+
+    def check() -> bool:
+        value = probe()
+        if value is not None:
+            found.append(value)
+        return value is not None
+
+    wait_until(check, deadline, what, interval=interval, failed=failed)
+    return found[0]
+
+
 def _admin_ssl(paths: Paths) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(paths.pki / "ca.crt"))
     ctx.load_cert_chain(str(paths.pki / "admin.crt"), str(paths.pki / "admin.key"))
@@ -278,63 +429,137 @@ def read_state(paths: Paths) -> State | None:
         return None
 
 
+def _processes(state: State) -> list[tuple[int, str]]:
+    """(pid, binary) of every control-plane process the state names, the API server's clients
+    first (the stop order)."""
+    found = [
+        (state.scheduler_pid, state.scheduler_binary),
+        (state.controller_manager_pid, state.controller_manager_binary),
+        (state.apiserver_pid, state.apiserver_binary),
+        (state.etcd_pid, state.etcd_binary),
+    ]
+    return [(pid, binary) for pid, binary in found if pid]
+
+
 def running(paths: Paths) -> State | None:
     state = read_state(paths)
-    if state is None:
+    if state is None or not state.apiserver_pid:
         return None
-    if _alive(state.etcd_pid, state.etcd_binary) and _alive(
-        state.apiserver_pid, state.apiserver_binary
-    ):
+    if all(_alive(pid, binary) for pid, binary in _processes(state)):
         return state
     return None
+
+
+def _insecure_ssl() -> ssl.SSLContext:
+    """The controller-manager and scheduler serve /healthz with a certificate they make up."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _save(paths: Paths, state: State) -> None:
+    paths.state.write_text(json.dumps(asdict(state)))
 
 
 def up(
     root: Path,
     *,
+    kube_version: str = DEFAULT_KUBE_VERSION,
     binaries: Binaries | None = None,
     progress: Progress = lambda _line: None,
     timeout: float = READY_TIMEOUT,
 ) -> State:
-    """Start etcd and kube-apiserver under `root` and wait for /readyz. Idempotent."""
+    """Start the control plane of `kube_version` under `root` and wait until every part answers.
+    Idempotent for the same version."""
     paths = Paths(root.resolve())
     paths.root.mkdir(parents=True, exist_ok=True)
     current = running(paths)
     if current is not None:
-        progress(f"devcluster already running at {current.server}")
+        if current.kube_version != kube_version:
+            raise ClusterError(
+                f"a {current.kube_version} devcluster already runs under {paths.root}; "
+                f"stop it (down) before starting {kube_version}"
+            )
+        progress(f"devcluster {current.kube_version} already running at {current.server}")
         return current
     down(paths.root)  # clear the remains of a half-dead cluster
-    bins = binaries or ensure_binaries(progress)
-    _write_pki(paths, dt.datetime.now(dt.UTC))
+    bins = binaries or ensure_binaries(progress, kube_version)
+    now = dt.datetime.now(dt.UTC)
+    _write_pki(paths, now)
 
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
-    etcd_log, api_log = paths.logs / "etcd.log", paths.logs / "kube-apiserver.log"
+    kcm_port, scheduler_port = free_port(), free_port()
+    server = f"https://127.0.0.1:{api_port}"
+    _write_component_identities(paths, server, now)
+    logs = {
+        name: paths.logs / f"{name}.log"
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+    }
     progress(f"starting etcd on 127.0.0.1:{etcd_port}")
-    etcd = _spawn(etcd_args(bins.etcd, paths, etcd_port, peer_port), etcd_log)
-    state = State(etcd.pid, 0, etcd_port, api_port, str(bins.etcd), str(bins.kube_apiserver))
-    paths.state.write_text(json.dumps(asdict(state)))
+    etcd = _spawn(etcd_args(bins.etcd, paths, etcd_port, peer_port), logs["etcd"])
+    state = State(
+        etcd.pid,
+        0,
+        etcd_port,
+        api_port,
+        str(bins.etcd),
+        str(bins.kube_apiserver),
+        kube_version=kube_version,
+        controller_manager_binary=str(bins.kube_controller_manager),
+        controller_manager_port=kcm_port,
+        scheduler_binary=str(bins.kube_scheduler),
+        scheduler_port=scheduler_port,
+    )
+    _save(paths, state)
     deadline = time.monotonic() + timeout
     try:
         wait_until(
             lambda: _get_ok(f"http://127.0.0.1:{etcd_port}/health"),
             deadline,
             "etcd",
-            failed=_exited(etcd, etcd_log),
+            failed=_exited(etcd, logs["etcd"]),
         )
-        progress(f"starting kube-apiserver on 127.0.0.1:{api_port}")
-        api = _spawn(apiserver_args(bins.kube_apiserver, paths, etcd_port, api_port), api_log)
-        state = State(
-            etcd.pid, api.pid, etcd_port, api_port, str(bins.etcd), str(bins.kube_apiserver)
+        progress(f"starting kube-apiserver {kube_version} on 127.0.0.1:{api_port}")
+        api = _spawn(
+            apiserver_args(bins.kube_apiserver, paths, etcd_port, api_port, kube_version),
+            logs["kube-apiserver"],
         )
-        paths.state.write_text(json.dumps(asdict(state)))
-        ctx = _admin_ssl(paths)
+        state = State(**{**asdict(state), "apiserver_pid": api.pid})
+        _save(paths, state)
         wait_until(
-            lambda: _get_ok(f"{state.server}/readyz", ctx),
+            lambda: _get_ok(f"{server}/readyz", _admin_ssl(paths)),
             deadline,
             "kube-apiserver",
             interval=0.25,
-            failed=_exited(api, api_log),
+            failed=_exited(api, logs["kube-apiserver"]),
         )
+        progress("starting kube-controller-manager and kube-scheduler")
+        kcm = _spawn(
+            controller_manager_args(bins.kube_controller_manager, paths, kcm_port, kube_version),
+            logs["kube-controller-manager"],
+        )
+        scheduler = _spawn(
+            scheduler_args(bins.kube_scheduler, paths, scheduler_port, kube_version),
+            logs["kube-scheduler"],
+        )
+        state = State(
+            **{**asdict(state), "controller_manager_pid": kcm.pid, "scheduler_pid": scheduler.pid}
+        )
+        _save(paths, state)
+        insecure = _insecure_ssl()
+        for name, proc, port in (
+            ("kube-controller-manager", kcm, kcm_port),
+            ("kube-scheduler", scheduler, scheduler_port),
+        ):
+            healthz = f"https://127.0.0.1:{port}/healthz"
+            wait_until(
+                functools.partial(_get_ok, healthz, insecure),
+                deadline,
+                name,
+                interval=0.25,
+                failed=_exited(proc, logs[name]),
+            )
     except BaseException:
         down(paths.root)
         raise
@@ -345,7 +570,9 @@ def up(
         paths.admin_kubeconfig,
         kubeconfig(state.server, load_ca(paths).cert_pem, "admin", cert_creds(admin)).encode(),
     )
-    progress(f"devcluster ready at {state.server}; kubeconfig {paths.admin_kubeconfig}")
+    progress(
+        f"devcluster {kube_version} ready at {state.server}; kubeconfig {paths.admin_kubeconfig}"
+    )
     return state
 
 
@@ -368,13 +595,17 @@ def _stop(pid: int, binary: str, grace: float) -> None:
 
 
 def down(root: Path, grace: float = 10.0) -> None:
-    """Stop whatever `up` started under `root`; a no-op when nothing runs."""
+    """Stop the kubelets and the control plane that `up` started under `root`; a no-op when
+    nothing runs."""
+    from devcluster import nodes  # nodes builds on this module
+
     paths = Paths(root.resolve())
+    nodes.stop_all(paths.root)
     state = read_state(paths)
     if state is None:
         return
-    _stop(state.apiserver_pid, state.apiserver_binary, grace)
-    _stop(state.etcd_pid, state.etcd_binary, grace)
+    for pid, binary in _processes(state):
+        _stop(pid, binary, grace)
     paths.state.unlink(missing_ok=True)
 
 
@@ -387,11 +618,15 @@ def restart_apiserver(root: Path, timeout: float = READY_TIMEOUT) -> State:
     _stop(state.apiserver_pid, state.apiserver_binary, 10.0)
     log = paths.logs / "kube-apiserver.log"
     args = apiserver_args(
-        Path(state.apiserver_binary), paths, state.etcd_port, state.apiserver_port
+        Path(state.apiserver_binary),
+        paths,
+        state.etcd_port,
+        state.apiserver_port,
+        state.kube_version,
     )
     proc = _spawn(args, log)
     state = State(**{**asdict(state), "apiserver_pid": proc.pid})
-    paths.state.write_text(json.dumps(asdict(state)))
+    _save(paths, state)
     ctx = _admin_ssl(paths)
     wait_until(
         lambda: _get_ok(f"{state.server}/readyz", ctx),
@@ -404,8 +639,12 @@ def restart_apiserver(root: Path, timeout: float = READY_TIMEOUT) -> State:
 
 
 @contextlib.contextmanager
-def running_cluster(root: Path, progress: Progress = lambda _line: None) -> Iterator[State]:
-    state = up(root, progress=progress)
+def running_cluster(
+    root: Path,
+    progress: Progress = lambda _line: None,
+    kube_version: str = DEFAULT_KUBE_VERSION,
+) -> Iterator[State]:
+    state = up(root, progress=progress, kube_version=kube_version)
     try:
         yield state
     finally:

@@ -1,7 +1,9 @@
 """Real identities and objects on a running devcluster: nodes, service accounts, namespaces, pods.
 
-No controller-manager or kubelet runs here, so nothing creates ServiceAccounts for a namespace and
-pods stay Pending once bound to a node. That is all NodeRestriction needs.
+A Node made here has no kubelet behind it (a pod bound to it stays Pending), which is all
+NodeRestriction needs; `devcluster.nodes` starts real kubelets for tests that want pods to run.
+The controller-manager creates each namespace's `default` ServiceAccount, but a test may race it,
+so pods here ensure their ServiceAccount themselves.
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ def ensure_node(api: client.ApiClient, node: str) -> Any:
         return core.read_node(node)
 
 
-def node_kubeconfig(root: Path, node: str) -> Path:
-    """Create Node `node` if missing and write a kubeconfig that authenticates as that node."""
+def node_kubeconfig(root: Path, node: str, *, create_node: bool = True) -> Path:
+    """Write a kubeconfig that authenticates as `node` (CN=system:node:<node>, O=system:nodes),
+    creating Node `node` first unless a kubelet is to register it itself."""
     paths = Paths(root.resolve())
-    with admin_client(paths.root) as api:
-        ensure_node(api, node)
+    if create_node:
+        with admin_client(paths.root) as api:
+            ensure_node(api, node)
     pair = pki.issue(
         load_ca(paths),
         f"system:node:{node}",
@@ -144,8 +148,12 @@ def create_pod(
     labels: dict[str, str] | None = None,
     volumes: list[dict[str, Any]] | None = None,
     annotations: dict[str, str] | None = None,
+    image: str = "registry.invalid/app:1",
+    command: list[str] | None = None,
+    restart_policy: str = "Always",
 ) -> Any:
-    """A pod already bound to `node` (no scheduler or kubelet runs: it stays Pending)."""
+    """A pod already bound to `node` (Pending unless a kubelet runs for `node`). On a real node
+    use `images.BUSYBOX_IMAGE` with a `command`: no registry is reachable here."""
     ensure_service_account(api, namespace, service_account)
     mounts = [{"name": v["name"], "mountPath": f"/var/run/{v['name']}"} for v in volumes or []]
     body = {
@@ -161,8 +169,15 @@ def create_pod(
             "nodeName": node,
             "serviceAccountName": service_account,
             "automountServiceAccountToken": False,
+            "restartPolicy": restart_policy,
             "containers": [
-                {"name": "app", "image": "registry.invalid/app:1", "volumeMounts": mounts}
+                {
+                    "name": "app",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    "volumeMounts": mounts,
+                    **({"command": command} if command else {}),
+                }
             ],
             "volumes": volumes or [],
         },

@@ -14,12 +14,39 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
-from devcluster import kube
+from devcluster import kube, nodes
 from devcluster.cluster import State
 
 T = TypeVar("T")
 
 _counter = itertools.count()
+
+
+@dataclass
+class Kubelet:
+    """A kubelet started for a test: its node name, kind and root directory (holds pods/)."""
+
+    cluster_root: Path
+    state: nodes.NodeState
+
+    @property
+    def name(self) -> str:
+        return self.state.node
+
+    @property
+    def hollow(self) -> bool:
+        return self.state.kind == nodes.HOLLOW
+
+    @property
+    def root(self) -> Path:
+        return self.state.root
+
+    def volume_dir(self, pod_uid: str, volume: str = "identity") -> Path:
+        """Where the kubelet projects a pod's projected volume."""
+        return self.root / "pods" / pod_uid / "volumes" / "kubernetes.io~projected" / volume
+
+    def stop(self) -> None:
+        nodes.stop(self.cluster_root, self.name)
 
 
 @dataclass
@@ -48,6 +75,10 @@ class DevCluster:
         name = f"{prefix}-{next(_counter)}-{int(time.time() * 1000) % 100000}"
         kube.ensure_namespace(self.admin, name)
         return name
+
+    def kubelet(self, name: str, *, hollow: bool = False, timeout: float = 120.0) -> Kubelet:
+        """Start a kubelet for node `name` (real containers unless `hollow`); it is Ready."""
+        return Kubelet(self.root, nodes.start(self.root, name, hollow=hollow, timeout=timeout))
 
     def pod(self, namespace: str, name: str, *, node: str, **kwargs: Any) -> Any:
         kube.ensure_node(self.admin, node)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import cluster
-from devcluster.testing import DevCluster
+from devcluster import cluster, nodes
+from devcluster.testing import DevCluster, Kubelet
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -18,7 +18,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    """One real etcd + kube-apiserver for the whole session."""
+    """One real control plane (etcd, kube-apiserver, controller-manager, scheduler) for the whole
+    session."""
     root: Path = tmp_path_factory.mktemp("devcluster")
     state = cluster.up(root, progress=lambda line: print(line, flush=True))
     try:
@@ -27,3 +28,27 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
         handle.admin.close()
     finally:
         cluster.down(root)
+
+
+@pytest.fixture(scope="module")
+def real_kubelet(devcluster: DevCluster) -> Iterator[Kubelet]:
+    """A real kubelet (containerd + runc, real containers) as node `node-real`, for one module."""
+    reason = nodes.real_node_unavailable()
+    if reason:
+        pytest.fail(f"cannot run a real node on this machine: {reason}")
+    kubelet = devcluster.kubelet("node-real")
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop()
+
+
+@pytest.fixture(scope="module")
+def hollow_kubelet(devcluster: DevCluster) -> Iterator[Kubelet]:
+    """kubemark's hollow kubelet (real kubelet code, fake runtime) as `node-hollow`, for one
+    module."""
+    kubelet = devcluster.kubelet("node-hollow", hollow=True)
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop()

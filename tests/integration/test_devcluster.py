@@ -6,6 +6,7 @@ import base64
 import datetime as dt
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from devcluster import cluster
 from devcluster.kube import pod_certificate_volume
-from devcluster.testing import DevCluster
+from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
 
 SIGNER = "example.com/devcluster-test"
@@ -227,7 +228,8 @@ def test_writing_a_certificate_needs_sign_on_the_signer_name(
 def test_up_then_down_leaves_no_process(devcluster: DevCluster, tmp_path: Path) -> None:
     # A second, independent cluster: the session's own keeps serving the other tests.
     state = cluster.up(tmp_path / "second")
-    pids = (state.etcd_pid, state.apiserver_pid)
+    pids = (state.etcd_pid, state.apiserver_pid, state.controller_manager_pid, state.scheduler_pid)
+    assert all(pids)
     assert all(Path(f"/proc/{pid}").exists() for pid in pids)
     cluster.down(tmp_path / "second")
     for pid in pids:
@@ -243,3 +245,57 @@ def _running(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def test_the_controller_manager_gives_each_namespace_its_service_account_and_root_ca(
+    devcluster: DevCluster,
+) -> None:
+    name = f"cm-{os.getpid()}-{int(dt.datetime.now().timestamp() * 1000) % 100000}"
+    core = client.CoreV1Api(devcluster.admin)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    sa = eventually(
+        lambda: _found(lambda: core.read_namespaced_service_account("default", name)),
+        timeout=30,
+        what="the default ServiceAccount",
+    )
+    assert sa.metadata.name == "default"
+    root_ca = eventually(
+        lambda: _found(lambda: core.read_namespaced_config_map("kube-root-ca.crt", name)),
+        timeout=30,
+        what="the kube-root-ca.crt ConfigMap",
+    )
+    ca = (cluster.Paths(devcluster.root.resolve()).pki / "ca.crt").read_text()
+    assert root_ca.data["ca.crt"].strip() == ca.strip()
+
+
+def test_the_garbage_collector_deletes_what_a_deleted_pod_owned(devcluster: DevCluster) -> None:
+    ns = devcluster.namespace("gc")
+    pod = devcluster.pod(ns, "owner", node="node-a")
+    core = client.CoreV1Api(devcluster.admin)
+    owned = client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(
+            name="owned",
+            owner_references=[
+                client.V1OwnerReference(
+                    api_version="v1", kind="Pod", name="owner", uid=pod.metadata.uid
+                )
+            ],
+        )
+    )
+    core.create_namespaced_config_map(ns, owned)
+    core.delete_namespaced_pod("owner", ns, grace_period_seconds=0)
+    eventually(
+        lambda: _found(lambda: core.read_namespaced_config_map("owned", ns)) is None,
+        timeout=60,
+        what="the owned ConfigMap to be collected",
+    )
+
+
+def _found(read: Callable[[], Any]) -> Any:
+    """The object `read` returns, or None when the API server answers 404."""
+    try:
+        return read()
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
