@@ -1,0 +1,118 @@
+"""What each Kubernetes minor is started with, the node configuration, and the images made here."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from devcluster import build, cluster, images, nodes
+
+GATES = (
+    "--feature-gates="
+    "ClusterTrustBundle=true,ClusterTrustBundleProjection=true,PodCertificateRequest=true"
+)
+
+
+@pytest.mark.parametrize(
+    ("version", "gates"),
+    [
+        pytest.param("1.35", [GATES], id="1.35 switches the beta pod certificate features on"),
+        pytest.param("1.36", [GATES], id="1.36 switches the beta pod certificate features on"),
+        pytest.param("1.37", [], id="1.37 needs no gate: all GA"),
+    ],
+)
+def test_each_minor_gets_the_gates_it_needs_on_every_component(
+    version: str, gates: list[str]
+) -> None:
+    paths = cluster.Paths(Path("/dc"))
+    api = cluster.apiserver_args(Path("kube-apiserver"), paths, 1, 2, version)
+    kcm = cluster.controller_manager_args(Path("kcm"), paths, 3, version)
+    assert [a for a in api if a.startswith("--feature-gates")] == gates
+    assert [a for a in kcm if a.startswith("--feature-gates")] == gates
+    assert "--runtime-config=certificates.k8s.io/v1beta1=true" in api
+
+
+def test_the_controller_manager_runs_all_but_the_node_lifecycle_controller() -> None:
+    kcm = cluster.controller_manager_args(Path("kcm"), cluster.Paths(Path("/dc")), 3)
+    assert "--controllers=*,-node-lifecycle-controller" in kcm
+
+
+def test_each_minor_is_built_from_its_own_release() -> None:
+    assert build.kubernetes_component("kubelet", "1.35").version == "v1.35.4"
+    assert build.kubernetes_component("kube-apiserver", "1.36").replace_version == "v0.36.3"
+    with pytest.raises(build.BuildError, match=r"1\.34 is not offered"):
+        build.kubernetes_component("kubelet", "1.34")
+
+
+def test_the_hollow_kubelet_is_kubemark_with_a_feature_gates_flag() -> None:
+    hollow = build.kubernetes_component(build.HOLLOW_KUBELET, "1.35")
+    assert hollow.package == "podcert.local/build/kubemark"
+    assert '"k8s.io/kubernetes/cmd/kubemark/app"' in hollow.main_go
+    assert "DefaultMutableFeatureGate.AddFlag" in hollow.main_go
+    assert not build.kubernetes_component(build.REAL_KUBELET, "1.35").main_go
+
+
+def test_a_real_node_kubelet_config_carries_the_vm_settings(tmp_path: Path) -> None:
+    config = nodes.kubelet_config(
+        kube_version="1.36",
+        folder=tmp_path,
+        socket=tmp_path / "c.sock",
+        cgroup="/podcert-devcluster-n",
+        address="192.0.2.2",
+        port=10250,
+        ca_file=tmp_path / "ca.crt",
+    )
+    assert config["failCgroupV1"] is False
+    assert config["cgroupDriver"] == "cgroupfs"
+    assert config["containerRuntimeEndpoint"] == f"unix://{tmp_path / 'c.sock'}"
+    assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["featureGates"] == {
+        "ClusterTrustBundle": True,
+        "ClusterTrustBundleProjection": True,
+        "PodCertificateRequest": True,
+    }
+
+
+def test_containerd_restricts_oom_score_adj_and_keeps_its_state_in_its_folder(
+    tmp_path: Path,
+) -> None:
+    text = nodes.containerd_config(tmp_path, tmp_path / "cni")
+    assert "restrict_oom_score_adj = true" in text
+    assert "SystemdCgroup = false" in text
+    assert f'address = "{tmp_path / "containerd.sock"}"' in text
+    assert f'sandbox_image = "{images.PAUSE_IMAGE}"' in text
+
+
+def test_an_image_archive_names_its_image_and_its_layer_digests_match() -> None:
+    layer = images.root_layer(b"\x7fELF-not-really", ["sh", "cat", "busybox"])
+    archive = images.oci_archive(images.Image("podcert.local/x:1", ("/bin/sh",)), layer)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        index = json.loads(_read(tar, "index.json"))
+        (entry,) = index["manifests"]
+        assert entry["annotations"]["io.containerd.image.name"] == "podcert.local/x:1"
+        manifest = json.loads(_read(tar, "blobs/sha256/" + entry["digest"].split(":")[1]))
+        config = json.loads(_read(tar, "blobs/sha256/" + manifest["config"]["digest"][7:]))
+        assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+        for blob in (entry, manifest["config"], *manifest["layers"]):
+            data = _read(tar, "blobs/sha256/" + blob["digest"][7:])
+            assert hashlib.sha256(data).hexdigest() == blob["digest"][7:]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        assert tar.getmember("bin/sh").linkname == "busybox"
+        assert "bin/busybox" in tar.getnames()
+
+
+def test_image_archives_are_reproducible() -> None:
+    layer = images.root_layer(b"binary", ["sh"])
+    image = images.Image("podcert.local/x:1", ("/bin/sh",))
+    assert images.oci_archive(image, layer) == images.oci_archive(image, layer)
+
+
+def _read(tar: tarfile.TarFile, name: str) -> bytes:
+    member = tar.extractfile(name)
+    assert member is not None
+    return member.read()
