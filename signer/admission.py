@@ -28,7 +28,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from signer import model, objects
 from signer.decide import decide
@@ -53,29 +53,30 @@ RESOURCE: Final = "podcertificaterequests"
 OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
 # Malformed-input reasons (the 400 body's `reason`).
-TOO_LARGE: Final = "TooLarge"
-TOO_SLOW: Final = "TooSlow"
-TOO_DEEP: Final = "TooDeep"
-NOT_JSON: Final = "NotJSON"
-NOT_ADMISSION_REVIEW: Final = "NotAdmissionReview"
-MISSING_FIELD: Final = "MissingField"
-WRONG_TYPE: Final = "WrongType"
-WRONG_RESOURCE: Final = "WrongResource"
+ReviewProblem = Literal[
+    "TooLarge",
+    "TooSlow",
+    "TooDeep",
+    "NotJSON",
+    "NotAdmissionReview",
+    "MissingField",
+    "WrongType",
+    "WrongResource",
+]
+TOO_LARGE: Final[ReviewProblem] = "TooLarge"
+TOO_SLOW: Final[ReviewProblem] = "TooSlow"
+TOO_DEEP: Final[ReviewProblem] = "TooDeep"
+NOT_JSON: Final[ReviewProblem] = "NotJSON"
+NOT_ADMISSION_REVIEW: Final[ReviewProblem] = "NotAdmissionReview"
+MISSING_FIELD: Final[ReviewProblem] = "MissingField"
+WRONG_TYPE: Final[ReviewProblem] = "WrongType"
+WRONG_RESOURCE: Final[ReviewProblem] = "WrongResource"
 
-# The one denial reason for every binding failure (see 2. above).
-BINDING_MISMATCH: Final = "PodBindingMismatch"
-CREATOR_NOT_NODE: Final = "CreatorNotNode"
-_BINDING_REASONS: Final = frozenset(
-    {
-        model.POD_NOT_FOUND,
-        model.POD_UID_MISMATCH,
-        model.POD_NOT_ON_NODE,
-        model.POD_NOT_RUNNABLE,
-        model.NODE_NOT_FOUND,
-        model.NODE_UID_MISMATCH,
-        model.SERVICE_ACCOUNT_MISMATCH,
-    }
-)
+# A verdict's reason: the signer's own Denied reasons, one reason for every binding failure
+# (see 2. above), the creator check, or none (allowed, or the check itself broke).
+VerdictReason = Literal[model.DenyReason, "PodBindingMismatch", "CreatorNotNode", ""]
+BINDING_MISMATCH: Final[VerdictReason] = "PodBindingMismatch"
+CREATOR_NOT_NODE: Final[VerdictReason] = "CreatorNotNode"
 # No facts at all: the pre-check that turns away malformed requests before any API read.
 _NO_FACTS: Final = model.Facts(pod=None, node=None, service_account=None)
 _UID_SHAPED: Final = re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
@@ -89,7 +90,7 @@ class MalformedReview(Exception):
     """A body the webhook gives no verdict on: `reason` and `message` are the 400 (or 413) body.
     Messages are fixed text: nothing of the caller's input is echoed or logged."""
 
-    def __init__(self, reason: str, message: str, status: int = 400) -> None:
+    def __init__(self, reason: ReviewProblem, message: str, status: int = 400) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason, self.message, self.status = reason, message, status
 
@@ -108,7 +109,7 @@ class Review:
 class Verdict:
     allowed: bool
     message: str = ""  # what the caller is told
-    reason: str = ""
+    reason: VerdictReason = ""
     detail: str = ""  # what the signer's log says (may hold facts the caller is not told)
 
 
@@ -250,7 +251,7 @@ def _verdict(
     if not isinstance(decision, model.Deny):
         return Verdict(True)
     detail = f"{decision.reason}: {decision.message}"
-    if decision.reason in _BINDING_REASONS:
+    if decision.reason in model.BINDING_REASONS:
         return Verdict(False, _binding_message(request), BINDING_MISMATCH, detail)
     return Verdict(False, detail, decision.reason, detail)
 

@@ -25,7 +25,7 @@ _SUPPORTED: Final = ", ".join(KEY_TYPES)
 class CSRError(Exception):
     """The request's key cannot be used; `reason` is the Denied reason to report."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: model.DenyReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message

@@ -24,9 +24,9 @@ from signer import certs, csr, model
 from signer.policy import SignerPolicy, is_dns_name, parse_annotations, show
 
 # Retry reasons (for logs and metrics; the request stays pending).
-CA_NOT_LOADED: Final = "CANotLoaded"
-CA_NOT_YET_VALID: Final = "CANotYetValid"
-CA_TOO_SHORT: Final = "CATooShort"
+CA_NOT_LOADED: Final[model.RetryReason] = "CANotLoaded"
+CA_NOT_YET_VALID: Final[model.RetryReason] = "CANotYetValid"
+CA_TOO_SHORT: Final[model.RetryReason] = "CATooShort"
 
 _DNS_LABEL: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal, get_args
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import (
@@ -17,23 +17,52 @@ from cryptography.hazmat.primitives.asymmetric.types import (
     CertificatePublicKeyTypes,
 )
 
-# Denied reasons: each one a distinct thing a human can act on.
-UNSUPPORTED_KEY_TYPE: Final = "UnsupportedKeyType"  # fixed by the API for this case
-INVALID_REQUEST: Final = "InvalidRequest"  # the stub CSR / public key cannot be used
-POD_NOT_FOUND: Final = "PodNotFound"
-POD_UID_MISMATCH: Final = "PodUIDMismatch"
-POD_NOT_ON_NODE: Final = "PodNotOnNode"
-POD_NOT_RUNNABLE: Final = "PodNotRunnable"  # finished (Succeeded/Failed) or being deleted
-NODE_NOT_FOUND: Final = "NodeNotFound"
-NODE_UID_MISMATCH: Final = "NodeUIDMismatch"
-SERVICE_ACCOUNT_MISMATCH: Final = "ServiceAccountMismatch"
-UNKNOWN_ANNOTATION: Final = "UnknownAnnotation"
-INVALID_ANNOTATION: Final = "InvalidAnnotation"
-DNS_NAME_NOT_ALLOWED: Final = "DNSNameNotAllowed"
-POLICY_DENIED: Final = "PolicyDenied"  # no allow rule matches this namespace/service account
+# Why a request is denied, failed or put off: closed types, so that a reason mistyped anywhere
+# (a decision, the settlement, a test of the checks) fails the type check. Each Denied reason is
+# a distinct thing a human can act on; the values are API-visible (the condition's reason).
+BindingReason = Literal[
+    "PodNotFound",
+    "PodUIDMismatch",
+    "PodNotOnNode",
+    "PodNotRunnable",  # finished (Succeeded/Failed) or being deleted
+    "NodeNotFound",
+    "NodeUIDMismatch",
+    "ServiceAccountMismatch",
+]
+"""The NodeRestriction checks against live state (`decide.binding_problem`)."""
+DenyReason = Literal[
+    BindingReason,
+    "UnsupportedKeyType",  # fixed by the API for this case
+    "InvalidRequest",  # the spec, stub CSR or public key cannot be used
+    "UnknownAnnotation",
+    "InvalidAnnotation",
+    "DNSNameNotAllowed",
+    "PolicyDenied",  # no allow rule matches this namespace/service account
+]
+FailReason = Literal["SignerMisconfigured"]  # permanent faults on the signer's side only
+RetryReason = Literal["CANotLoaded", "CANotYetValid", "CATooShort"]  # transient, our side
+Outcome = Literal["Issued", "Denied", "Failed"]
+"""The condition a settled request carries (exactly one, and terminal)."""
 
-# Failed reasons: permanent faults on the signer's side only.
-SIGNER_MISCONFIGURED: Final = "SignerMisconfigured"
+BINDING_REASONS: Final = frozenset(get_args(BindingReason))
+
+# Denied reasons by name.
+UNSUPPORTED_KEY_TYPE: Final[DenyReason] = "UnsupportedKeyType"
+INVALID_REQUEST: Final[DenyReason] = "InvalidRequest"
+POD_NOT_FOUND: Final[BindingReason] = "PodNotFound"
+POD_UID_MISMATCH: Final[BindingReason] = "PodUIDMismatch"
+POD_NOT_ON_NODE: Final[BindingReason] = "PodNotOnNode"
+POD_NOT_RUNNABLE: Final[BindingReason] = "PodNotRunnable"
+NODE_NOT_FOUND: Final[BindingReason] = "NodeNotFound"
+NODE_UID_MISMATCH: Final[BindingReason] = "NodeUIDMismatch"
+SERVICE_ACCOUNT_MISMATCH: Final[BindingReason] = "ServiceAccountMismatch"
+UNKNOWN_ANNOTATION: Final[DenyReason] = "UnknownAnnotation"
+INVALID_ANNOTATION: Final[DenyReason] = "InvalidAnnotation"
+DNS_NAME_NOT_ALLOWED: Final[DenyReason] = "DNSNameNotAllowed"
+POLICY_DENIED: Final[DenyReason] = "PolicyDenied"
+
+# Failed reasons.
+SIGNER_MISCONFIGURED: Final[FailReason] = "SignerMisconfigured"
 
 
 @dataclass(frozen=True)
@@ -128,7 +157,7 @@ class Issue:
 
 @dataclass(frozen=True)
 class Deny:
-    reason: str
+    reason: DenyReason
     message: str
 
 
@@ -137,12 +166,12 @@ class Retry:
     """Not now: decide again after `after` (transient; never becomes Failed)."""
 
     after: dt.timedelta
-    reason: str
+    reason: RetryReason
 
 
 @dataclass(frozen=True)
 class Fail:
-    reason: str
+    reason: FailReason
     message: str
 
 

@@ -1,0 +1,112 @@
+"""Denied, Failed and Retry reasons are closed types: a reason mistyped anywhere fails mypy, and
+a decision kind a consumer forgets fails it too. Shown by running mypy (the project's own
+configuration, strict) on a snippet whose marked lines must be exactly the ones it rejects."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+from mypy import api
+
+from signer import admission, decide, model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SNIPPET = """
+import datetime as dt
+from typing import assert_never
+
+from signer import admission, model
+
+model.Deny("PodNotFound", "spelled right")
+model.Deny("PodNotFund", "a typo")  # rejected
+model.Fail("SignerMisconfigured", "spelled right")
+model.Fail("SignerMisconfigred", "a typo")  # rejected
+model.Retry(dt.timedelta(seconds=5), "CANotLoaded")
+model.Retry(dt.timedelta(seconds=5), "CANotLoded")  # rejected
+model.Deny("CANotLoaded", "a retry reason is no denial")  # rejected
+admission.Verdict(False, "no", "PodBindingMismatch")
+admission.Verdict(False, "no", "PodBindingMismach")  # rejected
+
+
+def check(decision: model.Deny) -> bool:
+    return decision.reason == "PodNotFund"  # rejected
+
+
+def outcome(decision: model.Decision) -> str:
+    if isinstance(decision, model.Issue):
+        return "Issued"
+    elif isinstance(decision, model.Deny):
+        return "Denied"
+    elif isinstance(decision, model.Retry):
+        return "later"
+    else:
+        assert_never(decision)  # rejected: Fail is not handled
+"""
+
+
+def test_a_mistyped_reason_or_a_forgotten_decision_kind_fails_the_type_check(
+    tmp_path: Path,
+) -> None:
+    snippet = tmp_path / "reasons_snippet.py"
+    snippet.write_text(SNIPPET)
+    expected = {
+        number for number, line in enumerate(SNIPPET.splitlines(), 1) if "# rejected" in line
+    }
+    stdout, stderr, status = api.run(
+        [
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "mypy-cache"),
+            "--no-error-summary",
+            str(snippet),
+        ]
+    )
+    assert status == 1, stdout + stderr
+    rejected = {
+        int(found) for found in re.findall(rf"{re.escape(snippet.name)}:(\d+): error", stdout)
+    }
+    assert rejected == expected, stdout
+
+
+@pytest.mark.parametrize(
+    ("constants", "reason_type"),
+    [
+        pytest.param(
+            [v for k, v in vars(model).items() if k.isupper() and isinstance(v, str)],
+            model.DenyReason | model.FailReason,
+            id="every named reason in model is a Denied or Failed reason",
+        ),
+        pytest.param(
+            [decide.CA_NOT_LOADED, decide.CA_NOT_YET_VALID, decide.CA_TOO_SHORT],
+            model.RetryReason,
+            id="every named retry reason is a RetryReason",
+        ),
+        pytest.param(
+            [admission.BINDING_MISMATCH, admission.CREATOR_NOT_NODE],
+            admission.VerdictReason,
+            id="the webhook's own reasons are verdict reasons",
+        ),
+    ],
+)
+def test_named_reasons_belong_to_their_type(constants: list[str], reason_type: object) -> None:
+    allowed = {value for part in get_args(reason_type) for value in get_args(part) or (part,)}
+    assert constants
+    assert set(constants) <= allowed
+
+
+def test_the_binding_reasons_are_the_denied_reasons_of_the_node_restriction_checks() -> None:
+    assert {
+        model.POD_NOT_FOUND,
+        model.POD_UID_MISMATCH,
+        model.POD_NOT_ON_NODE,
+        model.POD_NOT_RUNNABLE,
+        model.NODE_NOT_FOUND,
+        model.NODE_UID_MISMATCH,
+        model.SERVICE_ACCOUNT_MISMATCH,
+    } == model.BINDING_REASONS
+    assert set(get_args(model.DenyReason)) > model.BINDING_REASONS
