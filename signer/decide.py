@@ -21,7 +21,8 @@ from podcert.api.lifetimes import (
     max_expiration_allowed,
 )
 from signer import certs, csr, model
-from signer.policy import SignerPolicy, is_dns_name, parse_annotations, show
+from signer.policy import SignerPolicy, is_dns_name, show
+from signer.requested import parse_annotations
 
 # Retry reasons (for logs and metrics; the request stays pending).
 CA_NOT_LOADED: Final[model.RetryReason] = "CANotLoaded"

@@ -35,8 +35,7 @@ node (a kubelet restart re-requests every projection on the node at once). A nod
 rate is never denied: its requests wait for their turn in the bucket. Only issuances count:
 a denial spends no token, so requests that merely name a node cannot drain its rate.
 
-The request annotations the signer understands (`parse_annotations`) live here too, because
-what they may ask for is policy: only `podcert.dev/dns-names`, a comma-separated list of DNS names.
+What a request may ask for through its annotations is read in `signer.requested`.
 """
 
 from __future__ import annotations
@@ -64,7 +63,6 @@ from podcert.api.lifetimes import (
     max_expiration_allowed,
 )
 from podcert.ratelimit import Rate
-from signer import model
 
 DEFAULT_MAX_LIFETIME: Final = dt.timedelta(seconds=DEFAULT_MAX_EXPIRATION_SECONDS)
 DEFAULT_CLUSTER_DOMAIN: Final = "cluster.local"
@@ -73,10 +71,6 @@ DEFAULT_CLUSTER_DOMAIN: Final = "cluster.local"
 MIN_RATE_PER_SECOND: Final = 0.01
 MAX_RATE_PER_SECOND: Final = 10000.0
 MAX_BURST: Final = 100000
-
-DNS_NAMES_ANNOTATION: Final = "podcert.dev/dns-names"
-KNOWN_ANNOTATIONS: Final = frozenset({DNS_NAMES_ANNOTATION})
-MAX_REQUESTED_DNS_NAMES: Final = 100
 
 _TRUST_DOMAIN = re.compile(r"[a-z0-9._-]{1,255}")
 _DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -126,13 +120,6 @@ class Policy:
 
     def for_signer(self, signer_name: str) -> SignerPolicy:
         return self.signers[signer_name]
-
-
-@dataclass(frozen=True)
-class RequestedNames:
-    """What the request's annotations ask for: syntax checked, entitlement not yet."""
-
-    dns_names: tuple[str, ...] = ()
 
 
 def is_dns_name(name: str) -> bool:
@@ -200,54 +187,6 @@ def load_policy_file(path: Path, served: Sequence[str], default_trust_domain: st
     except (OSError, UnicodeDecodeError) as exc:
         raise PolicyError(f"{path}: cannot read the policy file: {exc}") from exc
     return load_policy(text, str(path), served, default_trust_domain)
-
-
-def parse_annotations(
-    annotations: Mapping[str, str], policy: SignerPolicy
-) -> RequestedNames | model.Deny:
-    """The names a request's unverifiedUserAnnotations ask for, or the Deny they deserve.
-
-    Unknown keys are denied rather than ignored: a key we do not understand may be a request
-    the user believes is honoured.
-    """
-    unknown = sorted(key for key in annotations if key not in KNOWN_ANNOTATIONS)
-    if unknown:
-        others = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
-        return model.Deny(
-            model.UNKNOWN_ANNOTATION,
-            f"Annotation {show(unknown[0])}{others} is not understood by signer {policy.name}; "
-            f"the only supported annotation is {DNS_NAMES_ANNOTATION}.",
-        )
-    value = annotations.get(DNS_NAMES_ANNOTATION)
-    if value is None:
-        return RequestedNames()
-    entries = [entry.strip() for entry in value.split(",")]
-    if len(entries) > MAX_REQUESTED_DNS_NAMES:
-        return model.Deny(
-            model.INVALID_ANNOTATION,
-            f"Annotation {DNS_NAMES_ANNOTATION} lists {len(entries)} names; "
-            f"at most {MAX_REQUESTED_DNS_NAMES} are allowed.",
-        )
-    if "" in entries:
-        return model.Deny(
-            model.INVALID_ANNOTATION,
-            f"Annotation {DNS_NAMES_ANNOTATION} has an empty entry in {show(value)}; "
-            "give a comma-separated list of DNS names.",
-        )
-    for entry in entries:
-        if not is_dns_name(entry):
-            return model.Deny(
-                model.INVALID_ANNOTATION,
-                f"Annotation {DNS_NAMES_ANNOTATION} holds {show(entry)}, which is not a valid "
-                "DNS name (lowercase RFC 1123 labels joined by dots, no wildcards).",
-            )
-    if not policy.dns.allow_requested:
-        return model.Deny(
-            model.DNS_NAME_NOT_ALLOWED,
-            f"Signer {policy.name} does not issue requested DNS names; remove the "
-            f"{DNS_NAMES_ANNOTATION} annotation or ask for dnsNames.allowRequested in its policy.",
-        )
-    return RequestedNames(dns_names=tuple(dict.fromkeys(entries)))  # de-duplicated, in order
 
 
 def show(text: str, limit: int = 100) -> str:

@@ -7,7 +7,7 @@ the exception types it may raise (anything else is a bug):
     signer.csr.parse_public_key                     anyone who creates PCRs     CSRError
     signer.objects.request_from, then decide        same, as the API returns it ObjectError; decide
                                                                                 nothing
-    signer.policy.parse_annotations                 same (userAnnotations)      nothing
+    signer.requested.parse_annotations                 same (userAnnotations)      nothing
     signer.policy.load_policy                       the operator's policy file  PolicyError
     bundles.formats.load_credential(_files),        files in a pod volume       BundleError,
       load_trust_bundle, then spiffe_id and                                     CertificateIdError
@@ -60,7 +60,7 @@ from kubelet_shim import podspec, volumes
 from kubelet_shim.storage import path_problem
 from podcert import auditlog
 from podcert.api import keys
-from signer import ca, certs, csr, decide, model, objects, policy
+from signer import ca, certs, csr, decide, model, objects, policy, requested
 from signer.auditlog import AuditLog
 from tests.unit.test_auditlog import Pki, make_pki
 from tests.unit.test_auditlog import entry as audit_entry
@@ -560,7 +560,7 @@ BASE_REQUEST = model.Request(
     max_expiration_seconds=86400,
     stub_csr=GOOD_CSRS[0],
 )
-DNS_KEY = policy.DNS_NAMES_ANNOTATION
+DNS_KEY = requested.DNS_NAMES_ANNOTATION
 ENTITLED: Final = sorted(BASE_FACTS.service_dns_names)
 
 
@@ -815,7 +815,7 @@ ANNOTATION_DENIALS: Final = frozenset(
 def test_annotation_parser_returns_valid_names_or_a_denial_naming_the_annotation(
     annotations: dict[str, str], signer: policy.SignerPolicy
 ) -> None:
-    result = policy.parse_annotations(annotations, signer)
+    result = requested.parse_annotations(annotations, signer)
     if isinstance(result, model.Deny):
         event(f"Deny {result.reason}")
         assert result.reason in ANNOTATION_DENIALS
@@ -831,7 +831,7 @@ def test_annotation_parser_returns_valid_names_or_a_denial_naming_the_annotation
     entries = [entry.strip() for entry in annotations[DNS_KEY].split(",")]
     assert signer.dns.allow_requested
     assert result.dns_names == tuple(dict.fromkeys(entries))
-    assert len(result.dns_names) <= policy.MAX_REQUESTED_DNS_NAMES
+    assert len(result.dns_names) <= requested.MAX_REQUESTED_DNS_NAMES
     assert all(policy.is_dns_name(name) for name in result.dns_names)
 
 

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from podcert.api import keys
-from signer import ca, certs, csr, decide, model, policy
+from signer import ca, certs, csr, decide, model, policy, requested
 
 SIGNER = "example.com/podcert"
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, 500_000, tzinfo=dt.UTC)
@@ -24,7 +24,7 @@ ED_KEY = keys.generate("ED25519")
 RSA_2048 = rsa.generate_private_key(65537, 2048)
 POLICY = policy.SignerPolicy(name=SIGNER, trust_domain="cluster.local")
 ENTITLED = frozenset({"api.web.svc", "api.web.svc.cluster.local"})
-DNS_KEY = policy.DNS_NAMES_ANNOTATION
+DNS_KEY = requested.DNS_NAMES_ANNOTATION
 
 
 def make_request(**changes: Any) -> model.Request:

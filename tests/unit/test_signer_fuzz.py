@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from podcert.api import keys
-from signer import ca, certs, csr, decide, model, policy
+from signer import ca, certs, csr, decide, model, policy, requested
 from tests.unit.test_signer_decide import (
     ISSUER,
     NOW,
@@ -122,7 +122,7 @@ DENIED_REASONS = {
     model.DNS_NAME_NOT_ALLOWED,
     model.POLICY_DENIED,
 }
-DNS_KEY = policy.DNS_NAMES_ANNOTATION
+DNS_KEY = requested.DNS_NAMES_ANNOTATION
 ENTITLED = sorted(make_facts().service_dns_names)
 POLICIES = [
     POLICY,
@@ -260,7 +260,7 @@ def test_decide_on_hostile_input_ends_in_a_typed_outcome(
 @given(annotations=st.dictionaries(st.text(max_size=20_000), st.text(max_size=20_000), max_size=5))
 def test_annotation_parser_never_raises(annotations: dict[str, str]) -> None:
     for signer in POLICIES[:2]:
-        result = policy.parse_annotations(annotations, signer)
+        result = requested.parse_annotations(annotations, signer)
         if isinstance(result, model.Deny):
             assert len(result.message) < 1000
         else:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from podcert.ratelimit import Rate
-from signer import csr, model, policy
+from signer import csr, model, policy, requested
 
 SERVED = ("example.com/podcert", "example.com/other")
 NAME = SERVED[0]
@@ -326,16 +326,16 @@ def test_missing_policy_file_is_a_policy_error(tmp_path: Path) -> None:
 
 OPEN = load(signer_yaml("dnsNames: {allowRequested: true}\n")).for_signer(NAME)
 CLOSED = policy.default_policy(SERVED, "cluster.local").for_signer(NAME)
-KEY = policy.DNS_NAMES_ANNOTATION
+KEY = requested.DNS_NAMES_ANNOTATION
 
 
 def test_no_annotations_request_nothing() -> None:
-    assert policy.parse_annotations({}, CLOSED) == policy.RequestedNames(())
+    assert requested.parse_annotations({}, CLOSED) == requested.RequestedNames(())
 
 
 def test_requested_names_are_trimmed_and_deduplicated_in_order() -> None:
-    parsed = policy.parse_annotations({KEY: " b.web.svc,\n  a.web.svc ,b.web.svc\n"}, OPEN)
-    assert parsed == policy.RequestedNames(("b.web.svc", "a.web.svc"))
+    parsed = requested.parse_annotations({KEY: " b.web.svc,\n  a.web.svc ,b.web.svc\n"}, OPEN)
+    assert parsed == requested.RequestedNames(("b.web.svc", "a.web.svc"))
 
 
 @pytest.mark.parametrize(
@@ -397,7 +397,7 @@ def test_requested_names_are_trimmed_and_deduplicated_in_order() -> None:
 def test_bad_annotations_are_denied_with_the_offending_value(
     annotations: dict[str, str], reason: str, fragment: str
 ) -> None:
-    denial = policy.parse_annotations(annotations, OPEN)
+    denial = requested.parse_annotations(annotations, OPEN)
     assert isinstance(denial, model.Deny)
     assert denial.reason == reason
     assert fragment in denial.message
@@ -405,7 +405,7 @@ def test_bad_annotations_are_denied_with_the_offending_value(
 
 
 def test_requested_names_are_denied_when_policy_does_not_allow_requests() -> None:
-    denial = policy.parse_annotations({KEY: "a.web.svc"}, CLOSED)
+    denial = requested.parse_annotations({KEY: "a.web.svc"}, CLOSED)
     assert isinstance(denial, model.Deny)
     assert denial.reason == model.DNS_NAME_NOT_ALLOWED
     assert "allowRequested" in denial.message
@@ -413,7 +413,7 @@ def test_requested_names_are_denied_when_policy_does_not_allow_requests() -> Non
 
 def test_exactly_100_names_are_fine() -> None:
     names = [f"n{i}.svc" for i in range(100)]
-    assert policy.parse_annotations({KEY: ",".join(names)}, OPEN) == policy.RequestedNames(
+    assert requested.parse_annotations({KEY: ",".join(names)}, OPEN) == requested.RequestedNames(
         tuple(names)
     )
 
