@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from cryptography import x509
 
+from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from signer import ca, model, rotation
 from signer.kube import SignerKube
@@ -117,6 +118,26 @@ class CAStore:
             for listener in self._listeners:
                 listener()
         return gens
+
+    def follow(self, stop: threading.Event) -> Reflector:
+        """The watch that keeps this replica on the Secret's current CA set, leader or not
+        (so a standby is ready to sign)."""
+        return Reflector(
+            "ca-secret",
+            lambda: self.kube.list_secret(self.namespace, self.secret_name),
+            lambda rv: self.kube.watch_secret(self.namespace, self.secret_name, rv),
+            self._on_secret_list,
+            self._on_secret_event,
+            stop,
+        )
+
+    def _on_secret_list(self, items: list[JSON]) -> None:
+        for item in items:
+            self.on_secret(item)
+
+    def _on_secret_event(self, kind: str, obj: JSON) -> None:
+        if kind != "DELETED":
+            self.on_secret(obj)
 
     def on_secret(self, obj: JSON) -> None:
         """A watch event for the Secret: adopt what it now holds."""

@@ -6,22 +6,19 @@ import argparse
 import datetime as dt
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from podcert import logs
 from podcert.rest import ApiError, Rest, load_client
-from signer import auditlog, metrics, policy, rotation
+from signer import build, policy, rotation
 from signer.ca import CAError
 from signer.castore import CAStore, describe
-from signer.controller import Controller, Settings, utcnow
+from signer.controller import Settings, utcnow
 from signer.kube import SignerKube
-from signer.leader import Elector, LeaseSettings
-from signer.webhook import ServingCert, WebhookServer
+from signer.leader import LeaseSettings
 
 log = logging.getLogger("podcert.signer")
 
@@ -291,15 +288,21 @@ def run_ca(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
+    config = config_from(args)
+    if isinstance(config, str):
+        log.error("%s", config)
+        return 2
+    return build.run(config)
+
+
+def config_from(args: argparse.Namespace) -> build.Config | str:
+    """The validated configuration, or what is wrong with the flags."""
     if not args.signer_names:
-        log.error("--signer-name is required (repeat it to serve several)")
-        return 2
+        return "--signer-name is required (repeat it to serve several)"
     if not 1 <= args.workers <= 64:
-        log.error("--workers must be between 1 and 64, got %d", args.workers)
-        return 2
+        return f"--workers must be between 1 and 64, got {args.workers}"
     if not 0.1 <= args.refresh_fraction <= 0.9:
-        log.error("--refresh-fraction must be between 0.1 and 0.9")
-        return 2
+        return "--refresh-fraction must be between 0.1 and 0.9"
     try:
         pol = (
             policy.load_policy_file(args.policy, args.signer_names, args.trust_domain)
@@ -307,117 +310,32 @@ def run(args: argparse.Namespace) -> int:
             else policy.default_policy(args.signer_names, args.trust_domain)
         )
     except policy.PolicyError as err:
-        log.error("invalid policy: %s", err)
-        return 2
-
-    kube = SignerKube(Rest(load_client(args.kubeconfig)))
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-
-    cas = CAStore(
-        kube,
-        args.namespace,
-        args.ca_secret,
-        utcnow,
-        create=not args.no_create_ca,
-        settings=_rotation_settings(args),
-    )
-    # Start-up waits out transient API trouble instead of crashing into a restart loop.
-    delay = 0.5
-    while not stop.is_set():
-        try:
-            version = kube.discover()
-            if cas.load() is None:
-                log.error("%s", cas.error)
-                return 1
-            break
-        except ApiError as err:
-            log.warning("API server not usable yet (%s); retrying in %.1fs", err, delay)
-            stop.wait(delay)
-            delay = min(delay * 2, 10.0)
-    else:
-        return 0
-    log.info("serving %s on certificates.k8s.io/%s", ", ".join(args.signer_names), version)
-
-    audit = None
-    if args.audit_log is not None:
-        args.audit_log.parent.mkdir(parents=True, exist_ok=True)
-        audit = auditlog.AuditLog(args.audit_log, checkpoint_every=args.audit_checkpoint_every)
-    m = metrics.Metrics()
-    bundle = cas.bundle
-    if bundle is not None:
-        m.ca_not_after.set(bundle.not_after.timestamp())
-    leading = threading.Event()
-    if not args.leader_elect:
-        leading.set()
-    controller = Controller(
-        kube,
-        args.signer_names,
-        pol,
-        cas,
-        m,
-        audit,
-        settings=Settings(
+        return f"invalid policy: {err}"
+    return build.Config(
+        signer_names=tuple(args.signer_names),
+        policy=pol,
+        namespace=args.namespace,
+        kubeconfig=args.kubeconfig,
+        ca_secret=args.ca_secret,
+        create_ca=not args.no_create_ca,
+        rotation=_rotation_settings(args),
+        controller=Settings(
             workers=args.workers,
             fair_queue=args.fair_queue,
             refresh_fraction=args.refresh_fraction,
             backdate=dt.timedelta(seconds=args.backdate_seconds),
-            audit_checkpoint_interval=args.audit_checkpoint_interval,
-            publish_trust_bundles=not args.no_trust_bundles,
         ),
-        is_leader=leading.is_set,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        audit_log=args.audit_log,
+        audit_checkpoint_every=args.audit_checkpoint_every,
+        audit_checkpoint_interval=args.audit_checkpoint_interval,
+        publish_trust_bundles=not args.no_trust_bundles,
+        leader_elect=args.leader_elect,
+        lease_name=args.lease_name,
+        lease=LeaseSettings(args.lease_duration, args.renew_deadline, args.retry_period),
+        identity=args.identity,
+        webhook_host=args.webhook_host,
+        webhook_port=args.webhook_port,
+        webhook_dns_names=tuple(args.webhook_dns_name),
     )
-    server = metrics.serve(m, args.metrics_port, controller.ready, host=args.metrics_host)
-    log.info("metrics on port %d", server.server_address[1])
-    controller.start()
-    webhook_thread = None
-    if args.webhook_port:
-        names = args.webhook_dns_name or [
-            f"podcert-signer.{args.namespace}.svc",
-            f"podcert-signer.{args.namespace}.svc.cluster.local",
-        ]
-        server_hook = WebhookServer(
-            args.webhook_host,
-            args.webhook_port,
-            ServingCert(
-                cas.issuing, names, pol.for_signer(args.signer_names[0]).trust_domain, utcnow
-            ),
-            args.signer_names,
-            controller.facts,
-            pol,
-            utcnow,
-        )
-        webhook_thread = threading.Thread(target=server_hook.run, args=(stop,), name="webhook")
-        webhook_thread.start()
-        server_hook.started.wait(30)
-        if server_hook.error is not None:
-            log.error("the admission webhook could not start: %s", server_hook.error)
-            stop.set()
-    elector_thread = None
-    if args.leader_elect:
-        elector = Elector(
-            kube.rest,
-            args.namespace,
-            args.lease_name,
-            args.identity,
-            LeaseSettings(args.lease_duration, args.renew_deadline, args.retry_period),
-            on_start=controller.started_leading,
-            on_stop=controller.stopped_leading,
-        )
-        elector.leading = leading
-        elector_thread = threading.Thread(target=elector.run, args=(stop,), name="leader")
-        elector_thread.start()
-    else:
-        controller.started_leading()
-    stop.wait()
-    log.info("shutting down")
-    controller.stop()
-    for thread in (elector_thread, webhook_thread):
-        if thread is not None:
-            thread.join(timeout=10)
-    server.shutdown()
-    if audit is not None:
-        audit.close()
-    sys.stderr.flush()
-    return 0

@@ -2,10 +2,10 @@
 
 Level-based: a work item is (namespace, name), never the event. Reflectors (list, then watch from
 the last resourceVersion, relist on 410 Gone) keep a store of unsettled requests and enqueue their
-keys; workers fetch live facts, call the pure `decide`, and apply exactly one status write with the
-object's resourceVersion, so a lost race is a 409 that re-reads and never overwrites an outcome
-someone else wrote. Transient trouble requeues with capped exponential backoff and jitter; it
-never becomes a terminal `Failed`.
+keys; the runtime's workers (`podcert.runtime`) call `reconcile`, which fetches live facts, calls
+the pure `decide`, and applies exactly one status write with the object's resourceVersion, so a
+lost race is a 409 that re-reads and never overwrites an outcome someone else wrote. Transient
+trouble requeues with capped exponential backoff and jitter; it never becomes a terminal `Failed`.
 """
 
 from __future__ import annotations
@@ -18,23 +18,19 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric import ec
-
 from podcert.cache import Cache
 from podcert.ratelimit import TokenBuckets
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
-from podcert.workqueue import ShutDown, WorkQueue
+from podcert.runtime import Synced, WorkerPool
+from podcert.workqueue import WorkQueue
 from signer import auditlog, certs, model, objects
-from signer.ca import CAError
+from signer.audittrail import AuditTrail
 from signer.castore import CAStore
-from signer.decide import decide
+from signer.decide import CA_TOO_SHORT, decide
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import Policy
-from signer.rotation import RotationError
-from signer.trustbundles import Publisher
 
 log = logging.getLogger("podcert.signer")
 
@@ -50,10 +46,6 @@ class Settings:
     workers: int = 4
     backdate: dt.timedelta = dt.timedelta(seconds=60)
     refresh_fraction: float = 0.5
-    audit_checkpoint_interval: float = 60.0
-    publish_trust_bundles: bool = True
-    # How often the leader asks the CA schedule whether a rotation step is due.
-    rotation_check_interval: float = 30.0
     # Workers wait this long for the pod/node/ServiceAccount caches' first full list.
     facts_sync_timeout: float = 60.0
     # Workers serve nodes in turn, then a node's namespaces in turn (False: one FIFO, as
@@ -73,25 +65,31 @@ class Controller:
         policy: Policy,
         cas: CAStore,
         metrics: Metrics,
-        audit: auditlog.AuditLog | None = None,
+        trail: AuditTrail | None = None,
         *,
         settings: Settings = DEFAULT_SETTINGS,
         clock: Callable[[], dt.datetime] = utcnow,
         is_leader: Callable[[], bool] = lambda: True,
         monotonic: Callable[[], float] = time.monotonic,
+        stop: threading.Event | None = None,
     ) -> None:
         self.kube = kube
         self.signer_names = tuple(signer_names)
         self.policy = policy
         self.cas = cas
         self.metrics = metrics
-        self.audit = audit
         self.settings = settings
         self.clock = clock
+        self.is_leader = is_leader
+        self.monotonic = monotonic
+        self._stop = stop if stop is not None else threading.Event()
+        # Without a trail nothing is logged and issuance never waits for a log.
+        self.trail = trail or AuditTrail(
+            None, metrics, cas.issuing, "", clock=clock, backdate=settings.backdate
+        )
         self.queue: WorkQueue[Key] = WorkQueue(
             base_delay=0.1, max_delay=60.0, flow=self._flow if settings.fair_queue else None
         )
-        self.monotonic = monotonic
         self._node_rates = {
             name: TokenBuckets(rate)
             for name in self.signer_names
@@ -103,17 +101,6 @@ class Controller:
         self._lock = threading.Lock()
         self._store: dict[Key, JSON] = {}  # unsettled requests, latest seen
         self._services: dict[str, dict[str, dict[str, str]]] = {}  # ns -> name -> selector
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.reflectors: list[Reflector] = []
-        self._audit_key: ec.EllipticCurvePrivateKey | None = None
-        self._audit_chain: list[x509.Certificate] = []
-        self._audit_issuer: x509.Certificate | None = None
-        # Fail closed: while the audit log refuses writes nothing is issued and /readyz fails.
-        self._audit_writable = threading.Event()
-        self._audit_writable.set()
-        metrics.audit_log_writable.set(1)
-        self.is_leader = is_leader
         # Watched caches of the facts; a request they do not vouch for is read live.
         self.pods: Cache[Key, model.Pod] = Cache(
             "pods",
@@ -139,33 +126,7 @@ class Controller:
             objects.service_account_from,
             self._stop,
         )
-        self._facts_gate = threading.Lock()
-        self._facts_waited = False
-        self._rotation_wake = threading.Event()
-        self.publisher = Publisher(
-            kube,
-            {s: policy.for_signer(s).trust_domain for s in self.signer_names},
-            cas.trusted_roots,
-            is_leader,
-            self._stop,
-        )
-        cas.on_change(self._on_ca_change)
-
-    # --- lifecycle -------------------------------------------------------------------------
-
-    def start(self) -> None:
-        self.reflectors += [c.reflector for c in (self.pods, self.nodes, self.service_accounts)]
-        # Every replica follows the CA Secret, leader or not, so a standby is ready to sign.
-        self.reflectors.append(
-            Reflector(
-                "ca-secret",
-                lambda: self.kube.list_secret(self.cas.namespace, self.cas.secret_name),
-                lambda rv: self.kube.watch_secret(self.cas.namespace, self.cas.secret_name, rv),
-                self._on_secret_list,
-                self._on_secret_event,
-                self._stop,
-            )
-        )
+        self.reflectors: list[Reflector] = [c.reflector for c in self.fact_caches]
         for signer_name in self.signer_names:
             self.reflectors.append(
                 Reflector(
@@ -188,88 +149,56 @@ class Controller:
                     self._stop,
                 )
             )
-        for reflector in self.reflectors:
-            self._spawn(reflector.name, reflector.run)
-        if self.settings.publish_trust_bundles:
-            for name, target in self.publisher.threads():
-                self._spawn(name, target)
-        for index in range(self.settings.workers):
-            self._spawn(f"worker-{index}", self._work)
-        self._spawn("ca-rotation", self._rotation_loop)
-        if self.audit is not None:
-            self.metrics.audit_checkpoint.set(self.audit.checkpoints)
-            self._setup_audit_signer()
-            self._spawn("audit-checkpoints", self._checkpoint_loop)
 
-    def _spawn(self, name: str, target: Callable[[], None]) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
+    # --- running on the runtime ------------------------------------------------------------
 
-    def ready(self) -> bool:
-        return (
-            self.cas.bundle is not None
-            and self._audit_writable.is_set()
-            and all(r.synced.is_set() for r in self.reflectors)
+    @property
+    def fact_caches(self) -> tuple[Cache[Any, Any], ...]:
+        return (self.pods, self.nodes, self.service_accounts)
+
+    def pool(self) -> WorkerPool[Key]:
+        """The workers: only the leader settles requests (a standby keeps them in its store;
+        `started_leading` queues them again). They start once the fact caches hold a full
+        list, as controllers wait for their informers: otherwise every request of a start-up
+        backlog is read live, three GETs each, while the lists are still loading. After the
+        timeout they start anyway; live reads keep every decision correct, only slower."""
+        return WorkerPool(
+            "worker",
+            self.queue,
+            self.reconcile,
+            workers=self.settings.workers,
+            active=self.is_leader,
+            expected=(ApiError,),
+            on_retry=self._count_retry,
+            after_each=self._gauge_depth,
+            context=_ctx,
+            waits_for=[Synced(c.reflector.name, c.reflector.synced) for c in self.fact_caches],
+            sync_timeout=self.settings.facts_sync_timeout,
+            sync_timeout_note="settling requests with live reads until it does",
+            logger=log,
         )
 
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
     def started_leading(self) -> None:
-        """Pick up every pending request and look at the trust bundles and the CA schedule."""
+        """Pick up every pending request."""
         with self._lock:
             keys = list(self._store)
         for key in keys:
             self.queue.add(key)
-        self.publisher.resync()
-        self._rotation_wake.set()
 
     def stopped_leading(self) -> None:
         log.warning("not the leader any more: issuing stops")
 
-    def _on_ca_change(self) -> None:
-        bundle = self.cas.bundle
-        if bundle is not None:
-            self.metrics.ca_not_after.set(bundle.not_after.timestamp())
-            if self.audit is not None and self._audit_issuer != bundle.intermediate:
-                # A (new) CA signs now: (re-)key the audit certificate under it and checkpoint,
-                # so the log stays verifiable once the old root is retired and withdrawn.
-                self._setup_audit_signer()
-        self.publisher.resync()
-        self._rotation_wake.set()
+    def _count_retry(self, key: Key, err: Exception) -> None:
+        reason = f"API{err.status or 'Unavailable'}" if isinstance(err, ApiError) else "Unexpected"
+        self.metrics.retries.labels(reason=reason).inc()
 
-    def _rotation_loop(self) -> None:
-        """The leader applies whatever step the CA schedule says is due."""
-        while not self._stop.is_set():
-            self._rotation_wake.wait(self.settings.rotation_check_interval)
-            self._rotation_wake.clear()
-            if self._stop.is_set() or not self.is_leader():
-                continue
-            try:
-                step = self.cas.due()
-                if step is not None:
-                    log.info("CA rotation step due: %s", step)
-                    self.cas.step(step)
-            except (ApiError, RotationError, CAError) as err:
-                log.warning("CA rotation step not applied: %s", err)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        self._rotation_wake.set()
-        self.publisher.queue.shut_down()
-        self.queue.shut_down()
-        for thread in self._threads:
-            if thread.name.startswith("worker") or thread.name == "audit-checkpoints":
-                thread.join(timeout)
-        self._checkpoint()
+    def _gauge_depth(self) -> None:
+        self.metrics.queue_depth.set(len(self.queue))
 
     # --- reflector callbacks ---------------------------------------------------------------
-
-    def _on_secret_list(self, items: list[JSON]) -> None:
-        for item in items:
-            self.cas.on_secret(item)
-
-    def _on_secret_event(self, kind: str, obj: JSON) -> None:
-        if kind != "DELETED":
-            self.cas.on_secret(obj)
 
     def _on_pcr_list(self, items: list[JSON]) -> None:
         fresh: dict[Key, JSON] = {}
@@ -306,70 +235,7 @@ class Controller:
         with self._lock:
             _index_service(self._services, obj, present=kind != "DELETED")
 
-    # --- workers ---------------------------------------------------------------------------
-
-    def _wait_for_facts(self) -> None:
-        """Hold the workers until the fact caches hold a full list, as controllers wait for
-        their informers: otherwise every request of a start-up backlog is read live, three
-        GETs each, while the lists are still loading. After the timeout they start anyway;
-        live reads keep every decision correct, only slower."""
-        with self._facts_gate:
-            if self._facts_waited:
-                return
-            self._facts_waited = True
-            deadline = time.monotonic() + self.settings.facts_sync_timeout
-            for cache in (self.pods, self.nodes, self.service_accounts):
-                while not cache.reflector.synced.wait(0.2):
-                    if self._stop.is_set():
-                        return
-                    if time.monotonic() > deadline:
-                        log.warning(
-                            "the %s cache has not synced in %.0fs: settling requests with "
-                            "live reads until it does",
-                            cache.reflector.name,
-                            self.settings.facts_sync_timeout,
-                        )
-                        return
-
-    def _work(self) -> None:
-        self._wait_for_facts()
-        while True:
-            try:
-                key = self.queue.get()
-            except ShutDown:
-                return
-            if key is None:
-                continue
-            if not self.is_leader():
-                # A standby keeps the key in its store; started_leading() queues it again.
-                self.queue.done(key)
-                continue
-            try:
-                after = self.reconcile(key)
-                if after is None:
-                    self.queue.forget(key)
-                else:
-                    self.queue.add_after(key, after)
-            except ApiError as err:
-                delay = self.queue.retry(key)
-                self.metrics.retries.labels(reason=f"API{err.status or 'Unavailable'}").inc()
-                log.warning(
-                    "will retry in %.2fs: %s",
-                    delay,
-                    err,
-                    extra=_ctx(key),
-                )
-            except Exception:
-                delay = self.queue.retry(key)
-                self.metrics.retries.labels(reason="Unexpected").inc()
-                log.exception(
-                    "unexpected error; will retry in %.2fs",
-                    delay,
-                    extra=_ctx(key),
-                )
-            finally:
-                self.queue.done(key)
-                self.metrics.queue_depth.set(len(self.queue))
+    # --- one request -----------------------------------------------------------------------
 
     def reconcile(self, key: Key) -> float | None:
         """Settle one request. Returns seconds until it should be looked at again, or None."""
@@ -400,7 +266,7 @@ class Controller:
         )
         if isinstance(decision, model.Retry):
             self.metrics.retries.labels(reason=decision.reason).inc()
-            self.metrics.ca_too_short.set(1 if decision.reason == "CATooShort" else 0)
+            self.metrics.ca_too_short.set(1 if decision.reason == CA_TOO_SHORT else 0)
             log.warning("not yet: %s", decision.reason, extra=extra)
             return decision.after.total_seconds()
         if isinstance(decision, model.Issue):
@@ -481,6 +347,8 @@ class Controller:
             service_dns_names=names,
             ca=self.cas.issuing(),
         )
+
+    # --- writing ---------------------------------------------------------------------------
 
     def _issue(
         self, pcr: JSON, request: model.Request, plan: model.LeafPlan, issuer: model.IssuingCA
@@ -566,8 +434,6 @@ class Controller:
         with self._lock:
             self._store.pop(key, None)
 
-    # --- audit -----------------------------------------------------------------------------
-
     def _audit(
         self,
         pcr: JSON,
@@ -577,10 +443,8 @@ class Controller:
         plan: model.LeafPlan | None,
         now: dt.datetime,
     ) -> bool:
-        """Append one decision; False (logged, counted, readiness withdrawn) when the log
-        cannot take it. An `issued` entry is on disk when this returns True."""
-        if self.audit is None:
-            return True
+        """Append one decision to the audit trail; False when the log cannot take it. An
+        `issued` entry is on disk when this returns True."""
         meta, spec = pcr.get("metadata") or {}, pcr.get("spec") or {}
         entry = auditlog.Entry(
             time=now,
@@ -598,73 +462,7 @@ class Controller:
             not_before=plan.not_before if plan else None,
             not_after=plan.not_after if plan else None,
         )
-        try:
-            self.audit.append(entry)
-        except (OSError, ValueError, auditlog.AuditLogError) as err:
-            self._audit_failed("append to", err)
-            return False
-        self._audit_succeeded()
-        return True
-
-    def _audit_failed(self, what: str, err: Exception) -> None:
-        self.metrics.audit_log_errors.inc()
-        self.metrics.audit_log_writable.set(0)
-        if self._audit_writable.is_set():
-            self._audit_writable.clear()
-            log.error(
-                "cannot %s the audit log (%s): issuance stops and /readyz fails until it can",
-                what,
-                err,
-            )
-
-    def _audit_succeeded(self) -> None:
-        if self.audit is not None:
-            self.metrics.audit_checkpoint.set(self.audit.checkpoints)
-        if not self._audit_writable.is_set():
-            self._audit_writable.set()
-            self.metrics.audit_log_writable.set(1)
-            log.warning("the audit log takes writes again: issuance resumes")
-
-    def _setup_audit_signer(self) -> None:
-        """A fresh audit key per process and per CA, its certificate issued by that CA (the x5c
-        chain of every checkpoint); then a checkpoint at once, so that even a log with no
-        entries is vouched for by the signer."""
-        issuer = self.cas.issuing()
-        if issuer is None or self.audit is None:
-            return
-        key = ec.generate_private_key(ec.SECP256R1())
-        not_before = certs.truncate_to_second(self.clock() - self.settings.backdate)
-        pem = certs.sign_audit_certificate(
-            key.public_key(),
-            self.policy.for_signer(self.signer_names[0]).trust_domain,
-            issuer,
-            not_before,
-            not_before + dt.timedelta(days=30),
-            certs.random_serial(),
-        )
-        self._audit_chain = list(x509.load_pem_x509_certificates(pem.encode()))
-        self._audit_key = key
-        self._audit_issuer = issuer.certificate
-        self.audit.set_checkpoint_signer(key, self._audit_chain)
-        self._checkpoint(force=True)
-
-    def _checkpoint(self, *, force: bool = False) -> None:
-        if self.audit is None or self._audit_key is None:
-            return
-        try:
-            self.audit.checkpoint(self._audit_key, self._audit_chain, self.clock(), force=force)
-        except (OSError, ValueError, auditlog.AuditLogError) as err:
-            self._audit_failed("write a checkpoint to", err)
-            return
-        self._audit_succeeded()
-
-    def _checkpoint_loop(self) -> None:
-        # While the log refuses writes, try every second (a forced checkpoint is the probe), so
-        # issuance and readiness come back soon after space does.
-        while not self._stop.wait(
-            self.settings.audit_checkpoint_interval if self._audit_writable.is_set() else 1.0
-        ):
-            self._checkpoint(force=not self._audit_writable.is_set())
+        return self.trail.record(entry)
 
 
 _DECISIONS: Mapping[str, Any] = {"Issued": "issued", "Denied": "denied", "Failed": "failed"}

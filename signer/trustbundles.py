@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives import serialization
 
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
-from podcert.workqueue import ShutDown, WorkQueue
+from podcert.runtime import WorkerPool
+from podcert.workqueue import WorkQueue
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.trust")
@@ -111,8 +112,11 @@ class Publisher:
             for signer in signers
         ]
 
-    def threads(self) -> list[tuple[str, Callable[[], None]]]:
-        return [(r.name, r.run) for r in self.reflectors] + [("trust-publisher", self._work)]
+    def pool(self) -> WorkerPool[str]:
+        """One worker, keyed by signer name; failed writes retry with backoff."""
+        return WorkerPool(
+            "trust-publisher", self.queue, self._publish, expected=(ApiError,), logger=log
+        )
 
     def resync(self) -> None:
         """Look at every signer again (the roots or the leadership changed)."""
@@ -133,23 +137,11 @@ class Publisher:
                 self._seen[signer][name] = obj
         self.queue.add(signer)
 
-    def _work(self) -> None:
-        while True:
-            try:
-                signer = self.queue.get()
-            except ShutDown:
-                return
-            if signer is None:
-                continue
-            try:
-                if self.active() and all(r.synced.is_set() for r in self.reflectors):
-                    self.reconcile(signer)
-                self.queue.forget(signer)
-            except ApiError as err:
-                delay = self.queue.retry(signer)
-                log.warning("publishing the trust bundle failed (%s); retry in %.1fs", err, delay)
-            finally:
-                self.queue.done(signer)
+    def _publish(self, signer: str) -> None:
+        """Only the leader writes, and only once the bundles' lists are in (each list queues
+        every signer again)."""
+        if self.active() and all(r.synced.is_set() for r in self.reflectors):
+            self.reconcile(signer)
 
     def reconcile(self, signer: str) -> bool:
         """Make the cluster hold exactly our one bundle for `signer`. True when it wrote."""

@@ -1,5 +1,6 @@
 """Workers start once the fact caches hold a full list (as controllers wait for informers), and
-start anyway, on live reads, when a list does not come in time."""
+start anyway, on live reads, when a list does not come in time. The signer's pool on the
+runtime: waits are driven by an injected clock, so nothing here sleeps."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import cast
 
 import pytest
 
+from podcert.runtime import Runtime, wait_for_sync
 from signer.castore import CAStore
 from signer.controller import Controller, Settings, utcnow
 from signer.kube import SignerKube
@@ -16,9 +18,27 @@ from signer.metrics import Metrics
 from signer.policy import default_policy
 
 SIGNER = "podcert.dev/test"
+DEADLINE = 10.0  # seconds a condition may take before the test fails
 
 
-def controller(timeout: float) -> Controller:
+class Clock:
+    """A monotonic clock that moves only when a wait moves it."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Event.wait on this clock: at once when set, else after `seconds`."""
+        if event.is_set():
+            return True
+        self.now += seconds
+        return event.is_set()
+
+
+def controller(timeout: float, stop: threading.Event | None = None) -> Controller:
     # Nothing here reaches the API: the caches' lists are never started.
     kube = cast(SignerKube, object())
     return Controller(
@@ -28,26 +48,31 @@ def controller(timeout: float) -> Controller:
         CAStore(kube, "podcert-system", "podcert-ca", utcnow),
         Metrics(),
         settings=Settings(facts_sync_timeout=timeout),
+        stop=stop,
     )
-
-
-def waiting_worker(ctrl: Controller) -> threading.Thread:
-    thread = threading.Thread(target=ctrl._wait_for_facts, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_workers_wait_until_every_fact_cache_has_listed() -> None:
     ctrl = controller(timeout=600)
-    worker = waiting_worker(ctrl)
+    pool = ctrl.pool()
     for cache in (ctrl.pods, ctrl.nodes):
         cache.reflector.synced.set()
-    worker.join(0.5)
-    assert worker.is_alive(), "started before the ServiceAccount cache listed"
+    clock = Clock()
+    waited = wait_for_sync(
+        pool.waits_for, threading.Event(), timeout=pool.sync_timeout, clock=clock, wait=clock.wait
+    )
+    assert waited.timed_out == "serviceaccounts", "started before the ServiceAccount cache listed"
+    assert clock.now == pytest.approx(100.0 + 600)
 
     ctrl.service_accounts.reflector.synced.set()
-    worker.join(10)
-    assert not worker.is_alive()
+    assert wait_for_sync(pool.waits_for, threading.Event(), timeout=600, clock=Clock()).synced
+    runtime = Runtime("signer", stop=ctrl._stop)
+    runtime.add_pool(pool)
+    runtime.start()
+    try:
+        assert pool.started.wait(DEADLINE)
+    finally:
+        runtime.stop()
 
 
 def test_workers_start_on_live_reads_when_a_list_does_not_come(
@@ -55,20 +80,36 @@ def test_workers_start_on_live_reads_when_a_list_does_not_come(
 ) -> None:
     ctrl = controller(timeout=0.0)
     ctrl.pods.reflector.synced.set()
+    runtime = Runtime("signer", stop=ctrl._stop)
+    pool = runtime.add_pool(ctrl.pool())
     with caplog.at_level(logging.WARNING):
-        worker = waiting_worker(ctrl)
-        worker.join(10)
-    assert not worker.is_alive()
+        runtime.start()
+        try:
+            assert pool.started.wait(DEADLINE)
+        finally:
+            runtime.stop()
     assert "the nodes cache has not synced" in caplog.text
-    # Every later worker goes straight on: the wait happens once per process.
-    second = waiting_worker(ctrl)
-    second.join(10)
-    assert not second.is_alive()
+    # Every worker goes straight on: the wait happens once per process, not per worker.
+    assert caplog.text.count("has not synced") == 1
+    workers = [t.name for t in runtime.threads() if t.name.startswith("worker-")]
+    assert sorted(workers) == ["worker-0", "worker-1", "worker-2", "worker-3", "worker-start"]
 
 
 def test_a_stopping_controller_does_not_hold_its_workers() -> None:
     ctrl = controller(timeout=600)
-    worker = waiting_worker(ctrl)
-    ctrl._stop.set()
-    worker.join(10)
-    assert not worker.is_alive()
+    pool = ctrl.pool()
+    stop = threading.Event()
+    stop.set()
+    clock = Clock()
+    waited = wait_for_sync(pool.waits_for, stop, timeout=600, clock=clock, wait=clock.wait)
+    assert waited.stopped
+    assert clock.now < 100.0 + 600, "waited for the timeout although stopping"
+
+    runtime = Runtime("signer", stop=ctrl._stop)
+    runtime.add_pool(pool)
+    runtime.start()
+    runtime.stop()
+    [starter] = [t for t in runtime.threads() if t.name == "worker-start"]
+    starter.join(DEADLINE)
+    assert not starter.is_alive()
+    assert not pool.started.is_set()

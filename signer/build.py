@@ -1,0 +1,265 @@
+"""Wiring: a signer process's pieces, built from its configuration and run on one runtime.
+
+`run(config)` is the whole process: reach the API server (waiting out transient trouble),
+load or create the CA, `build` every piece, start them, wait for SIGTERM/SIGINT and stop. Each
+piece does one job and learns of the others only through the callbacks wired here:
+
+| piece                    | job                                                           |
+|--------------------------|---------------------------------------------------------------|
+| `CAStore` (+ its watch)  | the CA set in its Secret, followed by every replica           |
+| `Controller` (+ pool)    | settles PodCertificateRequests; only the leader writes         |
+| `AuditTrail`             | the audit log's entries, key and checkpoints; fails closed     |
+| `Publisher` (+ pool)     | one ClusterTrustBundle per signer name, equal to the roots     |
+| `Rotator`                | applies the CA schedule's due step (leader only)               |
+| `Elector`                | the Lease; starts and stops leading                           |
+| `WebhookServer`          | the validating admission webhook (optional)                   |
+| metrics server           | /metrics, /healthz, /readyz                                   |
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+from podcert.rest import ApiError, Rest, load_client
+from podcert.runtime import Runtime, retry_until
+from signer import auditlog, metrics, rotation
+from signer.audittrail import AuditTrail
+from signer.castore import CAStore
+from signer.controller import Controller, Settings, utcnow
+from signer.kube import SignerKube
+from signer.leader import Elector, LeaseSettings
+from signer.policy import Policy
+from signer.rotator import Rotator
+from signer.trustbundles import Publisher
+from signer.webhook import ServingCert, WebhookServer
+
+log = logging.getLogger("podcert.signer")
+
+WEBHOOK_START_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything `podcert signer` is told on its command line, validated."""
+
+    signer_names: tuple[str, ...]
+    policy: Policy
+    namespace: str
+    kubeconfig: Path | None = None
+    ca_secret: str = "podcert-ca"  # noqa: S105 (a Secret's name, not a password)
+    create_ca: bool = True
+    rotation: rotation.Settings = rotation.DEFAULT_SETTINGS
+    rotation_check_interval: float = 30.0  # how often the leader asks the CA schedule
+    controller: Settings = field(default_factory=Settings)
+    metrics_host: str = "0.0.0.0"  # noqa: S104 (a pod's metrics port is meant to be scraped)
+    metrics_port: int = 9090
+    audit_log: Path | None = None
+    audit_checkpoint_every: int = 1000
+    audit_checkpoint_interval: float = 60.0
+    publish_trust_bundles: bool = True
+    leader_elect: bool = True
+    lease_name: str = "podcert-signer"
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    identity: str = "podcert-signer"
+    webhook_host: str = "0.0.0.0"  # noqa: S104
+    webhook_port: int = 0  # 0: no webhook
+    webhook_dns_names: tuple[str, ...] = ()  # default: the Service's names in `namespace`
+
+    @property
+    def trust_domain(self) -> str:
+        """The first signer's: the audit certificate's and the webhook's."""
+        return self.policy.for_signer(self.signer_names[0]).trust_domain
+
+
+class CAUnusable(Exception):
+    """The CA Secret is missing (and may not be created) or holds no usable CA."""
+
+
+def run(config: Config) -> int:
+    runtime = Runtime("signer", logger=log)
+    runtime.handle_signals()
+    kube = SignerKube(Rest(load_client(config.kubeconfig)))
+    cas = CAStore(
+        kube,
+        config.namespace,
+        config.ca_secret,
+        utcnow,
+        create=config.create_ca,
+        settings=config.rotation,
+    )
+
+    def connect() -> str:
+        version = kube.discover()
+        if cas.load() is None:
+            raise CAUnusable(cas.error)
+        return version
+
+    try:
+        # Start-up waits out transient API trouble instead of crashing into a restart loop.
+        version = retry_until(connect, runtime.stopping, transient=(ApiError,), logger=log)
+    except CAUnusable as err:
+        log.error("%s", err)
+        return 1
+    if version is None:
+        return 0
+    log.info("serving %s on certificates.k8s.io/%s", ", ".join(config.signer_names), version)
+    signer = build(config, kube, cas, runtime)
+    signer.start()
+    runtime.wait()
+    log.info("shutting down")
+    runtime.stop()
+    sys.stderr.flush()
+    return 0
+
+
+@dataclass
+class Signer:
+    """The pieces of one signer process, wired and not yet started."""
+
+    config: Config
+    runtime: Runtime
+    kube: SignerKube
+    cas: CAStore
+    metrics: metrics.Metrics
+    audit: auditlog.AuditLog | None
+    trail: AuditTrail
+    controller: Controller
+    publisher: Publisher
+    rotator: Rotator
+    leading: threading.Event
+    server: ThreadingHTTPServer | None = None
+
+    def start(self) -> None:
+        config, runtime, stop = self.config, self.runtime, self.runtime.stopping
+        self.server = metrics.serve(
+            self.metrics, config.metrics_port, runtime.ready, host=config.metrics_host
+        )
+        log.info("metrics on port %d", self.server.server_address[1])
+        self.trail.start()
+        for reflector in [*self.controller.reflectors, self.cas.follow(stop)]:
+            runtime.spawn(reflector.name, reflector.run)
+            runtime.ready_when(reflector.synced.is_set)
+        if config.publish_trust_bundles:
+            for reflector in self.publisher.reflectors:
+                runtime.spawn(reflector.name, reflector.run)
+            runtime.add_pool(self.publisher.pool())
+        runtime.add_pool(self.controller.pool())
+        runtime.spawn("ca-rotation", self.rotator.run)
+        runtime.on_stopping(self.rotator.wake)
+        if self.audit is not None:
+            runtime.spawn("audit-checkpoints", lambda: self.trail.run(stop), join=True)
+        # After the workers and the checkpoint timer: a last checkpoint, then close up.
+        runtime.on_stopped(self.trail.checkpoint)
+        runtime.on_stopped(self.server.shutdown)
+        if self.audit is not None:
+            runtime.on_stopped(self.audit.close)
+        runtime.start()
+        if config.webhook_port:
+            self._start_webhook()
+        if config.leader_elect:
+            elector = Elector(
+                self.kube.rest,
+                config.namespace,
+                config.lease_name,
+                config.identity,
+                config.lease,
+                on_start=self.started_leading,
+                on_stop=self.controller.stopped_leading,
+            )
+            elector.leading = self.leading
+            runtime.spawn("leader", lambda: elector.run(stop), join=True)
+        else:
+            self.started_leading()
+
+    def _start_webhook(self) -> None:
+        config = self.config
+        names = config.webhook_dns_names or (
+            f"podcert-signer.{config.namespace}.svc",
+            f"podcert-signer.{config.namespace}.svc.cluster.local",
+        )
+        hook = WebhookServer(
+            config.webhook_host,
+            config.webhook_port,
+            ServingCert(self.cas.issuing, list(names), config.trust_domain, utcnow),
+            config.signer_names,
+            self.controller.facts,
+            config.policy,
+            utcnow,
+        )
+        self.runtime.spawn("webhook", lambda: hook.run(self.runtime.stopping), join=True)
+        hook.started.wait(WEBHOOK_START_TIMEOUT)
+        if hook.error is not None:
+            log.error("the admission webhook could not start: %s", hook.error)
+            self.runtime.stopping.set()
+
+    def started_leading(self) -> None:
+        """Pick up every pending request, and look at the trust bundles and the CA schedule."""
+        self.controller.started_leading()
+        self.publisher.resync()
+        self.rotator.wake()
+
+    def on_ca_change(self) -> None:
+        bundle = self.cas.bundle
+        if bundle is not None:
+            self.metrics.ca_not_after.set(bundle.not_after.timestamp())
+            # A (new) CA signs now: the audit certificate is re-keyed under it.
+            self.trail.on_ca_change()
+        self.publisher.resync()
+        self.rotator.wake()
+
+
+def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> Signer:
+    """Every piece, wired to the others; `cas` is loaded."""
+    audit = None
+    if config.audit_log is not None:
+        config.audit_log.parent.mkdir(parents=True, exist_ok=True)
+        audit = auditlog.AuditLog(config.audit_log, checkpoint_every=config.audit_checkpoint_every)
+    m = metrics.Metrics()
+    bundle = cas.bundle
+    if bundle is not None:
+        m.ca_not_after.set(bundle.not_after.timestamp())
+    trail = AuditTrail(
+        audit,
+        m,
+        cas.issuing,
+        config.trust_domain,
+        clock=utcnow,
+        backdate=config.controller.backdate,
+        checkpoint_interval=config.audit_checkpoint_interval,
+    )
+    runtime.ready_when(lambda: cas.bundle is not None)
+    runtime.ready_when(trail.writable)
+    leading = threading.Event()
+    if not config.leader_elect:
+        leading.set()
+    controller = Controller(
+        kube,
+        config.signer_names,
+        config.policy,
+        cas,
+        m,
+        trail,
+        settings=config.controller,
+        is_leader=leading.is_set,
+        stop=runtime.stopping,
+    )
+    publisher = Publisher(
+        kube,
+        {s: config.policy.for_signer(s).trust_domain for s in config.signer_names},
+        cas.trusted_roots,
+        leading.is_set,
+        runtime.stopping,
+    )
+    rotator = Rotator(
+        cas, leading.is_set, runtime.stopping, interval=config.rotation_check_interval
+    )
+    signer = Signer(
+        config, runtime, kube, cas, m, audit, trail, controller, publisher, rotator, leading
+    )
+    cas.on_change(signer.on_ca_change)
+    return signer
