@@ -2,10 +2,11 @@
 
 Level-based: a work item is (namespace, name), never the event. Reflectors (list, then watch from
 the last resourceVersion, relist on 410 Gone) keep a store of unsettled requests and enqueue their
-keys; the runtime's workers (`podcert.runtime`) call `reconcile`, which fetches live facts, calls
-the pure `decide`, and applies exactly one status write with the object's resourceVersion, so a
-lost race is a 409 that re-reads and never overwrites an outcome someone else wrote. Transient
-trouble requeues with capped exponential backoff and jitter; it never becomes a terminal `Failed`.
+keys; the runtime's workers (`podcert.runtime`) call `reconcile`, which reads live facts, calls
+the pure `decide`, turns an answer into a `Settlement` (`signer.settle`, pure too) and applies it
+with the one writer, `apply`: one status write with the object's resourceVersion, so a lost race
+is a 409 that re-reads and never overwrites an outcome someone else wrote. Transient trouble
+requeues with capped exponential backoff and jitter; it never becomes a terminal `Failed`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 from podcert.cache import Cache
 from podcert.ratelimit import TokenBuckets
@@ -24,13 +25,14 @@ from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from podcert.runtime import Synced, WorkerPool
 from podcert.workqueue import WorkQueue
-from signer import auditlog, certs, model, objects
+from signer import certs, model, objects
 from signer.audittrail import AuditTrail
 from signer.castore import CAStore
-from signer.decide import CA_TOO_SHORT, decide
+from signer.decide import CA_TOO_SHORT, binding_problem, decide
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import Policy
+from signer.settle import Settlement, settle
 
 log = logging.getLogger("podcert.signer")
 
@@ -248,11 +250,11 @@ class Controller:
                 return None
         if objects.outcome(pcr) is not None:
             return None
-        extra = _ctx(key)
         try:
             request = objects.request_from(pcr)
         except objects.ObjectError as err:
-            return self._settle(pcr, None, "Denied", model.INVALID_REQUEST, str(err), None)
+            invalid = model.Deny(model.INVALID_REQUEST, str(err))
+            return self.apply(settle(pcr, None, invalid, self.clock()))
         if request.signer_name not in self.signer_names:
             return None
         facts = self.facts(request)
@@ -264,12 +266,13 @@ class Controller:
             backdate=self.settings.backdate,
             refresh_fraction=self.settings.refresh_fraction,
         )
+        answer: model.Answer
         if isinstance(decision, model.Retry):
             self.metrics.retries.labels(reason=decision.reason).inc()
             self.metrics.ca_too_short.set(1 if decision.reason == CA_TOO_SHORT else 0)
-            log.warning("not yet: %s", decision.reason, extra=extra)
+            log.warning("not yet: %s", decision.reason, extra=_ctx(key))
             return decision.after.total_seconds()
-        if isinstance(decision, model.Issue):
+        elif isinstance(decision, model.Issue):
             assert facts.ca is not None  # decide issues only with a CA
             self.metrics.ca_too_short.set(0)
             # Only issuance counts against the node's rate: a denial costs it nothing, so
@@ -277,9 +280,12 @@ class Controller:
             wait = self._hold_back(key, request)
             if wait > 0:
                 return wait
-            return self._issue(pcr, request, decision.plan, facts.ca)
-        kind = "Denied" if isinstance(decision, model.Deny) else "Failed"
-        return self._settle(pcr, request, kind, decision.reason, decision.message, None)
+            answer = sign(decision.plan, facts.ca)
+        elif isinstance(decision, model.Deny | model.Fail):
+            answer = decision
+        else:
+            assert_never(decision)
+        return self.apply(settle(pcr, request, answer, self.clock()))
 
     def _flow(self, key: Key) -> tuple[str, str]:
         """The queue's flow path of a request: its node, then its namespace. Workers take
@@ -322,12 +328,13 @@ class Controller:
 
     def facts(self, request: model.Request) -> model.Facts:
         """The pod, node and service account as they are now: from the watched caches when
-        those vouch for the request, else (missing, or any mismatch) read live, so that no
-        request is denied on a cache that lags behind the API server."""
+        they vouch for the request (decide's binding checks find no problem in them), else
+        (missing, or any mismatch) read live, so that no request is denied on a cache that
+        lags behind the API server."""
         pod = self.pods.get((request.namespace, request.pod_name))
         node = self.nodes.get(request.node_name)
         sa = self.service_accounts.get((request.namespace, request.service_account_name))
-        if not _vouches(request, pod, node, sa):
+        if binding_problem(request, model.Facts(pod, node, sa)) is not None:
             pod_obj = self.kube.get_pod(request.namespace, request.pod_name)
             node_obj = self.kube.get_node(request.node_name)
             sa_obj = self.kube.get_service_account(request.namespace, request.service_account_name)
@@ -348,53 +355,23 @@ class Controller:
             ca=self.cas.issuing(),
         )
 
-    # --- writing ---------------------------------------------------------------------------
+    # --- the one writer --------------------------------------------------------------------
 
-    def _issue(
-        self, pcr: JSON, request: model.Request, plan: model.LeafPlan, issuer: model.IssuingCA
-    ) -> float | None:
-        serial = certs.random_serial()
-        chain = certs.sign_leaf(plan, issuer, serial)
-        body = objects.issued_status(pcr, chain, plan, self.clock())
-        return self._write(pcr, request, body, "Issued", "Issued", f"{serial:x}", plan)
-
-    def _settle(
-        self,
-        pcr: JSON,
-        request: model.Request | None,
-        kind: str,
-        reason: str,
-        message: str,
-        plan: model.LeafPlan | None,
-    ) -> float | None:
-        body = objects.settled_status(pcr, kind, reason, message, self.clock())
-        return self._write(pcr, request, body, kind, reason, None, plan, message)
-
-    def _write(
-        self,
-        pcr: JSON,
-        request: model.Request | None,
-        body: JSON,
-        kind: str,
-        reason: str,
-        serial: str | None,
-        plan: model.LeafPlan | None,
-        message: str = "",
-    ) -> float | None:
-        meta = pcr["metadata"]
-        key: Key = (meta["namespace"], meta["name"])
-        extra = _ctx(key)
-        signer_name = str((pcr.get("spec") or {}).get("signerName", ""))
+    def apply(self, settlement: Settlement) -> float | None:
+        """Write one settlement: its status (one PUT, guarded by the resourceVersion), its
+        audit entry, its Event and its metrics. Returns seconds until the request should be
+        looked at again (the write must be retried), or None."""
+        key, extra = settlement.key, _ctx(settlement.key)
         if not self.is_leader():
             return None  # lost the lease mid-flight: the new leader will settle it
-        if kind == "Issued" and not self._audit(pcr, kind, reason, serial, plan, self.clock()):
+        if settlement.write_ahead and not self.trail.record(settlement.entry):
             # Write-ahead and fail closed: a certificate is durably in the audit log before it
             # can exist anywhere else (a crash between the two leaves an entry for a leaf nobody
             # received, never a leaf the log does not know); no entry, no certificate.
             self.metrics.retries.labels(reason="AuditLogUnwritable").inc()
             return min(30.0, self.queue.backoff(key))
         try:
-            self.kube.write_status(body)
+            self.kube.write_status(settlement.status)
         except ApiError as err:
             if err.status == 404:
                 self._forget(key)
@@ -418,54 +395,41 @@ class Controller:
             raise
         self._forget(key)
         now = self.clock()
-        self.metrics.requests.labels(signer=signer_name, outcome=kind, reason=reason).inc()
-        if request is not None and request.created is not None:
-            elapsed = max(0.0, (now - request.created).total_seconds())
-            self.metrics.latency.labels(signer=signer_name, outcome=kind).observe(elapsed)
-        if kind == "Issued":
-            log.info("issued serial %s", serial, extra=extra)
+        labels = settlement.labels
+        self.metrics.requests.labels(
+            signer=labels.signer, outcome=labels.outcome, reason=labels.reason
+        ).inc()
+        if settlement.created is not None:
+            elapsed = max(0.0, (now - settlement.created).total_seconds())
+            self.metrics.latency.labels(signer=labels.signer, outcome=labels.outcome).observe(
+                elapsed
+            )
+        if settlement.outcome == "Issued":
+            log.info("issued serial %s", settlement.serial, extra=extra)
         else:
-            log.warning("%s (%s): %s", kind.lower(), reason, message, extra=extra)
-            self.kube.record_event(pcr, reason, message, now, "Warning")
-            self._audit(pcr, kind, reason, serial, plan, now)
+            log.warning(
+                "%s (%s): %s",
+                settlement.outcome.lower(),
+                settlement.reason,
+                settlement.message,
+                extra=extra,
+            )
+        if settlement.event is not None:
+            event = settlement.event
+            self.kube.record_event(settlement.status, event.reason, event.message, now, event.type)
+        if not settlement.write_ahead:
+            self.trail.record(settlement.entry)
         return None
 
     def _forget(self, key: Key) -> None:
         with self._lock:
             self._store.pop(key, None)
 
-    def _audit(
-        self,
-        pcr: JSON,
-        kind: str,
-        reason: str,
-        serial: str | None,
-        plan: model.LeafPlan | None,
-        now: dt.datetime,
-    ) -> bool:
-        """Append one decision to the audit trail; False when the log cannot take it. An
-        `issued` entry is on disk when this returns True."""
-        meta, spec = pcr.get("metadata") or {}, pcr.get("spec") or {}
-        entry = auditlog.Entry(
-            time=now,
-            namespace=str(meta.get("namespace", "")),
-            name=str(meta.get("name", "")),
-            uid=str(meta.get("uid", "")),
-            pod=str(spec.get("podName", "")),
-            node=str(spec.get("nodeName", "")),
-            service_account=str(spec.get("serviceAccountName", "")),
-            decision=_DECISIONS[kind],
-            reason=reason,
-            signer_name=str(spec.get("signerName", "")),
-            spiffe_id=plan.spiffe_id if plan else None,
-            serial=serial,
-            not_before=plan.not_before if plan else None,
-            not_after=plan.not_after if plan else None,
-        )
-        return self.trail.record(entry)
 
-
-_DECISIONS: Mapping[str, Any] = {"Issued": "issued", "Denied": "denied", "Failed": "failed"}
+def sign(plan: model.LeafPlan, issuer: model.IssuingCA) -> model.Signed:
+    """Carry out an Issue: a fresh random serial, the leaf signed to its plan."""
+    serial = certs.random_serial()
+    return model.Signed(plan, certs.sign_leaf(plan, issuer, serial), serial)
 
 
 def _key(obj: Mapping[str, Any]) -> Key | None:
@@ -495,27 +459,6 @@ def _index_service(
 def _name(obj: Mapping[str, Any]) -> str | None:
     name = (obj.get("metadata") or {}).get("name")
     return name if isinstance(name, str) else None
-
-
-def _vouches(
-    request: model.Request,
-    pod: model.Pod | None,
-    node: model.Node | None,
-    sa: model.ServiceAccount | None,
-) -> bool:
-    """True when cached facts agree with the request on every point decide() checks."""
-    return (
-        pod is not None
-        and node is not None
-        and sa is not None
-        and pod.uid == request.pod_uid
-        and pod.node_name == request.node_name
-        and pod.service_account_name == request.service_account_name
-        and not pod.deleting
-        and pod.phase not in ("Succeeded", "Failed")
-        and node.uid == request.node_uid
-        and sa.uid == request.service_account_uid
-    )
 
 
 def _ctx(key: Key) -> dict[str, str]:

@@ -60,7 +60,7 @@ def decide(
         return model.Deny(exc.reason, message)
 
     # 2. Node restriction: the request must describe a live pod on the node that asked.
-    denial = _check_binding(request, facts)
+    denial = binding_problem(request, facts)
     if denial is not None:
         return denial
 
@@ -155,9 +155,12 @@ def _check_spec(request: model.Request) -> model.Deny | None:
     return None
 
 
-def _check_binding(request: model.Request, facts: model.Facts) -> model.Deny | None:
+def binding_problem(request: model.Request, facts: model.Facts) -> model.Deny | None:
     """The NodeRestriction checks, against live state: stops anyone but the pod's own node
-    (or a stale request) from obtaining the pod's identity."""
+    (or a stale request) from obtaining the pod's identity. None when the pod, node and service
+    account in `facts` are the ones the request names; else the Deny, whose reason is one of
+    `model.BINDING_REASONS`. The controller trusts its watched caches exactly when this finds
+    no problem in them (else it reads live): one rule for both, so they cannot drift apart."""
     pod = facts.pod
     pod_ref = f"{request.namespace}/{request.pod_name}"
     if pod is None:

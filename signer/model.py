@@ -176,3 +176,17 @@ class Fail:
 
 
 Decision = Issue | Deny | Retry | Fail
+
+
+@dataclass(frozen=True)
+class Signed:
+    """An `Issue` carried out: the chain (PEM, leaf first) signed to the plan, and its serial."""
+
+    plan: LeafPlan
+    chain_pem: str = field(repr=False)
+    serial: int
+
+
+Answer = Signed | Deny | Fail
+"""What the signer writes for a request: the terminal outcome the settlement turns into a
+status, an audit entry, an Event and metric labels (`signer.settle`)."""

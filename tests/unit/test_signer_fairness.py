@@ -1,25 +1,31 @@
 """The signer's share of its workers: requests queue by node, then namespace, and a node over the
 policy's per-node rate waits for its turn to be issued (never a denial). No API server: the
-controller's kube is a bare object; facts, decide and the status writes are stubbed."""
+controller's kube is a bare object; facts and decide are stubbed, and the one writer (`apply`)
+records the settlements instead of writing them."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from podcert.ratelimit import Rate
+from signer import ca, model
 from signer import controller as controller_module
-from signer import model
 from signer.castore import CAStore
 from signer.controller import Controller, Key, Settings, utcnow
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import Policy, SignerPolicy
+from signer.settle import Settlement
 
 SIGNER = "podcert.dev/test"
+NOW = dt.datetime(2026, 5, 1, 12, tzinfo=dt.UTC)
+ISSUER = ca.issuing_ca(ca.new_ca("fairness", NOW - dt.timedelta(days=1)))
 
 
 class Clock:
@@ -109,7 +115,7 @@ def test_flow_of_a_request(stored: dict[str, Any] | None, flow: tuple[str, str])
 
 @dataclass
 class Outcomes:
-    """What reconcile did, with facts, decide and the status writes stubbed out."""
+    """What reconcile did, with facts and decide stubbed out and nothing written."""
 
     issued: list[str] = field(default_factory=list)
     settled: list[str] = field(default_factory=list)
@@ -118,23 +124,29 @@ class Outcomes:
 def deciding(
     ctrl: Controller, monkeypatch: pytest.MonkeyPatch, decision: model.Decision
 ) -> Outcomes:
-    """Every request gets `decision`; issuing and settling are recorded, not written."""
+    """Every request gets `decision`; its settlement is recorded, not written."""
     out = Outcomes()
-    ca = cast(model.IssuingCA, object())
-    monkeypatch.setattr(ctrl, "facts", lambda request: model.Facts(None, None, None, ca=ca))
+    monkeypatch.setattr(ctrl, "facts", lambda request: model.Facts(None, None, None, ca=ISSUER))
     monkeypatch.setattr(controller_module, "decide", lambda *args, **kwargs: decision)
-    monkeypatch.setattr(
-        ctrl, "_issue", lambda pcr, request, plan, issuer: out.issued.append(request.name)
-    )
-    monkeypatch.setattr(
-        ctrl,
-        "_settle",
-        lambda pcr, request, kind, *rest: out.settled.append(pcr["metadata"]["name"]),
-    )
+
+    def apply(settlement: Settlement) -> None:
+        name = settlement.key[1]
+        (out.issued if settlement.outcome == "Issued" else out.settled).append(name)
+
+    monkeypatch.setattr(ctrl, "apply", apply)
     return out
 
 
-ISSUE = model.Issue(cast(model.LeafPlan, object()))
+ISSUE = model.Issue(
+    model.LeafPlan(
+        public_key=ec.generate_private_key(ec.SECP256R1()).public_key(),
+        spiffe_id="spiffe://cluster.local/ns/ns/sa/default",
+        dns_names=(),
+        not_before=NOW - dt.timedelta(minutes=1),
+        not_after=NOW + dt.timedelta(hours=1),
+        begin_refresh_at=NOW + dt.timedelta(minutes=30),
+    )
+)
 
 
 def test_a_node_over_its_rate_is_held_back_not_denied(

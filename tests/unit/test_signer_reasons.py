@@ -1,5 +1,5 @@
 """Denied, Failed and Retry reasons are closed types: a reason mistyped anywhere fails mypy, and
-a decision kind a consumer forgets fails it too. Shown by running mypy (the project's own
+a decision kind the settlement forgets fails it too. Shown by running mypy (the project's own
 configuration, strict) on a snippet whose marked lines must be exactly the ones it rejects."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import datetime as dt
 from typing import assert_never
 
 from signer import admission, model
+from signer.settle import EventNote, Labels
 
 model.Deny("PodNotFound", "spelled right")
 model.Deny("PodNotFund", "a typo")  # rejected
@@ -28,6 +29,10 @@ model.Fail("SignerMisconfigred", "a typo")  # rejected
 model.Retry(dt.timedelta(seconds=5), "CANotLoaded")
 model.Retry(dt.timedelta(seconds=5), "CANotLoded")  # rejected
 model.Deny("CANotLoaded", "a retry reason is no denial")  # rejected
+Labels("example.com/x", "Denied", "PolicyDenied")
+Labels("example.com/x", "Denied", "PolicyDenid")  # rejected
+Labels("example.com/x", "Denid", "PolicyDenied")  # rejected
+EventNote("Warning", "UnknownAnnotaton", "a typo")  # rejected
 admission.Verdict(False, "no", "PodBindingMismatch")
 admission.Verdict(False, "no", "PodBindingMismach")  # rejected
 
@@ -36,15 +41,13 @@ def check(decision: model.Deny) -> bool:
     return decision.reason == "PodNotFund"  # rejected
 
 
-def outcome(decision: model.Decision) -> str:
-    if isinstance(decision, model.Issue):
+def outcome(answer: model.Answer) -> str:
+    if isinstance(answer, model.Signed):
         return "Issued"
-    elif isinstance(decision, model.Deny):
+    elif isinstance(answer, model.Deny):
         return "Denied"
-    elif isinstance(decision, model.Retry):
-        return "later"
     else:
-        assert_never(decision)  # rejected: Fail is not handled
+        assert_never(answer)  # rejected: Fail is not handled
 """
 
 

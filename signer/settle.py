@@ -1,0 +1,136 @@
+"""The settlement: one terminal answer for a request, turned into everything the signer writes.
+
+`settle(pcr, request, answer, now)` is a purely computational function: from the request as
+read and the answer (a signed leaf, a denial or a failure) it builds the status to PUT, the audit
+entry, the Event (or none) and the metric labels, and nothing else decides what they say. The
+controller applies a `Settlement` with its one writer (`Controller.apply`), which owns only the
+order and the faults of the writes: the audit entry before the status for an issuance
+(`write_ahead`: no durable entry, no certificate), after it for a denial, the Event after a
+denial or failure is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, assert_never
+
+from podcert.auditlog import Decision, Entry
+from signer import model, objects
+
+JSON = dict[str, Any]
+
+SettledReason = Literal[model.DenyReason, model.FailReason, "Issued"]
+"""The reason on a settled request's condition (an issuance's is "Issued")."""
+
+ISSUED: Final[SettledReason] = "Issued"
+_DECISIONS: Final[Mapping[model.Outcome, Decision]] = {
+    "Issued": "issued",
+    "Denied": "denied",
+    "Failed": "failed",
+}
+
+
+@dataclass(frozen=True)
+class EventNote:
+    """A core/v1 Event to record on the request (what `kubectl describe` shows)."""
+
+    type: Literal["Normal", "Warning"]
+    reason: SettledReason
+    message: str
+
+
+@dataclass(frozen=True)
+class Labels:
+    """The labels of podcert_signer_requests_total (and, without the reason, of the latency
+    histogram). Never a node or namespace: the series stay few."""
+
+    signer: str
+    outcome: model.Outcome
+    reason: SettledReason
+
+
+@dataclass(frozen=True)
+class Settlement:
+    key: tuple[str, str]  # (namespace, name) of the request
+    outcome: model.Outcome
+    reason: SettledReason
+    message: str
+    status: JSON = field(repr=False)  # the object to PUT to /status, with its resourceVersion
+    entry: Entry
+    event: EventNote | None
+    labels: Labels
+    created: dt.datetime | None  # the request's creation, for the latency histogram
+    serial: str | None  # hex, of an issued leaf
+
+    @property
+    def write_ahead(self) -> bool:
+        """The audit entry must be durable before the status is written: a certificate is in
+        the log before it can exist anywhere else."""
+        return self.outcome == "Issued"
+
+
+def settle(
+    pcr: Mapping[str, Any],
+    request: model.Request | None,
+    answer: model.Answer,
+    now: dt.datetime,
+) -> Settlement:
+    """Everything the signer writes for `answer` to `pcr`. `request` is None when the object
+    could not be read as a request (the answer is then an InvalidRequest denial)."""
+    outcome: model.Outcome
+    reason: SettledReason
+    event: EventNote | None
+    plan: model.LeafPlan | None = None
+    serial: str | None = None
+    if isinstance(answer, model.Signed):
+        plan, serial = answer.plan, f"{answer.serial:x}"
+        outcome, reason, message = "Issued", ISSUED, f"issued for {plan.spiffe_id}"
+        status = objects.issued_status(pcr, answer.chain_pem, plan, now)
+        event = None
+    elif isinstance(answer, model.Deny | model.Fail):
+        outcome = "Denied" if isinstance(answer, model.Deny) else "Failed"
+        reason, message = answer.reason, answer.message
+        status = objects.settled_status(pcr, outcome, reason, message, now)
+        event = EventNote("Warning", reason, message)
+    else:
+        assert_never(answer)
+    meta, spec = _mapping(pcr.get("metadata")), _mapping(pcr.get("spec"))
+    signer_name = _text(spec, "signerName")
+    entry = Entry(
+        time=now,
+        namespace=_text(meta, "namespace"),
+        name=_text(meta, "name"),
+        uid=_text(meta, "uid"),
+        pod=_text(spec, "podName"),
+        node=_text(spec, "nodeName"),
+        service_account=_text(spec, "serviceAccountName"),
+        decision=_DECISIONS[outcome],
+        reason=reason,
+        signer_name=signer_name,
+        spiffe_id=plan.spiffe_id if plan else None,
+        serial=serial,
+        not_before=plan.not_before if plan else None,
+        not_after=plan.not_after if plan else None,
+    )
+    return Settlement(
+        key=(entry.namespace, entry.name),
+        outcome=outcome,
+        reason=reason,
+        message=message,
+        status=status,
+        entry=entry,
+        event=event,
+        labels=Labels(signer_name, outcome, reason),
+        created=request.created if request is not None else None,
+        serial=serial,
+    )
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(obj: Mapping[str, Any], name: str) -> str:
+    return str(obj.get(name, ""))
