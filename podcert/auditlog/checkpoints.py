@@ -1,35 +1,7 @@
-"""The signer's audit log format: the line format, the audit certificate, `verify`, `iter_entries`.
+"""The audit log's checkpoints and the one `verify`: the chain of line hashes, and JWTs signed by
+an audit certificate that chain to the signer's trust roots.
 
-Why it lives in podcert's bottom layer: the log is written by the signer
-(`signer.auditlog.AuditLog`) but read by auditors, `podcert audit` among them, which must not
-depend on the signer. So the format (how a line is framed, encoded and hashed, what an audit
-certificate is) and everything that reads it live here, and both the writer and the audit import
-them: one definition for both sides.
-
-Each line carries the SHA-256 of the line before it, so removing or editing a line breaks the
-chain at that point. A chain alone can be recomputed by someone who rewrites the whole file, so
-the log also holds checkpoints: JWTs (ES256) signed by a dedicated audit key, attesting the chain
-head, the line count and the checkpoint's own number, with the audit key's certificate chain in the
-`x5c` header. A rewrite then has to forge a signature that chains to the trust roots *and* comes
-from an audit certificate: one whose only extended key usage is `AUDIT_SIGNING_EKU` and whose only
-name is a SPIFFE ID with the path `AUDIT_SPIFFE_PATH`. The signer issues workloads clientAuth +
-serverAuth leaves named `/ns/<ns>/sa/<sa>`, so no workload key, whatever it is trusted for, can sign
-a checkpoint that verifies.
-
-Reading is pure and takes `now`, so auditors and tests run it over any sequence of lines. An
-`Entry` has no field that could hold key material, and a verifier rejects lines with fields it
-does not know.
-
-Line format (one JSON object per line, compact, ASCII, keys in this order):
-
-    {"seq":1,"prev":"<64 hex>","kind":"entry","time":"2026-05-01T12:00:00Z",...}
-    {"seq":2,"prev":"<64 hex>","kind":"checkpoint","jwt":"<header>.<claims>.<signature>"}
-
-`seq` is the 1-based line number, `prev` the hex SHA-256 of the previous line's exact bytes without
-its newline (64 zeros on line 1). Checkpoint claims: `head` (hash of the line before it), `lines`
-(how many lines precede it), `n` (the checkpoint's number: 1, 2, 3... in the file, never reused;
-the signer exports the newest as a metric, so a log cut back to an earlier checkpoint shows) and
-`iat` (seconds since the epoch).
+See the package's docstring for why an audit certificate is what it is.
 """
 
 from __future__ import annotations
@@ -37,12 +9,9 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import hashlib
-import json
-import re
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any, Final, Literal, get_args
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
 
 import jwt
 from cryptography import x509
@@ -52,30 +21,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
 
 from podcert.api.times import format_precise
+from podcert.auditlog.lines import (
+    CHECKPOINT_ALGORITHM,
+    GENESIS,
+    _as_bytes,
+    _entry_from_fields,
+    line_hash,
+    parse_line,
+)
 
-__all__ = [
-    "AUDIT_SIGNING_EKU",
-    "AUDIT_SPIFFE_PATH",
-    "CHECKPOINT_ALGORITHM",
-    "GENESIS",
-    "AuditLogError",
-    "audit_certificate_problem",
-    "Decision",
-    "Entry",
-    "Line",
-    "Verification",
-    "encode_line",
-    "entry_fields",
-    "iter_entries",
-    "line_hash",
-    "parse_line",
-    "verify",
-]
-
-Decision = Literal["issued", "denied", "failed"]
-
-GENESIS: Final = "0" * 64  # the `prev` of line 1
-CHECKPOINT_ALGORITHM: Final = "ES256"
 # The audit certificate's one extended key usage: "signs podcert audit log checkpoints". A UUID
 # OID (ITU-T X.667, arc 2.25), so it is unique without a registry and no other issuer uses it.
 AUDIT_SIGNING_EKU: Final = x509.ObjectIdentifier("2.25.46961606790924377956429846569332107455")
@@ -83,55 +37,6 @@ AUDIT_SIGNING_EKU: Final = x509.ObjectIdentifier("2.25.4696160679092437795642984
 AUDIT_SPIFFE_PATH: Final = "/podcert/audit"
 # How far past the verifier's `now` a checkpoint may be dated (signer and auditor clocks differ).
 _MAX_CLOCK_SKEW: Final = dt.timedelta(minutes=5)
-_HEX64: Final = re.compile(r"[0-9a-f]{64}")
-_HEX: Final = re.compile(r"[0-9a-fA-F]+")
-_FRAME_KEYS: Final = ("seq", "prev", "kind")
-_CHECKPOINT_KEYS: Final = frozenset({*_FRAME_KEYS, "jwt"})
-
-
-class AuditLogError(Exception):
-    """A line (or the log file) is not a well-formed audit log line; `line_no` is 1-based."""
-
-    def __init__(self, line_no: int | None, message: str) -> None:
-        super().__init__(f"line {line_no}: {message}" if line_no is not None else message)
-        self.line_no = line_no
-        self.message = message
-
-
-@dataclass(frozen=True, kw_only=True)
-class Entry:
-    """One signer decision. Deliberately has no field for keys, CSRs or certificates."""
-
-    time: dt.datetime
-    namespace: str
-    name: str  # the PodCertificateRequest
-    uid: str
-    pod: str
-    node: str
-    service_account: str
-    decision: Decision
-    reason: str
-    signer_name: str
-    spiffe_id: str | None = None
-    serial: str | None = None  # hex, of the issued leaf
-    not_before: dt.datetime | None = None
-    not_after: dt.datetime | None = None
-
-    def __post_init__(self) -> None:
-        if self.decision not in get_args(Decision):
-            raise ValueError(f"decision must be one of {get_args(Decision)}, not {self.decision!r}")
-        if self.serial is not None and not _HEX.fullmatch(self.serial):
-            raise ValueError(f"serial must be hex, not {self.serial!r}")
-        for name in ("time", "not_before", "not_after"):
-            value = getattr(self, name)
-            if value is not None and value.utcoffset() is None:
-                raise ValueError(f"{name} must be timezone-aware")
-
-
-_ENTRY_FIELDS: Final = tuple(f.name for f in fields(Entry))
-_ENTRY_KEYS: Final = frozenset({*_FRAME_KEYS, *_ENTRY_FIELDS})
-_TIME_FIELDS: Final = frozenset({"time", "not_before", "not_after"})
-_OPTIONAL_FIELDS: Final = frozenset({"spiffe_id", "serial", "not_before", "not_after"})
 
 
 @dataclass(frozen=True)
@@ -157,117 +62,6 @@ class Verification:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-# --- line encoding, shared with the writer (signer.auditlog) ---------------------------------
-
-
-def line_hash(line: bytes) -> str:
-    """The hex SHA-256 the next line's `prev` commits to (of the line without its newline)."""
-    return hashlib.sha256(line).hexdigest()
-
-
-def encode_line(obj: dict[str, object]) -> bytes:
-    """The exact bytes of a line (without its newline)."""
-    # Compact and ASCII-only, so the bytes that get hashed do not depend on any locale or encoder.
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-
-
-def _parse_time(value: str, key: str) -> dt.datetime:
-    try:
-        parsed = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"{key} is not an ISO 8601 time: {value!r}") from None
-    if parsed.utcoffset() is None:
-        raise ValueError(f"{key} has no time zone: {value!r}")
-    return parsed
-
-
-def entry_fields(entry: Entry) -> dict[str, object]:
-    """An entry's fields as they appear in its line, times as RFC 3339 UTC."""
-    out: dict[str, object] = {}
-    for name in _ENTRY_FIELDS:
-        value = getattr(entry, name)
-        out[name] = format_precise(value) if isinstance(value, dt.datetime) else value
-    return out
-
-
-def _entry_from_fields(obj: dict[str, Any]) -> Entry:
-    values: dict[str, Any] = {}
-    for name in _ENTRY_FIELDS:
-        if name not in obj:
-            raise ValueError(f"entry has no {name!r}")
-        value = obj[name]
-        if value is None and name in _OPTIONAL_FIELDS:
-            values[name] = None
-        elif not isinstance(value, str):
-            raise ValueError(f"entry field {name!r} must be a string, not {value!r}")
-        else:
-            values[name] = _parse_time(value, name) if name in _TIME_FIELDS else value
-    return Entry(**values)
-
-
-@dataclass(frozen=True)
-class Line:
-    """The frame of one parsed line: its number, the hash it chains to, and its JSON body."""
-
-    seq: int
-    prev: str
-    kind: Literal["entry", "checkpoint"]
-    body: dict[str, Any]
-
-
-def _as_bytes(raw: bytes | str) -> bytes:
-    # surrogatepass: text holding lone surrogates (bytes decoded with surrogateescape, say) still
-    # becomes bytes, which then fail as JSON like any other damaged line.
-    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    # Accept lines with or without their newline (file iteration keeps it, splitlines drops it).
-    return data.removesuffix(b"\n")
-
-
-def parse_line(data: bytes) -> Line:
-    """The frame of one line; raises ValueError naming what is wrong."""
-    if not data:
-        raise ValueError("empty line")
-    try:
-        obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError("not valid JSON (torn or edited line)") from None
-    except RecursionError:  # e.g. "[[[[..." : the decoder recurses once per level
-        raise ValueError("nested too deeply to be an audit log line") from None
-    if not isinstance(obj, dict):
-        raise ValueError("not a JSON object")
-    seq, prev, kind = obj.get("seq"), obj.get("prev"), obj.get("kind")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-        raise ValueError(f"seq must be a positive integer, not {seq!r}")
-    if not isinstance(prev, str) or not _HEX64.fullmatch(prev):
-        raise ValueError(f"prev must be 64 lowercase hex digits, not {prev!r}")
-    if kind == "entry":
-        allowed = _ENTRY_KEYS
-    elif kind == "checkpoint":
-        allowed = _CHECKPOINT_KEYS
-    else:
-        raise ValueError(f"unknown kind {kind!r}")
-    unknown = sorted(set(obj) - allowed)
-    if unknown:
-        # Also how a verifier notices anything smuggled into the log, key material included.
-        raise ValueError(f"unexpected field(s) in {kind} line: {', '.join(unknown)}")
-    return Line(seq=seq, prev=prev, kind=kind, body=obj)
-
-
-# --- reading -----------------------------------------------------------------------------------
-
-
-def iter_entries(lines: Iterable[bytes | str]) -> Iterator[Entry]:
-    """The entries of a log, in order; checkpoints are skipped (and not verified: see `verify`)."""
-    for line_no, raw in enumerate(lines, start=1):
-        try:
-            line = parse_line(_as_bytes(raw))
-            entry = _entry_from_fields(line.body) if line.kind == "entry" else None
-        except ValueError as err:
-            raise AuditLogError(line_no, str(err)) from None
-        if entry is not None:
-            yield entry
 
 
 @dataclass(frozen=True)
