@@ -21,6 +21,7 @@ from kubelet_shim.volumes import (
     VolumeError,
     WorkKey,
 )
+from tests import strategies
 
 UID = "5d1b7a52-3c1e-4a8e-9a0c-6b0f7a0e2c11"
 SIGNER = "example.com/podcert"
@@ -454,13 +455,7 @@ def test_parsing_does_not_modify_the_pod() -> None:
     assert raw == before
 
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = strategies.json_trees()
 field_names = st.sampled_from(
     [
         "podCertificate",
@@ -475,11 +470,7 @@ field_names = st.sampled_from(
         "maxExpirationSeconds",
     ]
 )
-api_like = st.recursive(
-    json_values,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(field_names, inner, max_size=4),
-    max_leaves=30,
-)
+api_like = strategies.json_trees(keys=field_names, max_leaves=30)
 
 
 @settings(max_examples=300, deadline=None)

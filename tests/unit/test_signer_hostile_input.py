@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from podcert.api import keys
 from signer import ca, certs, csr, decide, model, policy, requested
+from tests import strategies
 from tests.unit.test_signer_decide import (
     ISSUER,
     NOW,
@@ -71,24 +72,7 @@ BAD_CSRS = [
 KNOWN_DER = GOOD_CSRS + BAD_CSRS + [keys.public_der(key) for key in GOOD_KEYS.values()]
 
 
-@st.composite
-def mutated(draw: st.DrawFn, sources: list[bytes]) -> bytes:
-    """A known DER blob, truncated, bit-flipped, or with bytes spliced in."""
-    der = draw(st.sampled_from(sources))
-    how = draw(st.sampled_from(["truncate", "flip", "splice", "as is"]))
-    if how == "truncate":
-        return der[: draw(st.integers(0, len(der) - 1))]
-    if how == "flip":
-        at = draw(st.integers(0, len(der) - 1))
-        bit = 1 << draw(st.integers(0, 7))
-        return der[:at] + bytes([der[at] ^ bit]) + der[at + 1 :]
-    if how == "splice":
-        at = draw(st.integers(0, len(der)))
-        return der[:at] + draw(st.binary(min_size=1, max_size=16)) + der[at:]
-    return der
-
-
-HOSTILE_DER = st.one_of(st.binary(max_size=600), mutated(KNOWN_DER))
+HOSTILE_DER = strategies.hostile_der(KNOWN_DER)
 
 
 @FUZZ
@@ -142,19 +126,8 @@ ISSUERS = [
 ]
 
 
-dns_values = st.one_of(
-    st.lists(
-        st.sampled_from([*ENTITLED, "other.web.svc", "*.web.svc", "", "UP.svc"]), max_size=5
-    ).map(",".join),
-    st.text(max_size=200),
-    st.just(",".join(["a.svc"] * 150)),
-)
-annotation_keys = st.one_of(
-    st.just(DNS_KEY),
-    st.text(max_size=60),
-    st.integers(200, 20_000).map(lambda n: "podcert.dev/" + "x" * n),
-    st.just("no-prefix"),
-)
+dns_values = strategies.dns_values(ENTITLED)
+annotation_keys = strategies.annotation_keys(DNS_KEY)
 hostile_annotations = st.dictionaries(
     annotation_keys, st.one_of(dns_values, st.text(max_size=50)), max_size=3
 )

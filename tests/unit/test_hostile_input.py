@@ -27,7 +27,7 @@ size limits. Random bytes are only one strategy among many.
 Example counts come from the `podcert-fuzz` hypothesis profile: a quick run by default, so that
 `make test` stays fast. The full run, 10,000 examples per target:
 
-    PODCERT_FUZZ_EXAMPLES=10000 .venv/bin/pytest tests/unit/test_fuzz.py \
+    PODCERT_FUZZ_EXAMPLES=10000 .venv/bin/pytest tests/unit/test_hostile_input.py \
         --hypothesis-show-statistics
 
 The per-test timeout grows with the example count, so no other flag is needed.
@@ -40,7 +40,6 @@ import copy
 import dataclasses
 import datetime as dt
 import json
-import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa, x25519
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from bundles import formats, spiffe
@@ -62,6 +61,18 @@ from podcert import auditlog
 from podcert.api import keys
 from signer import ca, certs, csr, decide, model, objects, policy, requested
 from signer.auditlog import AuditLog
+from tests import strategies
+from tests.strategies import (
+    FUZZ,
+    FUZZ_TIMEOUT,
+    HUGE_CONTENT,
+    TREES,
+    der_mutant,
+    hostile_der,
+    hostile_json,
+    json_mutant,
+    tree_of,
+)
 from tests.unit.test_auditlog import Pki, make_pki
 from tests.unit.test_auditlog import entry as audit_entry
 from tests.unit.test_bundles_formats import WORKLOAD, Authority, key_secrets
@@ -74,209 +85,7 @@ from tests.unit.test_signer_decide import (
     make_facts,
 )
 
-QUICK_EXAMPLES: Final = 100
-settings.register_profile(
-    "podcert-fuzz",
-    max_examples=int(os.environ.get("PODCERT_FUZZ_EXAMPLES", QUICK_EXAMPLES)),
-    deadline=None,
-    # Seeds are certificates and 300 KB strings; generation is deliberately heavy.
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-FUZZ = settings.get_profile("podcert-fuzz")
-# The suite's 300 s per test is for the quick run; a full run gets time in proportion.
-pytestmark = pytest.mark.timeout(300 + (FUZZ.max_examples or 0) // 4)
-
-
-# === DER: parse into a tree, damage one element, re-encode ======================================
-
-
-@dataclass(frozen=True)
-class Der:
-    """One DER element. Constructed ones (and BIT/OCTET STRINGs wrapping DER, as SPKI keys and
-    extension values do) hold their children, so damage deep inside re-encodes with correct
-    lengths all the way up and reaches the inner parser instead of failing at the outer framing."""
-
-    tag: int
-    content: bytes | tuple[Der, ...]
-    prefix: bytes = b""  # the unused-bits octet of a BIT STRING that wraps DER
-
-
-def _tlv(data: bytes, pos: int) -> tuple[int, int, int] | None:
-    if pos + 2 > len(data) or data[pos] & 0x1F == 0x1F:
-        return None
-    length, start = data[pos + 1], pos + 2
-    if length & 0x80:
-        octets = length & 0x7F
-        if not 0 < octets <= 4 or start + octets > len(data):
-            return None
-        length = int.from_bytes(data[start : start + octets], "big")
-        start += octets
-    end = start + length
-    return (data[pos], start, end) if end <= len(data) else None
-
-
-def parse_der(data: bytes) -> tuple[Der, ...] | None:
-    items: list[Der] = []
-    pos = 0
-    while pos < len(data):
-        found = _tlv(data, pos)
-        if found is None:
-            return None
-        tag, start, end = found
-        content = data[start:end]
-        node = Der(tag, content)
-        if tag & 0x20:
-            children = parse_der(content)
-            if children is None:
-                return None
-            node = Der(tag, children)
-        elif tag == 0x04 and content[:1] == b"\x30":
-            inner = parse_der(content)
-            node = Der(tag, inner) if inner else node
-        elif tag == 0x03 and content[:2] == b"\x00\x30":
-            inner = parse_der(content[1:])
-            node = Der(tag, inner, b"\x00") if inner else node
-        items.append(node)
-        pos = end
-    return tuple(items)
-
-
-def der_length(n: int) -> bytes:
-    if n < 0x80:
-        return bytes([n])
-    octets = n.to_bytes((n.bit_length() + 7) // 8, "big")
-    return bytes([0x80 | len(octets)]) + octets
-
-
-def encode_der(nodes: Sequence[Der]) -> bytes:
-    out = bytearray()
-    for node in nodes:
-        body = (
-            node.content
-            if isinstance(node.content, bytes)
-            else node.prefix + encode_der(node.content)
-        )
-        out += bytes([node.tag]) + der_length(len(body)) + body
-    return bytes(out)
-
-
-def der_paths(nodes: Sequence[Der], prefix: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
-    paths: list[tuple[int, ...]] = []
-    for i, node in enumerate(nodes):
-        paths.append((*prefix, i))
-        if not isinstance(node.content, bytes):
-            paths += der_paths(node.content, (*prefix, i))
-    return paths
-
-
-def der_at(nodes: Sequence[Der], path: tuple[int, ...]) -> Der:
-    node = nodes[path[0]]
-    for i in path[1:]:
-        assert not isinstance(node.content, bytes)
-        node = node.content[i]
-    return node
-
-
-def der_replace(nodes: Sequence[Der], path: tuple[int, ...], new: Sequence[Der]) -> tuple[Der, ...]:
-    """`nodes` with the element at `path` replaced by `new` (none: dropped; two: duplicated)."""
-    head, rest = path[0], path[1:]
-    if not rest:
-        return (*nodes[:head], *new, *nodes[head + 1 :])
-    node = nodes[head]
-    assert not isinstance(node.content, bytes)
-    changed = dataclasses.replace(node, content=der_replace(node.content, rest, new))
-    return (*nodes[:head], changed, *nodes[head + 1 :])
-
-
-def der_offsets(data: bytes, base: int = 0) -> list[int]:
-    """Offsets of every well-framed element header in `data` (constructed ones walked)."""
-    offsets: list[int] = []
-    pos = 0
-    while pos < len(data):
-        found = _tlv(data, pos)
-        if found is None:
-            break
-        tag, start, end = found
-        offsets.append(base + pos)
-        if tag & 0x20:
-            offsets += der_offsets(data[start:end], base + start)
-        pos = end
-    return offsets
-
-
-# Length fields that lie: absurdly large, indefinite (BER, not DER), non-minimal, off by one.
-HUGE_LENGTHS: Final = [
-    b"\x84\xff\xff\xff\xff",
-    b"\x84\x7f\xff\xff\xff",
-    b"\x88\xff\xff\xff\xff\xff\xff\xff\xff",
-    b"\x80",
-    b"\x81\x00",
-    b"\x82\x00\x01",
-    b"\xff",
-]
-HUGE_CONTENT: Final = [b"\x00" * 70_000, b"\xff" * 70_000, b"\x30\x80" * 5_000]
-TAGS: Final = [0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x0C, 0x13, 0x17, 0x18, 0x30, 0x31, 0xA0]
-
-
-@st.composite
-def der_mutant(draw: st.DrawFn, seeds: Sequence[bytes]) -> bytes:
-    """A seed DER blob with up to three structural edits, then maybe one raw framing edit."""
-    nodes = tree_of(draw(st.sampled_from(seeds)))
-    for _ in range(draw(st.integers(0, 3))):
-        paths = der_paths(nodes)
-        if not paths:  # everything dropped
-            break
-        path = draw(st.sampled_from(paths))
-        node = der_at(nodes, path)
-        how = draw(
-            st.sampled_from(
-                ["drop", "duplicate", "retag", "content", "huge", "empty", "nest", "graft"]
-            )
-        )
-        new: tuple[Der, ...]
-        if how == "drop":
-            new = ()
-        elif how == "duplicate":
-            new = (node, node)
-        elif how == "retag":
-            new = (dataclasses.replace(node, tag=draw(st.sampled_from(TAGS))),)
-        elif how == "content":
-            new = (Der(node.tag & ~0x20, draw(st.binary(max_size=40))),)
-        elif how == "huge":
-            new = (Der(node.tag & ~0x20, draw(st.sampled_from(HUGE_CONTENT))),)
-        elif how == "empty":
-            new = (Der(node.tag, b""),)
-        elif how == "nest":
-            wrapped = node
-            for _ in range(draw(st.sampled_from([1, 2, 30, 300]))):
-                wrapped = Der(0x30, (wrapped,))
-            new = (wrapped,)
-        else:  # a well-formed element from another structure: an RSA SPKI in an EC CSR, ...
-            donor = draw(st.sampled_from(ALL_TREES))
-            new = (der_at(donor, draw(st.sampled_from(der_paths(donor)))),)
-        nodes = der_replace(nodes, path, new)
-    data = encode_der(nodes)
-    how = draw(st.sampled_from(["none", "none", "length", "truncate", "flip", "splice"]))
-    if how == "length" and (offsets := der_offsets(data)):
-        at = draw(st.sampled_from(offsets))
-        found = _tlv(data, at)
-        assert found is not None
-        _, start, _ = found
-        return data[: at + 1] + draw(st.sampled_from(HUGE_LENGTHS)) + data[start:]
-    if how == "truncate" and data:
-        return data[: draw(st.integers(0, len(data) - 1))]
-    if how == "flip" and data:
-        at = draw(st.integers(0, len(data) - 1))
-        return data[:at] + bytes([data[at] ^ (1 << draw(st.integers(0, 7)))]) + data[at + 1 :]
-    if how == "splice":
-        at = draw(st.integers(0, len(data)))
-        return data[:at] + draw(st.binary(min_size=1, max_size=24)) + data[at:]
-    return data
-
-
-def hostile_der(seeds: Sequence[bytes]) -> st.SearchStrategy[bytes]:
-    return st.one_of(der_mutant(seeds), der_mutant(seeds), st.binary(max_size=300))
-
+pytestmark = FUZZ_TIMEOUT
 
 # === seeds: keys, requests, certificates =========================================================
 
@@ -383,21 +192,10 @@ SECRETS: Final = frozenset(
     secret for key in (LEAF_KEY, ED_KEY, GOOD_KEYS["ECDSAP384"]) for secret in key_secrets(key)
 )
 
-TREES: dict[bytes, tuple[Der, ...]] = {}
-
-
-def tree_of(seed: bytes) -> tuple[Der, ...]:
-    if seed not in TREES:
-        tree = parse_der(seed)
-        assert tree is not None and encode_der(tree) == seed, "seed DER does not round-trip"
-        TREES[seed] = tree
-    return TREES[seed]
-
-
-ALL_TREES: Final = [
-    tree_of(seed)
-    for seed in [*CSR_SEEDS, *SPKI_SEEDS, *CERT_SEEDS, *KEY_SEEDS, *(d for _, d in FOREIGN_BLOCKS)]
-]
+# Grafts come from every kind of seed: an RSA SPKI in an EC CSR, a certificate in a key, ...
+DONORS: Final = [*CSR_SEEDS, *SPKI_SEEDS, *CERT_SEEDS, *KEY_SEEDS, *(d for _, d in FOREIGN_BLOCKS)]
+for _seed in DONORS:
+    tree_of(_seed)  # every seed must round-trip; `TREES` then says which DER is a seed
 
 
 # === the stub CSR parser ========================================================================
@@ -405,8 +203,8 @@ ALL_TREES: Final = [
 
 @FUZZ
 @given(
-    stub=st.one_of(hostile_der(CSR_SEEDS), st.sampled_from(CSR_SEEDS)),
-    pkix=st.one_of(st.just(b""), hostile_der(SPKI_SEEDS)),
+    stub=st.one_of(hostile_der(CSR_SEEDS, DONORS), st.sampled_from(CSR_SEEDS)),
+    pkix=st.one_of(st.just(b""), hostile_der(SPKI_SEEDS, DONORS)),
 )
 def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(stub: bytes, pkix: bytes) -> None:
     for request in (
@@ -435,111 +233,6 @@ def _spki_of(public_key: Any) -> bytes:
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     return der
-
-
-# === JSON objects as the API returns them, damaged ==============================================
-
-HUGE_TEXT: Final = "a" * 300_000  # past the API's 256 KiB budget for all annotations together
-DEEP_LIST: Final[Any] = []
-_cursor: Any = DEEP_LIST
-for _ in range(100):
-    _cursor.append([])
-    _cursor = _cursor[0]
-HOSTILE_SCALARS: Final[list[Any]] = [
-    None,
-    True,
-    False,
-    0,
-    -1,
-    2**63,
-    10**40,
-    1.5,
-    float("inf"),
-    "",
-    " ",
-    "\x00",
-    "../../etc/passwd",
-    "WEB",
-    "web\n",
-    "é" * 300,
-    "\u202ebackwards",
-    "\ud800",
-    HUGE_TEXT,
-    "x" * 254,
-    "a" * 64,
-    "*",
-    "-",
-    DEEP_LIST,
-]
-json_leaves = st.one_of(
-    st.sampled_from(HOSTILE_SCALARS), st.text(max_size=30), st.integers(), st.booleans()
-)
-hostile_json = st.recursive(
-    json_leaves,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-
-JsonPath = tuple[str | int, ...]
-
-
-def json_paths(value: Any, prefix: JsonPath = ()) -> list[JsonPath]:
-    paths = [prefix]
-    if isinstance(value, dict):
-        for key, child in value.items():
-            paths += json_paths(child, (*prefix, key))
-    elif isinstance(value, list) and len(prefix) < 40:  # not every level of DEEP_LIST
-        for index, child in enumerate(value):
-            paths += json_paths(child, (*prefix, index))
-    return paths
-
-
-@st.composite
-def json_mutant(draw: st.DrawFn, seeds: Sequence[Any], *, keep_root: bool = True) -> Any:
-    """A seed object with one to four edits at random places: values replaced by hostile ones,
-    keys deleted or renamed, list items duplicated, values wrapped, retyped or given siblings."""
-    obj = copy.deepcopy(draw(st.sampled_from(seeds)))
-
-    def hostile() -> Any:
-        # A copy: later edits must not change the shared constants (DEEP_LIST), or the next
-        # example would draw something else from the same choices.
-        return copy.deepcopy(draw(hostile_json))
-
-    for _ in range(draw(st.integers(1, 4))):
-        paths = json_paths(obj)
-        if keep_root:
-            paths = paths[1:] or paths
-        path = draw(st.sampled_from(paths))
-        how = draw(
-            st.sampled_from(["replace", "replace", "delete", "rename", "dup", "wrap", "str", "add"])
-        )
-        if not path:  # the root itself
-            obj = hostile() if how == "replace" else [obj]
-            continue
-        parent = obj
-        for part in path[:-1]:
-            parent = parent[part]
-        last = path[-1]
-        value = parent[last]
-        if how == "replace":
-            parent[last] = hostile()
-        elif how == "delete":
-            del parent[last]
-        elif how == "rename" and isinstance(parent, dict):
-            parent[draw(st.text(max_size=12))] = parent.pop(last)
-        elif how == "dup" and isinstance(parent, list):
-            parent.insert(int(last), copy.deepcopy(value))
-        elif how == "wrap":
-            parent[last] = [value]
-        elif how == "str":
-            parent[last] = json.dumps(value) if not isinstance(value, str) else value * 2
-        elif how == "add" and isinstance(value, dict):
-            value[draw(st.text(max_size=12))] = hostile()
-        else:
-            parent[last] = hostile()
-    return obj
 
 
 # === decide: request_from, then the decision, as the controller runs them ======================
@@ -606,7 +299,7 @@ def pcrs(draw: st.DrawFn) -> Any:
     obj = draw(json_mutant(PCR_SEEDS)) if draw(st.booleans()) else copy.deepcopy(PCR_SEEDS[0])
     spec = obj.get("spec") if isinstance(obj, dict) else None
     if isinstance(spec, dict) and draw(st.booleans()):
-        stub = draw(hostile_der(CSR_SEEDS))
+        stub = draw(hostile_der(CSR_SEEDS, DONORS))
         spec["stubPKCS10Request"] = base64.b64encode(stub).decode()
     if isinstance(spec, dict) and draw(st.booleans()):
         spec["unverifiedUserAnnotations"] = draw(annotation_maps)
@@ -731,67 +424,8 @@ def test_damaged_requests_end_in_object_error_or_a_typed_decision(
 
 # === the annotation parser and the policy loader ================================================
 
-dns_entries = st.one_of(
-    st.sampled_from(
-        [
-            *ENTITLED,
-            "other.web.svc",
-            "*.web.svc",
-            "UP.web.svc",
-            "a..b",
-            ".a",
-            "a.",
-            "-a.svc",
-            "a-.svc",
-            "a" * 63 + ".svc",
-            "a" * 64 + ".svc",
-            ".".join(["a" * 63] * 4),
-            "xn--bcher-kva.example",
-            "bücher.example",
-            "a b",
-            "a\tb",
-            "",
-            " ",
-            "a.svc\n",
-            "a.svc\x00",
-        ]
-    ),
-    st.from_regex(r"[a-z0-9-]{1,10}(\.[a-z0-9-]{1,10}){0,3}", fullmatch=True),
-    st.text(max_size=20),
-)
-dns_values = st.one_of(
-    st.lists(dns_entries, max_size=8).flatmap(
-        lambda entries: st.sampled_from([",", ", ", " ,", ",,"]).map(lambda sep: sep.join(entries))
-    ),
-    st.sampled_from(
-        [
-            ",".join(["a.svc"] * 100),
-            ",".join(["a.svc"] * 101),
-            ",".join(f"n{i}.svc" for i in range(100)),
-            "a.svc," * 50_000,
-            HUGE_TEXT,
-            ",".join(["a" * 63] * 4000),
-        ]
-    ),
-)
-annotation_keys = st.one_of(
-    st.just(DNS_KEY),
-    st.sampled_from(
-        [
-            DNS_KEY.upper(),
-            DNS_KEY + " ",
-            " " + DNS_KEY,
-            "podcert.dev/dns_names",
-            "podcert.dev/dns-name\u017f",  # LATIN SMALL LETTER LONG S
-            "podcert.dev/",
-            "example.com/anything",
-            "no-prefix",
-            "",
-            "podcert.dev/" + "x" * 300_000,
-        ]
-    ),
-    st.text(max_size=40),
-)
+dns_values = strategies.dns_values(ENTITLED)
+annotation_keys = strategies.annotation_keys(DNS_KEY)
 valid_dns_values = st.lists(
     st.one_of(
         st.sampled_from(ENTITLED),
@@ -1063,7 +697,9 @@ def pem_mutant(draw: st.DrawFn, seeds: list[list[Block]]) -> Pem:
             blocks[at] = (draw(st.sampled_from(LABELS)), *blocks[at][1:])
         elif how == "der":
             label, der, headers = blocks[at]
-            damaged = draw(der_mutant([der])) if der in TREES else draw(st.binary(max_size=64))
+            damaged = (
+                draw(der_mutant([der], DONORS)) if der in TREES else draw(st.binary(max_size=64))
+            )
             blocks[at] = (label, damaged, headers)
         elif how == "headers":
             headers = draw(
@@ -1242,7 +878,7 @@ def forged_checkpoint(draw: st.DrawFn, seq: int, prev: str) -> bytes:
         st.one_of(
             st.just(_x5c(ROGUE_PKI)),
             st.just(_x5c(AUDIT_PKI)),  # the real chain, but a rogue signature
-            der_mutant([_der(ROGUE_PKI.chain[0])]).map(
+            der_mutant([_der(ROGUE_PKI.chain[0])], DONORS).map(
                 lambda der: [base64.b64encode(der).decode(), *_x5c(ROGUE_PKI)[1:]]
             ),
             st.sampled_from([[], ["!!"], [5], "abc", None, ["AAAA"] * 100]),
