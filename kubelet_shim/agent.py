@@ -6,6 +6,8 @@ is a pod, so one worker at a time owns each pod's volumes (the atomic writer nee
 writer per volume). Reconciling a pod (`kubelet_shim.sync`) drives every podCertificate source
 through the pure `projection.step` (`kubelet_shim.certificates`), resolves every clusterTrustBundle
 source from the watched bundles, and publishes each volume that changed as one atomic version.
+The workers, their wait for the caches, signals and start-up come from `podcert.runtime`
+(`pool()`); `kubelet_shim.build` wires the process.
 
 What it does better than the kubelet: after a restart it adopts the fresh credentials already on
 disk (no new keys, no new requests); trust bundles follow a watch instead of a 5-minute cache;
@@ -33,7 +35,8 @@ from kubelet_shim.volumes import WorkKey
 from podcert.api.requests import outcome as settled
 from podcert.reflector import Reflector
 from podcert.rest import JSON
-from podcert.workqueue import ShutDown, WorkQueue
+from podcert.runtime import Synced, WorkerPool
+from podcert.workqueue import WorkQueue
 
 log = logging.getLogger("podcert.shim")
 
@@ -60,7 +63,9 @@ class Agent:
         settings: Settings = Settings(),
         clock: Callable[[], dt.datetime] = utcnow,
         rng: random.Random | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
+        """`stop` ends the reflectors' watches (the runtime's `stopping`)."""
         self.kube = kube
         self.storage = storage
         self.settings = settings
@@ -68,11 +73,34 @@ class Agent:
         self.rng = rng or random.Random()  # noqa: S311 (refresh jitter, not secrets)
         self.metrics = Metrics(self.projection_states)
         self.queue: WorkQueue[str] = WorkQueue(base_delay=0.2, max_delay=300.0)
-        self._stop = threading.Event()
-        self._started = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.reflectors: list[Reflector] = []
+        self._stop = stop if stop is not None else threading.Event()
         self.caches = Caches()  # fed by the reflectors
+        self.reflectors: list[Reflector] = [
+            Reflector(
+                "pods",
+                kube.list_pods,
+                kube.watch_pods,
+                self.on_pod_list,
+                self.on_pod_event,
+                self._stop,
+            ),
+            Reflector(
+                "podcertificaterequests",
+                kube.list_pcrs,
+                kube.watch_pcrs,
+                self.on_pcr_list,
+                self.on_pcr_event,
+                self._stop,
+            ),
+            Reflector(
+                "clustertrustbundles",
+                kube.list_trust_bundles,
+                kube.watch_trust_bundles,
+                self.on_bundle_list,
+                self.on_bundle_event,
+                self._stop,
+            ),
+        ]
         self.sync = PodSync(
             kube,
             storage,
@@ -83,72 +111,27 @@ class Agent:
             rng=self.rng,
         )
 
-    # --- lifecycle -------------------------------------------------------------------------
+    # --- running on the runtime ------------------------------------------------------------
 
-    def start(self) -> None:
-        self.reflectors = [
-            Reflector(
-                "pods",
-                self.kube.list_pods,
-                self.kube.watch_pods,
-                self.on_pod_list,
-                self.on_pod_event,
-                self._stop,
-            ),
-            Reflector(
-                "podcertificaterequests",
-                self.kube.list_pcrs,
-                self.kube.watch_pcrs,
-                self.on_pcr_list,
-                self.on_pcr_event,
-                self._stop,
-            ),
-            Reflector(
-                "clustertrustbundles",
-                self.kube.list_trust_bundles,
-                self.kube.watch_trust_bundles,
-                self.on_bundle_list,
-                self.on_bundle_event,
-                self._stop,
-            ),
-        ]
-        for reflector in self.reflectors:
-            self._spawn(reflector.name, reflector.run)
-        self._spawn("starter", self._start_workers)
-
-    def _start_workers(self) -> None:
-        # Nothing is decided before every cache is whole: a pod missing from a half-done list
-        # would look deleted, a request missing would look vanished.
-        for reflector in self.reflectors:
-            while not reflector.synced.wait(0.5):
-                if self._stop.is_set():
-                    return
-        self.sweep()
-        for index in range(self.settings.workers):
-            self._spawn(f"worker-{index}", self._work)
-        self._started.set()
-        log.info("caches synced; %d pods on node %s", len(self.caches.pods), self.kube.node_name)
-
-    def _spawn(self, name: str, target: Callable[[], None]) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    def ready(self) -> bool:
-        return self._started.is_set()
-
-    def healthy(self) -> bool:
-        """Every thread it started is still running (a dead worker is a restart, not a hang)."""
-        return not self._stop.is_set() and all(
-            t.is_alive() for t in self._threads if t.name != "starter"
+    def pool(self) -> WorkerPool[str]:
+        """The workers. They start only once every cache is whole, however long that takes:
+        a pod missing from a half-done list would look deleted, a request missing would look
+        vanished, and nothing is decided on that."""
+        return WorkerPool(
+            "worker",
+            self.queue,
+            self._reconcile,
+            workers=self.settings.workers,
+            waits_for=[Synced(r.name, r.synced) for r in self.reflectors],
+            sync_timeout=None,
+            on_synced=self._on_synced,
+            context=_ctx,
+            logger=log,
         )
 
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        self.queue.shut_down()
-        for thread in self._threads:
-            if thread.name.startswith("worker"):
-                thread.join(timeout)
+    def _on_synced(self) -> None:
+        self.sweep()
+        log.info("caches synced; %d pods on node %s", len(self.caches.pods), self.kube.node_name)
 
     def sweep(self) -> None:
         """After the first sync: queue every known pod, the pods that left files on disk while
@@ -254,30 +237,16 @@ class Agent:
 
     # --- workers ---------------------------------------------------------------------------
 
-    def _work(self) -> None:
-        while True:
-            try:
-                uid = self.queue.get()
-            except ShutDown:
-                return
-            if uid is None:
-                continue
-            try:
-                outcome = self.reconcile(uid)
-                if outcome.retry:
-                    delay = self.queue.retry(uid)
-                    log.info("will retry in %.2fs", delay, extra={"pod_uid": uid})
-                else:
-                    self.queue.forget(uid)
-                    if outcome.wake_at is not None:
-                        self.queue.add_after(uid, self._delay_until(outcome.wake_at))
-            except Exception:
-                delay = self.queue.retry(uid)
-                log.exception(
-                    "unexpected error; will retry in %.2fs", delay, extra={"pod_uid": uid}
-                )
-            finally:
-                self.queue.done(uid)
+    def _reconcile(self, uid: str) -> float | None:
+        """One pod's turn, in the runtime's terms: seconds until the pod is looked at again
+        (with the queue's backoff when the reconcile asks for a retry), or None."""
+        outcome = self.reconcile(uid)
+        if outcome.retry:
+            delay = self.queue.backoff(uid)
+            log.info("will retry in %.2fs", delay, extra=_ctx(uid))
+            return delay
+        self.queue.forget(uid)
+        return None if outcome.wake_at is None else self._delay_until(outcome.wake_at)
 
     def _delay_until(self, at: dt.datetime) -> float:
         seconds = (at - self.clock()).total_seconds()
@@ -305,3 +274,7 @@ class Agent:
     def state_of(self, key: WorkKey) -> projection.State:
         """The projection state (for tests and debugging)."""
         return self.sync.sources.state(key)
+
+
+def _ctx(uid: str) -> dict[str, object]:
+    return {"pod_uid": uid}

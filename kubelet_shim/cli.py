@@ -10,23 +10,18 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
+from kubelet_shim import build, projection
 from kubelet_shim import kube as shim_kube
-from kubelet_shim import metrics, projection
-from kubelet_shim.agent import Agent, Settings, utcnow
-from kubelet_shim.atomic import AtomicDirStorage
+from kubelet_shim.agent import Settings, utcnow
 from podcert import logs
 from podcert.api.times import TimeFieldError, parse_zoned_time
 from podcert.rest import ApiError, Rest, load_client
 
 log = logging.getLogger("podcert.shim")
-
-DEFAULT_ROOT = Path("/var/lib/kubelet")
 
 
 def register(subparsers: Any) -> None:
@@ -46,7 +41,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--root",
         type=Path,
-        default=DEFAULT_ROOT,
+        default=build.DEFAULT_ROOT,
         help="kubelet root: files go to ROOT/pods/<uid>/volumes/kubernetes.io~projected/<vol>",
     )
     p.add_argument(
@@ -127,50 +122,28 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
+    config = config_from(args)
+    if isinstance(config, str):
+        log.error("%s", config)
+        return 2
+    return build.run(config)
+
+
+def config_from(args: argparse.Namespace) -> build.Config | str:
+    """The validated configuration, or what is wrong with the flags."""
     if not args.node_name:
-        log.error("--node-name is required")
-        return 2
+        return "--node-name is required"
     if not 1 <= args.workers <= 64:
-        log.error("--workers must be between 1 and 64, got %d", args.workers)
-        return 2
+        return f"--workers must be between 1 and 64, got {args.workers}"
     if min(args.refresh_jitter_seconds, args.abandon_after_seconds) < 0:
-        log.error("durations must not be negative")
-        return 2
-    if args.clock_offset_seconds:
-        log.warning("clock shifted by %+.0fs (testing only)", args.clock_offset_seconds)
-
-    cleanup = (
-        Rest(load_client(args.cleanup_kubeconfig))
-        if args.cleanup_kubeconfig or args.cleanup_in_cluster
-        else None
-    )
-    api = shim_kube.ShimKube(Rest(load_client(args.kubeconfig)), args.node_name, cleanup)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-
-    # Start-up waits out transient API trouble instead of crashing into a restart loop.
-    delay = 0.5
-    while not stop.is_set():
-        try:
-            version = api.discover()
-            api.node_uid()
-            break
-        except ApiError as err:
-            log.warning("API server not usable yet (%s); retrying in %.1fs", err, delay)
-            stop.wait(delay)
-            delay = min(delay * 2, 10.0)
-    else:
-        return 0
-    log.info(
-        "serving node %s on certificates.k8s.io/%s into %s", args.node_name, version, args.root
-    )
-
-    offset = dt.timedelta(seconds=args.clock_offset_seconds)
-    agent = Agent(
-        api,
-        AtomicDirStorage(args.root),
-        settings=Settings(
+        return "durations must not be negative"
+    return build.Config(
+        node_name=args.node_name,
+        kubeconfig=args.kubeconfig,
+        root=args.root,
+        cleanup_kubeconfig=args.cleanup_kubeconfig,
+        cleanup_in_cluster=args.cleanup_in_cluster,
+        agent=Settings(
             workers=args.workers,
             projection=projection.Settings(
                 jitter=dt.timedelta(seconds=args.refresh_jitter_seconds),
@@ -178,19 +151,10 @@ def run(args: argparse.Namespace) -> int:
                 unanswered_after=dt.timedelta(seconds=args.unanswered_after_seconds),
             ),
         ),
-        clock=(lambda: utcnow() + offset) if offset else utcnow,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        clock_offset=dt.timedelta(seconds=args.clock_offset_seconds),
     )
-    server = metrics.serve(
-        agent.metrics, args.metrics_port, agent.ready, agent.healthy, host=args.metrics_host
-    )
-    log.info("metrics on port %d", server.server_address[1])
-    agent.start()
-    stop.wait()
-    log.info("shutting down")
-    agent.stop()
-    server.shutdown()
-    sys.stderr.flush()
-    return 0
 
 
 def rotate(args: argparse.Namespace) -> int:

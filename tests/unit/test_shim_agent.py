@@ -1,14 +1,20 @@
 """The node agent's decisions, driven by hand: a fake API, MemoryStorage, a settable clock and a
-seeded RNG. No threads, no API server: each test feeds watch events and calls `reconcile`."""
+seeded RNG. No API server: each test feeds watch events and calls `reconcile`. Only the tests at
+the end start threads: they run the agent on the runtime, as `podcert shim` does, and wait for
+conditions with a deadline."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
+import http.client
 import os
 import random
 import shutil
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,7 @@ from bundles.formats import dump_private_key
 from kubelet_shim import projection
 from kubelet_shim.agent import Agent, Settings
 from kubelet_shim.atomic import AtomicDirStorage
+from kubelet_shim.build import Config, Shim
 from kubelet_shim.certificates import request_event
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
 from kubelet_shim.projection import ProjectionState
@@ -31,6 +38,7 @@ from kubelet_shim.storage import FileSpec, MemoryStorage
 from kubelet_shim.volumes import WorkKey
 from podcert.api import keys
 from podcert.rest import JSON, ApiError
+from podcert.runtime import Runtime
 
 T0 = dt.datetime(2026, 11, 29, 20, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -185,7 +193,7 @@ class Rig:
     def __post_init__(self) -> None:
         self.agent = self.fresh_agent()
 
-    def fresh_agent(self) -> Agent:
+    def fresh_agent(self, stop: threading.Event | None = None) -> Agent:
         """A new agent process over the same disk (a restart)."""
         return Agent(
             self.kube,
@@ -193,6 +201,7 @@ class Rig:
             settings=Settings(projection=self.settings),
             clock=self.clock,
             rng=random.Random(7),
+            stop=stop,
         )
 
     def apply(self, pod: JSON, kind: str = "ADDED") -> projection.State:
@@ -800,3 +809,133 @@ def test_on_disk_a_link_to_an_outside_folder_gets_nothing_written_through_it(
     else:
         assert not os.path.lexists(spot), "inside the plugin directory the link itself goes"
     assert snapshot(outside) == {}
+
+
+# --- on the runtime -----------------------------------------------------------------------------
+
+DEADLINE = 10.0  # seconds a condition may take before the test fails
+
+
+def test_a_turn_that_asks_for_a_retry_backs_off_as_the_queue_does(rig: Rig) -> None:
+    rig.kube.fail_create = ApiError(403, "Forbidden", "pod not bound to this node")
+    rig.agent.on_pod_event("ADDED", make_pod([cert_volume()]))
+    turn = rig.agent.pool().reconcile
+    first, second = turn(UID), turn(UID)
+    # base 0.2 s, doubled per failure, +-25% jitter: the queue's own backoff
+    assert first is not None and 0.15 <= first <= 0.25
+    assert second is not None and 0.3 <= second <= 0.5
+    assert rig.agent.queue.failures(UID) == 2
+    rig.kube.fail_create = None
+    turn(UID)
+    assert rig.agent.queue.failures(UID) == 0, "a turn that needs no retry forgets the backoff"
+
+
+def test_a_settled_turn_sleeps_until_the_next_wake_capped_by_the_resync(rig: Rig) -> None:
+    pod = issued_pod(rig)
+    assert rig.agent.pool().reconcile(UID) == rig.agent.settings.resync.total_seconds()
+    rig.agent.settings = Settings(projection=rig.settings, resync=dt.timedelta(days=1))
+    # issued a minute ago with beginRefreshAt 12 h after notBefore, no jitter
+    assert rig.agent.pool().reconcile(UID) == (12 * HOUR - MIN).total_seconds()
+    rig.agent.on_pod_event("DELETED", pod)
+    assert rig.agent.pool().reconcile(UID) is None
+
+
+@dataclass
+class QuietKube(FakeKube):
+    """A fake API whose watches stay open until the process stops (as a real watch blocks) and
+    whose trust bundle list answers only once `bundles_open` is set."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    pods: list[JSON] = field(default_factory=list)
+    bundles_open: threading.Event = field(default_factory=threading.Event)
+    asked: threading.Event = field(default_factory=threading.Event)
+
+    def list_pods(self) -> tuple[list[JSON], str]:
+        return list(self.pods), "1"
+
+    def list_pcrs(self) -> tuple[list[JSON], str]:
+        return [], "1"
+
+    def list_trust_bundles(self) -> tuple[list[JSON], str]:
+        while not self.bundles_open.wait(DEADLINE):
+            if self.stop.is_set():
+                break
+        return [], "1"
+
+    def watch_pods(self, resource_version: str) -> Iterator[JSON]:
+        self.stop.wait()
+        return iter(())
+
+    watch_pcrs = watch_trust_bundles = watch_pods
+
+    def create_pcr(self, namespace: str, body: JSON) -> JSON:
+        created = super().create_pcr(namespace, body)
+        self.asked.set()
+        return created
+
+
+@contextlib.contextmanager
+def running(rig: Rig, runtime: Runtime) -> Iterator[Shim]:
+    """The agent as `podcert shim` runs it (`kubelet_shim.build`): its reflectors and workers on
+    `runtime`, /readyz and /healthz on a free port; stopped when the block ends."""
+    shim = Shim(
+        Config(node_name=rig.kube.node_name, metrics_port=0),
+        runtime,
+        rig.fresh_agent(stop=runtime.stopping),
+    )
+    shim.start()
+    try:
+        yield shim
+    finally:
+        runtime.stop(timeout=DEADLINE)
+
+
+def probe(shim: Shim, path: str) -> int:
+    assert shim.server is not None
+    host, port = shim.server.server_address[:2]
+    connection = http.client.HTTPConnection(str(host), port, timeout=DEADLINE)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def eventually(condition: Callable[[], bool]) -> bool:
+    """Poll `condition` until it holds or the deadline passes."""
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_on_the_runtime_nothing_is_decided_before_every_cache_has_listed() -> None:
+    runtime = Runtime("shim")
+    kube = QuietKube(stop=runtime.stopping, pods=[make_pod([cert_volume()])])
+    rig = Rig(kube, MemoryStorage(), Clock(), CA())
+    with running(rig, runtime) as shim:
+        pods, pcrs, bundles = shim.agent.reflectors
+        assert pods.synced.wait(DEADLINE) and pcrs.synced.wait(DEADLINE)
+        assert not bundles.synced.is_set()
+        # However long the last list takes (no timeout): not ready, and no request yet.
+        assert not runtime.ready() and probe(shim, "/readyz") == 503
+        assert kube.created == []
+        assert probe(shim, "/healthz") == 200
+
+        kube.bundles_open.set()
+        assert eventually(runtime.ready)
+        assert probe(shim, "/readyz") == 200
+        assert kube.asked.wait(DEADLINE), "the sweep after the sync queued the listed pod"
+        assert [p["spec"]["podUID"] for p in kube.created] == [UID]
+    workers = [t for t in runtime.threads() if t.name.startswith("worker-")]
+    assert sorted(t.name for t in workers) == [
+        "worker-0",
+        "worker-1",
+        "worker-2",
+        "worker-3",
+        "worker-start",  # the one that waited for the caches
+    ]
+    assert not any(t.is_alive() for t in workers), "the stop joins every worker"
+    assert not runtime.healthy()
