@@ -136,8 +136,13 @@ class Signer:
 
     def start(self) -> None:
         config, runtime, stop = self.config, self.runtime, self.runtime.stopping
+        # /healthz is the runtime's: a dead rotation loop, reflector or worker shows.
         self.server = metrics.serve(
-            self.metrics, config.metrics_port, runtime.ready, host=config.metrics_host
+            self.metrics,
+            config.metrics_port,
+            runtime.ready,
+            runtime.healthy,
+            host=config.metrics_host,
         )
         log.info("metrics on port %d", self.server.server_address[1])
         self.trail.start()

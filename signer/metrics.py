@@ -85,7 +85,8 @@ def serve(
     metrics: Metrics,
     port: int,
     ready: Callable[[], bool],
+    healthy: Callable[[], bool] = lambda: True,
     host: str = "0.0.0.0",  # noqa: S104 (a pod's metrics port is meant to be scraped)
 ) -> ThreadingHTTPServer:
     """Serve /metrics, /healthz and /readyz in a daemon thread."""
-    return health.serve(metrics.render, port, ready, host=host)
+    return health.serve(metrics.render, port, ready, healthy, host)
