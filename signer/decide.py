@@ -10,7 +10,6 @@ for the pod.
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import Final
 
 from podcert.api.keys import BY_PREFERENCE, KEY_TYPES
@@ -20,16 +19,15 @@ from podcert.api.lifetimes import (
     MIN_MAX_EXPIRATION_SECONDS,
     max_expiration_allowed,
 )
+from podcert.api.names import is_dns_label, is_dns_name
 from signer import certs, csr, model
-from signer.policy import SignerPolicy, is_dns_name, show
+from signer.policy import SignerPolicy, show
 from signer.requested import parse_annotations
 
 # Retry reasons (for logs and metrics; the request stays pending).
 CA_NOT_LOADED: Final[model.RetryReason] = "CANotLoaded"
 CA_NOT_YET_VALID: Final[model.RetryReason] = "CANotYetValid"
 CA_TOO_SHORT: Final[model.RetryReason] = "CATooShort"
-
-_DNS_LABEL: Final = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 def decide(
@@ -143,7 +141,7 @@ def _check_spec(request: model.Request) -> model.Deny | None:
             return _invalid(f"spec.{field_name} is empty.")
     # Names reach messages, and namespace and service account the SPIFFE ID's path: they must
     # be the names Kubernetes allows (a DNS label, and DNS subdomains).
-    if not _DNS_LABEL.fullmatch(request.namespace):
+    if not is_dns_label(request.namespace):
         return _invalid(f"Namespace {show(request.namespace)} is not a valid namespace name.")
     for field_name, value in (
         ("serviceAccountName", request.service_account_name),

@@ -62,6 +62,7 @@ from podcert.api.lifetimes import (
     MIN_MAX_EXPIRATION_SECONDS,
     max_expiration_allowed,
 )
+from podcert.api.names import is_dns_name
 from podcert.ratelimit import Rate
 
 DEFAULT_MAX_LIFETIME: Final = dt.timedelta(seconds=DEFAULT_MAX_EXPIRATION_SECONDS)
@@ -73,7 +74,6 @@ MAX_RATE_PER_SECOND: Final = 10000.0
 MAX_BURST: Final = 100000
 
 _TRUST_DOMAIN = re.compile(r"[a-z0-9._-]{1,255}")
-_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 # Globs over Kubernetes names: lowercase name characters plus fnmatch's * ? [ ] !.
 _NAME_GLOB = re.compile(r"[a-z0-9.*?\[\]!-]+")
 
@@ -120,11 +120,6 @@ class Policy:
 
     def for_signer(self, signer_name: str) -> SignerPolicy:
         return self.signers[signer_name]
-
-
-def is_dns_name(name: str) -> bool:
-    """An RFC 1123 subdomain in Kubernetes' lowercase form (no wildcards, no trailing dot)."""
-    return len(name) <= 253 and all(_DNS_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def trust_domain_problem(trust_domain: str) -> str | None:

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from podcert.api.names import is_dns_name
 from signer import model
-from signer.policy import SignerPolicy, is_dns_name, show
+from signer.policy import SignerPolicy, show
 
 DNS_NAMES_ANNOTATION: Final = "podcert.dev/dns-names"
 KNOWN_ANNOTATIONS: Final = frozenset({DNS_NAMES_ANNOTATION})

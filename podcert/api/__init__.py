@@ -9,6 +9,7 @@ touch files (`volumes.read_consistently`) are handed their I/O as functions.
 - `requests`: one reading of a PodCertificateRequest (spec + status), with typed errors.
 - `credentials`: fresh / refresh due / overdue / expired, the one staleness rule.
 - `versions`: which certificates.k8s.io version to use, from a discovery answer.
+- `names`: which strings are Kubernetes names (DNS labels and subdomains).
 - `events`: core/v1 Event bodies.
 - `volumes`: the kubelet's projected-volume layout, atomic-writer names, the consistent read.
 """
