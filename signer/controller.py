@@ -30,7 +30,7 @@ from signer.audittrail import AuditTrail
 from signer.castore import CAStore
 from signer.decide import CA_TOO_SHORT, binding_problem, decide
 from signer.kube import SignerKube
-from signer.metrics import Metrics
+from signer.metrics import Metrics, api_retry_label
 from signer.policy import Policy
 from signer.settle import Settlement, settle
 
@@ -194,8 +194,9 @@ class Controller:
         log.warning("not the leader any more: issuing stops")
 
     def _count_retry(self, key: Key, err: Exception) -> None:
-        reason = f"API{err.status or 'Unavailable'}" if isinstance(err, ApiError) else "Unexpected"
-        self.metrics.retries.labels(reason=reason).inc()
+        self.metrics.count_retry(
+            api_retry_label(err.status) if isinstance(err, ApiError) else "Unexpected"
+        )
 
     def _gauge_depth(self) -> None:
         self.metrics.queue_depth.set(len(self.queue))
@@ -268,7 +269,7 @@ class Controller:
         )
         answer: model.Answer
         if isinstance(decision, model.Retry):
-            self.metrics.retries.labels(reason=decision.reason).inc()
+            self.metrics.count_retry(decision.reason)
             self.metrics.ca_too_short.set(1 if decision.reason == CA_TOO_SHORT else 0)
             log.warning("not yet: %s", decision.reason, extra=_ctx(key))
             return decision.after.total_seconds()
@@ -368,7 +369,7 @@ class Controller:
             # Write-ahead and fail closed: a certificate is durably in the audit log before it
             # can exist anywhere else (a crash between the two leaves an entry for a leaf nobody
             # received, never a leaf the log does not know); no entry, no certificate.
-            self.metrics.retries.labels(reason="AuditLogUnwritable").inc()
+            self.metrics.count_retry("AuditLogUnwritable")
             return min(30.0, self.queue.backoff(key))
         try:
             self.kube.write_status(settlement.status)
@@ -389,7 +390,7 @@ class Controller:
             if err.status == 422:
                 # The API server refused our status (clock skew, a CA it cannot parse...):
                 # a fault to retry and alert on, never a reason to fail the pod.
-                self.metrics.retries.labels(reason="StatusRejected").inc()
+                self.metrics.count_retry("StatusRejected")
                 log.error("API server rejected the status: %s", err.message, extra=extra)
                 return min(60.0, self.queue.backoff(key))
             raise

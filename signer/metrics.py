@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import ThreadingHTTPServer
+from typing import Final, Literal, get_args
 
 from prometheus_client import (
     CollectorRegistry,
@@ -14,6 +15,51 @@ from prometheus_client import (
 )
 
 from podcert import health
+from signer import model
+
+# Why a reconcile will be retried, as `podcert_signer_retries_total` labels it: closed types like
+# the Denied reasons, so a label mistyped anywhere fails the type check (and a dashboard's
+# series cannot silently split in two).
+ApiRetryLabel = Literal[
+    "APIUnavailable",  # no answer at all (connection refused or reset, timeout)
+    "API400",
+    "API401",
+    "API403",
+    "API404",
+    "API405",
+    "API406",
+    "API408",
+    "API409",
+    "API410",
+    "API413",
+    "API415",
+    "API422",
+    "API425",
+    "API429",
+    "API500",
+    "API501",
+    "API502",
+    "API503",
+    "API504",
+    "APIOther",  # any other status: rare, and kept out of the label set (the log names it)
+]
+"""An API call failed with this status; the statuses the API server sends, each its own label."""
+RetryLabel = Literal[
+    model.RetryReason,  # a decision's Retry (no CA yet, CA too short...)
+    "AuditLogUnwritable",  # the write-ahead audit entry was refused
+    "StatusRejected",  # the API server refused our status (422)
+    ApiRetryLabel,
+    "Unexpected",  # a bug: the log has the traceback
+]
+
+_API_LABELS: Final[Mapping[str, ApiRetryLabel]] = {
+    label: label for label in get_args(ApiRetryLabel)
+}
+
+
+def api_retry_label(status: int) -> ApiRetryLabel:
+    """The label of an API error's HTTP status (0: no answer)."""
+    return _API_LABELS.get(f"API{status or 'Unavailable'}", "APIOther")
 
 
 class Metrics:
@@ -37,7 +83,7 @@ class Metrics:
         self.queue_depth = Gauge(
             "podcert_signer_queue_depth", "Requests waiting for a worker.", registry=self.registry
         )
-        self.retries = Counter(
+        self._retries = Counter(
             "podcert_signer_retries",
             "Reconciles that will be retried, by reason.",
             ["reason"],
@@ -76,6 +122,10 @@ class Metrics:
             "--min-checkpoint` with this value catches a log cut back to an earlier one.",
             registry=self.registry,
         )
+
+    def count_retry(self, reason: RetryLabel) -> None:
+        """One reconcile that will be retried (the only way to count one: `reason` is checked)."""
+        self._retries.labels(reason=reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

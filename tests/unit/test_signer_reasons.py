@@ -1,6 +1,7 @@
-"""Denied, Failed and Retry reasons are closed types: a reason mistyped anywhere fails mypy, and
-a decision kind the settlement forgets fails it too. Shown by running mypy (the project's own
-configuration, strict) on a snippet whose marked lines must be exactly the ones it rejects."""
+"""Denied, Failed and Retry reasons, and the retry metric's labels, are closed types: a reason
+mistyped anywhere fails mypy, and a decision kind the settlement forgets fails it too. Shown by
+running mypy (the project's own configuration, strict) on a snippet whose marked lines must be
+exactly the ones it rejects."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import get_args
 import pytest
 from mypy import api
 
-from signer import admission, decide, model
+from signer import admission, decide, metrics, model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,6 +21,7 @@ import datetime as dt
 from typing import assert_never
 
 from signer import admission, model
+from signer.metrics import Metrics
 from signer.settle import EventNote, Labels
 
 model.Deny("PodNotFound", "spelled right")
@@ -35,6 +37,12 @@ Labels("example.com/x", "Denid", "PolicyDenied")  # rejected
 EventNote("Warning", "UnknownAnnotaton", "a typo")  # rejected
 admission.Verdict(False, "no", "PodBindingMismatch")
 admission.Verdict(False, "no", "PodBindingMismach")  # rejected
+Metrics().count_retry("AuditLogUnwritable")
+Metrics().count_retry("CANotLoaded")
+Metrics().count_retry("API503")
+Metrics().count_retry("AuditLogUnwriteable")  # rejected
+Metrics().count_retry("API5O3")  # rejected
+Metrics().count_retry("PodNotFound")  # rejected: a denial is no retry
 
 
 def check(decision: model.Deny) -> bool:
@@ -113,3 +121,17 @@ def test_the_binding_reasons_are_the_denied_reasons_of_the_node_restriction_chec
         model.SERVICE_ACCOUNT_MISMATCH,
     } == model.BINDING_REASONS
     assert set(get_args(model.DenyReason)) > model.BINDING_REASONS
+
+
+@pytest.mark.parametrize(
+    ("status", "label"),
+    [
+        pytest.param(503, "API503", id="a status the API server sends is its own label"),
+        pytest.param(429, "API429", id="throttled"),
+        pytest.param(0, "APIUnavailable", id="no answer at all"),
+        pytest.param(418, "APIOther", id="any other status joins one label"),
+    ],
+)
+def test_api_errors_are_counted_under_a_closed_set_of_labels(status: int, label: str) -> None:
+    assert metrics.api_retry_label(status) == label
+    assert label in get_args(metrics.ApiRetryLabel)
