@@ -31,7 +31,7 @@ from kubelet_shim.projection import ProjectionState
 from kubelet_shim.state import Caches, Outcome, object_key, pod_from, pod_uid
 from kubelet_shim.storage import Storage, StorageError
 from kubelet_shim.sync import PodSync
-from kubelet_shim.volumes import WorkKey
+from podcert.api.pods import WorkKey
 from podcert.api.requests import outcome as settled
 from podcert.reflector import Reflector
 from podcert.rest import JSON

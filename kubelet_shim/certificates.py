@@ -24,8 +24,8 @@ from kubelet_shim.kube import ShimApi, pcr_body
 from kubelet_shim.metrics import Metrics
 from kubelet_shim.projection import ProjectionState
 from kubelet_shim.state import Caches, Memory, Outcome, Pod, Tracked, VolumePlan, log_context
-from kubelet_shim.volumes import CertificateSource, ProjectedVolume, WorkKey
 from podcert.api import keys
+from podcert.api.pods import CertificateSource, ProjectedVolume, WorkKey
 from podcert.api.requests import RequestError, certificates, parse_status
 from podcert.api.times import format_time
 from podcert.rest import ApiError

@@ -16,7 +16,8 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Final
 
-from kubelet_shim.storage import MAX_PATH_DEPTH, UnsafeDirectoryError
+from kubelet_shim.storage import UnsafeDirectoryError
+from podcert.api.volumes import MAX_PATH_DEPTH
 
 # Directory layout is not secret; file modes are set exactly per file by the caller.
 DIR_MODE: Final = 0o755

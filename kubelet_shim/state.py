@@ -18,9 +18,8 @@ from typing import Any, Final
 
 from kubelet_shim import projection, trust
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
-from kubelet_shim.podspec import parse_pod
 from kubelet_shim.projection import ProjectionState
-from kubelet_shim.volumes import PodVolumes, TrustBundleSource, WorkKey
+from podcert.api.pods import PodVolumes, TrustBundleSource, WorkKey, parse_pod
 from podcert.api.times import parse_time
 from podcert.rest import JSON
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from podcert.api.volumes import volume_parts
+from podcert.api.volumes import path_problem, volume_parts
 
 
 class StorageError(Exception):
@@ -70,48 +70,6 @@ class Storage(Protocol):
     def list_pods(self) -> list[str]: ...
 
     def list_volumes(self, pod_uid: str) -> list[str]: ...
-
-
-# The kubelet's atomic writer limits (maxPathLength, maxFileNameLength); no Linux file system
-# takes longer names, and a volume whose write can never succeed would never be served.
-MAX_PATH_BYTES: Final = 4096
-MAX_NAME_BYTES: Final = 255
-# Ours: the kubelet has no depth limit, but a tree thousands of levels deep cannot be removed by
-# recursive clean-up (shutil.rmtree), so it would outlive its pod. No projection needs 128.
-MAX_PATH_DEPTH: Final = 128
-
-
-def path_problem(path: str) -> str | None:
-    """Why `path` may not be used inside a volume, or None when it is safe.
-
-    The kubelet's rules (relative, no `..` component, no leading `..`, at most 4096 bytes with
-    names of at most 255) plus the ones a file tree needs: no empty or `.` components, no NUL,
-    valid UTF-8, and no deeper nesting than clean-up can remove again.
-    """
-    if not path:
-        return "must not be empty"
-    if "\0" in path:
-        return "must not contain NUL"
-    if path.startswith("/"):
-        return "must be a relative path"
-    parts = path.split("/")
-    if ".." in parts:
-        return "must not contain '..'"
-    if path.startswith(".."):
-        return "must not start with '..'"
-    if any(part in ("", ".") for part in parts):
-        return "must not contain empty or '.' components"
-    try:
-        size = len(path.encode("utf-8"))
-    except UnicodeEncodeError:  # lone surrogates: no file system takes them
-        return "must be valid UTF-8"
-    if size > MAX_PATH_BYTES:
-        return f"must be at most {MAX_PATH_BYTES} bytes long"
-    if any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in parts):
-        return f"must not have a name longer than {MAX_NAME_BYTES} bytes"
-    if len(parts) > MAX_PATH_DEPTH:
-        return f"must not nest more than {MAX_PATH_DEPTH} levels deep"
-    return None
 
 
 def check_name(kind: str, name: str) -> None:

@@ -20,7 +20,7 @@ from kubelet_shim.kube import ShimApi
 from kubelet_shim.metrics import Metrics
 from kubelet_shim.state import Caches, Memory, Outcome, Pod, VolumePlan, log_context
 from kubelet_shim.storage import FileSpec, Storage, StorageError, UnsafeDirectoryError
-from kubelet_shim.volumes import CertificateSource, ProjectedVolume, TrustBundleSource
+from podcert.api.pods import CertificateSource, ProjectedVolume, TrustBundleSource
 from podcert.api.requests import outcome as settled
 from podcert.rest import ApiError
 

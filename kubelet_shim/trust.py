@@ -16,8 +16,8 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 
 from bundles import formats
-from kubelet_shim.podspec import matches_selector
-from kubelet_shim.volumes import TrustBundleSource
+from podcert.api.pods import TrustBundleSource
+from podcert.api.selectors import matches_selector
 
 log = logging.getLogger("podcert.shim")
 

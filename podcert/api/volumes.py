@@ -8,6 +8,8 @@
 The shim's writer produces this layout, the audit and the benches read it, and `read_consistently`
 is the one way to read a version that a rotation may remove mid-read. Pure: the caller hands in
 its own readlink and read functions (by descriptor in the shim, by path in the audit).
+`path_problem` says which paths a volume may hold: the pod spec's reading refuses the others and
+the writer never writes them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ DATA_TMP: Final = "..data_tmp"
 VERSION_NAME: Final = re.compile(r"\.\.\d{4}(?:_\d{2}){5}\.[A-Za-z0-9_]{1,64}")
 # How often a read follows `..data` again when a rotation removed the version it was reading.
 READ_ATTEMPTS: Final = 5
+# The kubelet's atomic writer limits (maxPathLength, maxFileNameLength); no Linux file system
+# takes longer names, and a volume whose write can never succeed would never be served.
+MAX_PATH_BYTES: Final = 4096
+MAX_NAME_BYTES: Final = 255
+# Ours: the kubelet has no depth limit, but a tree thousands of levels deep cannot be removed by
+# recursive clean-up (shutil.rmtree), so it would outlive its pod. No projection needs 128.
+MAX_PATH_DEPTH: Final = 128
 
 T = TypeVar("T")
 
@@ -62,6 +71,39 @@ def version_prefix(moment: dt.datetime) -> str:
 def visible_link(name: str) -> str:
     """What a user-visible name points to: its entry in the live version."""
     return f"{DATA_DIR}/{name}"
+
+
+def path_problem(path: str) -> str | None:
+    """Why `path` may not be used inside a volume, or None when it is safe.
+
+    The kubelet's rules (relative, no `..` component, no leading `..`, at most 4096 bytes with
+    names of at most 255) plus the ones a file tree needs: no empty or `.` components, no NUL,
+    valid UTF-8, and no deeper nesting than clean-up can remove again.
+    """
+    if not path:
+        return "must not be empty"
+    if "\0" in path:
+        return "must not contain NUL"
+    if path.startswith("/"):
+        return "must be a relative path"
+    parts = path.split("/")
+    if ".." in parts:
+        return "must not contain '..'"
+    if path.startswith(".."):
+        return "must not start with '..'"
+    if any(part in ("", ".") for part in parts):
+        return "must not contain empty or '.' components"
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:  # lone surrogates: no file system takes them
+        return "must be valid UTF-8"
+    if size > MAX_PATH_BYTES:
+        return f"must be at most {MAX_PATH_BYTES} bytes long"
+    if any(len(part.encode("utf-8")) > MAX_NAME_BYTES for part in parts):
+        return f"must not have a name longer than {MAX_NAME_BYTES} bytes"
+    if len(parts) > MAX_PATH_DEPTH:
+        return f"must not nest more than {MAX_PATH_DEPTH} levels deep"
+    return None
 
 
 def read_consistently(

@@ -14,7 +14,7 @@ the exception types it may raise (anything else is a bug):
       verify_chain on what loaded
     podcert.auditlog.verify                         an audit log on disk        nothing
     podcert.auditlog.iter_entries                   same                        AuditLogError
-    kubelet_shim.podspec.parse_pod                  pod specs                   nothing
+    podcert.api.pods.parse_pod                      pod specs                   nothing
 
 The strategies start from valid inputs and damage them where the parsers look, so most examples
 get past the first check: DER trees re-encoded with correct lengths around one damaged element
@@ -55,10 +55,9 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from bundles import formats, spiffe
-from kubelet_shim import podspec, volumes
-from kubelet_shim.storage import path_problem
 from podcert import auditlog
-from podcert.api import keys
+from podcert.api import fields, keys, pods
+from podcert.api.volumes import path_problem
 from signer import ca, certs, csr, decide, model, objects, policy, requested
 from signer.auditlog import AuditLog
 from tests import strategies
@@ -1164,13 +1163,13 @@ POD_SEEDS: Final = [
         ]
     ),
 ]
-VOLUME_ERROR_KINDS: Final = frozenset(get_args(volumes.ErrorKind))
+VOLUME_ERROR_KINDS: Final = frozenset(get_args(fields.ErrorKind))
 
 
 @FUZZ
 @given(pod=st.one_of(json_mutant(POD_SEEDS, keep_root=False), hostile_json))
 def test_damaged_pods_parse_into_work_items_and_field_errors_without_raising(pod: Any) -> None:
-    parsed = podspec.parse_pod(pod)
+    parsed = pods.parse_pod(pod)
     event(f"{len(parsed.errors)} errors" if parsed.errors else "clean")
     for error in parsed.errors:
         assert error.kind in VOLUME_ERROR_KINDS
@@ -1181,11 +1180,11 @@ def test_damaged_pods_parse_into_work_items_and_field_errors_without_raising(pod
     for volume in parsed.volumes:
         paths: list[str] = []
         for source in volume.sources:
-            if isinstance(source, volumes.CertificateSource):
+            if isinstance(source, pods.CertificateSource):
                 assert source.key_type in csr.KEY_TYPES
                 assert 3600 <= source.max_expiration_seconds <= 7862400
                 paths += source.paths
-            elif isinstance(source, volumes.TrustBundleSource):
+            elif isinstance(source, pods.TrustBundleSource):
                 paths.append(source.path)
         assert all(path_problem(p) is None for p in paths)
         # No two files of one volume at one path, and no file where another is a directory.
@@ -1207,7 +1206,7 @@ def test_the_seeds_are_valid_so_the_mutants_start_deep() -> None:
         formats.load_trust_bundle(Pem(tuple(blocks)).build())
     assert list(auditlog.iter_entries(LOG))
     for seed in POD_SEEDS:
-        assert not podspec.parse_pod(seed).errors
+        assert not pods.parse_pod(seed).errors
     policy.load_policy(POLICY_SEED, "policy.yaml", [SIGNER], "cluster.local")
 
 

@@ -35,8 +35,8 @@ from kubelet_shim.certificates import request_event
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
 from kubelet_shim.projection import ProjectionState
 from kubelet_shim.storage import FileSpec, MemoryStorage
-from kubelet_shim.volumes import WorkKey
 from podcert.api import keys
+from podcert.api.pods import WorkKey
 from podcert.rest import JSON, ApiError
 from podcert.runtime import Runtime
 

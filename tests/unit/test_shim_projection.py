@@ -492,7 +492,7 @@ def test_pure_shim_modules_import_neither_kubernetes_nor_aiohttp() -> None:
     probe = (
         "import sys\n"
         "import kubelet_shim.projection, kubelet_shim.refresh, kubelet_shim.storage\n"
-        "import kubelet_shim.volumes\n"
+        "import podcert.api.pods\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'aiohttp')))\n"
     )
     result = subprocess.run(

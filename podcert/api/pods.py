@@ -1,32 +1,22 @@
-"""Read a pod (the API's JSON dict) into the projections the shim must serve.
+"""A pod's projected volumes and their podCertificate and clusterTrustBundle sources, read once.
 
-The agent works per (pod UID, volume, source index); this module turns the pod spec into those
-work items (`kubelet_shim.volumes`). A pod is untrusted input: a malformed source becomes a
-`VolumeError` naming its field path and its well-formed neighbours are still served. Nothing here
-raises on bad input.
+`parse_pod` reads a pod (the API's JSON dict) as the API server validates it; the node shim
+serves what it returns and the audit joins the podCertificate sources with what it finds on
+nodes. A pod is untrusted input: a malformed source becomes a `VolumeError` naming its field path
+and its well-formed neighbours are still read. Nothing here raises on bad input.
+
+A new file in a projection is a field of `CertificateSource` (or `TrustBundleSource`), read in
+`_parse_certificate` and listed in `paths`; the shim's writer says what goes into it.
+The kubelet's work item is one source: (pod UID, volume, source index), a `WorkKey`. Pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeGuard
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
 
-from kubelet_shim.storage import path_problem
-from kubelet_shim.volumes import (
-    DEFAULT_MODE,
-    OPERATORS,
-    CertificateSource,
-    ErrorKind,
-    LabelSelector,
-    Operator,
-    PodVolumes,
-    ProjectedVolume,
-    Requirement,
-    Source,
-    TrustBundleSource,
-    UnsupportedSource,
-    VolumeError,
-)
+from podcert.api.fields import ErrorKind, is_int, is_map, string
 from podcert.api.keys import KEY_TYPES, KeyType
 from podcert.api.lifetimes import (
     DEFAULT_MAX_EXPIRATION_SECONDS,
@@ -34,14 +24,117 @@ from podcert.api.lifetimes import (
     MIN_MAX_EXPIRATION_SECONDS,
     max_expiration_allowed,
 )
+from podcert.api.selectors import LabelSelector, parse_selector
+from podcert.api.volumes import path_problem
+
+# What a projected volume's files get when the pod sets no defaultMode.
+DEFAULT_MODE: Final = 0o644
 
 
-def _is_map(value: object) -> TypeGuard[Mapping[str, object]]:
-    return isinstance(value, Mapping) and all(isinstance(k, str) for k in value)
+@dataclass(frozen=True)
+class VolumeError:
+    """One problem in the pod spec, at an API field path such as `spec.volumes[0].projected`."""
+
+    kind: ErrorKind
+    field_path: str
+    message: str
+    volume: str | None = None
+    index: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.field_path}: {self.kind}: {self.message}"
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
+class WorkKey(NamedTuple):
+    pod_uid: str
+    volume: str
+    source_index: int
+
+
+@dataclass(frozen=True)
+class CertificateSource:
+    volume: str
+    index: int
+    signer_name: str
+    key_type: KeyType
+    max_expiration_seconds: int
+    credential_bundle_path: str | None
+    key_path: str | None
+    chain_path: str | None
+    # Excluded from the hash (a dict is unhashable) but still part of equality.
+    user_annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+    user: int | None = None  # alpha AtomicWriteVolumeUserFields: file owner for this source
+
+    def key(self, pod_uid: str) -> WorkKey:
+        return WorkKey(pod_uid, self.volume, self.index)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every file this source projects, in the order the fields are declared."""
+        return tuple(
+            p
+            for p in (self.credential_bundle_path, self.key_path, self.chain_path)
+            if p is not None
+        )
+
+
+@dataclass(frozen=True)
+class TrustBundleSource:
+    volume: str
+    index: int
+    name: str | None
+    signer_name: str | None
+    # None means "match nothing" (the API's rule for an unset selector), () matches everything.
+    label_selector: LabelSelector | None
+    optional: bool
+    path: str
+    user: int | None = None
+
+    def key(self, pod_uid: str) -> WorkKey:
+        return WorkKey(pod_uid, self.volume, self.index)
+
+
+@dataclass(frozen=True)
+class UnsupportedSource:
+    """A projected source of another kind (configMap, secret, ...), kept for its index."""
+
+    volume: str
+    index: int
+    kind: str
+
+
+Source = CertificateSource | TrustBundleSource | UnsupportedSource
+
+
+@dataclass(frozen=True)
+class ProjectedVolume:
+    name: str
+    default_mode: int
+    sources: tuple[Source, ...]
+    default_user: int | None = None
+
+    def owner_of(self, source: CertificateSource | TrustBundleSource) -> int | None:
+        return source.user if source.user is not None else self.default_user
+
+
+@dataclass(frozen=True)
+class PodVolumes:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    service_account: str
+    volumes: tuple[ProjectedVolume, ...]
+    errors: tuple[VolumeError, ...] = ()
+
+    def work_items(self) -> Iterator[tuple[WorkKey, CertificateSource | TrustBundleSource]]:
+        for volume in self.volumes:
+            for source in volume.sources:
+                if not isinstance(source, UnsupportedSource):
+                    yield source.key(self.uid), source
+
+    def errors_for(self, volume: str) -> tuple[VolumeError, ...]:
+        return tuple(error for error in self.errors if error.volume == volume)
 
 
 class _Collector:
@@ -58,15 +151,7 @@ class _Collector:
     def string(
         self, obj: Mapping[str, object], key: str, path: str, *, required: bool
     ) -> str | None:
-        value = obj.get(key)
-        if value is None or value == "":
-            if required:
-                self.add("Required", f"{path}.{key}", "must be set")
-            return None
-        if not isinstance(value, str):
-            self.add("Invalid", f"{path}.{key}", f"must be a string, not {type(value).__name__}")
-            return None
-        return value
+        return string(self.add, obj, key, path, required=required)
 
     def rel_path(
         self, obj: Mapping[str, object], key: str, path: str, *, required: bool
@@ -84,7 +169,7 @@ class _Collector:
         value = obj.get(key)
         if value is None:
             return True, None
-        if not _is_int(value) or value < 0:
+        if not is_int(value) or value < 0:
             self.add("Invalid", f"{path}.{key}", "must be a non-negative integer user ID")
             return False, None
         return True, value
@@ -93,15 +178,15 @@ class _Collector:
 def parse_pod(pod: object) -> PodVolumes:
     """Every projected volume of `pod` with its sources in order, plus what was wrong with it."""
     c = _Collector()
-    if not _is_map(pod):
+    if not is_map(pod):
         c.add("Invalid", "", "pod must be an object")
         return PodVolumes("", "", "", "", "", (), tuple(c.errors))
     metadata = pod.get("metadata")
     spec = pod.get("spec")
-    if not _is_map(metadata):
+    if not is_map(metadata):
         c.add("Required", "metadata", "must be an object")
         metadata = {}
-    if not _is_map(spec):
+    if not is_map(spec):
         c.add("Required", "spec", "must be an object")
         spec = {}
     namespace = c.string(metadata, "namespace", "metadata", required=True) or ""
@@ -118,7 +203,7 @@ def parse_pod(pod: object) -> PodVolumes:
         raw_volumes = []
     for v, raw in enumerate(raw_volumes):
         path = f"spec.volumes[{v}]"
-        if not _is_map(raw):
+        if not is_map(raw):
             c.add("Invalid", path, "must be an object")
             continue
         if "projected" not in raw:
@@ -149,14 +234,14 @@ def _parse_volume(c: _Collector, raw: Mapping[str, object], path: str) -> Projec
     c.volume = name
     projected = raw["projected"]
     path = f"{path}.projected"
-    if not _is_map(projected):
+    if not is_map(projected):
         c.add("Invalid", path, "must be an object")
         return None
 
     default_mode = DEFAULT_MODE
     mode = projected.get("defaultMode")
     if mode is not None:
-        if _is_int(mode) and 0 <= mode <= 0o777:
+        if is_int(mode) and 0 <= mode <= 0o777:
             default_mode = mode
         else:
             c.add("Invalid", f"{path}.defaultMode", "must be a mode between 0 and 0777 (511)")
@@ -204,7 +289,7 @@ def _claim(
 
 
 def _parse_source(c: _Collector, volume: str, index: int, raw: object, path: str) -> Source | None:
-    if not _is_map(raw):
+    if not is_map(raw):
         c.add("Invalid", path, "must be an object")
         return None
     kinds = [key for key, value in raw.items() if value is not None]
@@ -214,12 +299,12 @@ def _parse_source(c: _Collector, volume: str, index: int, raw: object, path: str
     kind = kinds[0]
     body = raw[kind]
     if kind == "podCertificate":
-        if not _is_map(body):
+        if not is_map(body):
             c.add("Invalid", f"{path}.podCertificate", "must be an object")
             return None
         return _parse_certificate(c, volume, index, body, f"{path}.podCertificate")
     if kind == "clusterTrustBundle":
-        if not _is_map(body):
+        if not is_map(body):
             c.add("Invalid", f"{path}.clusterTrustBundle", "must be an object")
             return None
         return _parse_trust_bundle(c, volume, index, body, f"{path}.clusterTrustBundle")
@@ -247,7 +332,7 @@ def _parse_certificate(
     max_expiration = DEFAULT_MAX_EXPIRATION_SECONDS
     raw_max = body.get("maxExpirationSeconds")
     if raw_max is not None:
-        if _is_int(raw_max) and max_expiration_allowed(raw_max):
+        if is_int(raw_max) and max_expiration_allowed(raw_max):
             max_expiration = raw_max
         else:
             c.add(
@@ -275,7 +360,7 @@ def _parse_certificate(
     annotations: dict[str, str] = {}
     raw_annotations = body.get("userAnnotations")
     if raw_annotations is not None:
-        if _is_map(raw_annotations) and all(isinstance(v, str) for v in raw_annotations.values()):
+        if is_map(raw_annotations) and all(isinstance(v, str) for v in raw_annotations.values()):
             annotations = {k: str(v) for k, v in raw_annotations.items()}
         else:
             c.add("Invalid", f"{path}.userAnnotations", "must map strings to strings")
@@ -306,7 +391,7 @@ def _parse_trust_bundle(
     selector: LabelSelector | None = None
     raw_selector = body.get("labelSelector")
     if raw_selector is not None:
-        selector = _parse_selector(c, raw_selector, f"{path}.labelSelector")
+        selector = parse_selector(raw_selector, f"{path}.labelSelector", c.add)
     if name is not None and (signer_name is not None or raw_selector is not None):
         c.add("Invalid", path, "name is mutually exclusive with signerName and labelSelector")
     elif name is None and signer_name is None and len(c.errors) == before:
@@ -335,93 +420,3 @@ def _signer_name(
         c.add("Invalid", f"{path}.signerName", f"{value!r} is not of the form <domain>/<path>")
         return None
     return value
-
-
-def _parse_selector(c: _Collector, raw: object, path: str) -> LabelSelector | None:
-    if not _is_map(raw):
-        c.add("Invalid", path, "must be an object")
-        return None
-    before = len(c.errors)
-    labels: list[tuple[str, str]] = []
-    raw_labels = raw.get("matchLabels") or {}
-    if _is_map(raw_labels) and all(isinstance(v, str) for v in raw_labels.values()):
-        labels = sorted((k, str(v)) for k, v in raw_labels.items())
-    else:
-        c.add("Invalid", f"{path}.matchLabels", "must map strings to strings")
-
-    requirements: list[Requirement] = []
-    raw_expressions = raw.get("matchExpressions") or []
-    if not isinstance(raw_expressions, list):
-        c.add("Invalid", f"{path}.matchExpressions", "must be a list")
-        raw_expressions = []
-    for i, expression in enumerate(raw_expressions):
-        requirement = _parse_requirement(c, expression, f"{path}.matchExpressions[{i}]")
-        if requirement is not None:
-            requirements.append(requirement)
-    if len(c.errors) != before:
-        return None
-    return LabelSelector(tuple(labels), tuple(requirements))
-
-
-def _parse_requirement(c: _Collector, raw: object, path: str) -> Requirement | None:
-    if not _is_map(raw):
-        c.add("Invalid", path, "must be an object")
-        return None
-    key = c.string(raw, "key", path, required=True)
-    raw_operator = c.string(raw, "operator", path, required=True)
-    operator: Operator | None = None
-    for known in OPERATORS:
-        if raw_operator == known:
-            operator = known
-    if raw_operator is not None and operator is None:
-        c.add(
-            "NotSupported", f"{path}.operator", f"{raw_operator!r}; one of {', '.join(OPERATORS)}"
-        )
-    raw_values = raw.get("values") or []
-    if not isinstance(raw_values, list) or not all(isinstance(v, str) for v in raw_values):
-        c.add("Invalid", f"{path}.values", "must be a list of strings")
-        return None
-    values = tuple(str(v) for v in raw_values)
-    if key is None or operator is None:
-        return None
-    if operator in ("In", "NotIn") and not values:
-        c.add("Required", f"{path}.values", f"must be non-empty for {operator}")
-        return None
-    if operator in ("Exists", "DoesNotExist") and values:
-        c.add("Forbidden", f"{path}.values", f"must be empty for {operator}")
-        return None
-    return Requirement(key, operator, values)
-
-
-def matches_selector(
-    labels: Mapping[str, str], selector: LabelSelector | Mapping[str, object] | None
-) -> bool:
-    """Whether an object's labels satisfy a label selector.
-
-    `None` matches nothing (the clusterTrustBundle rule for an unset selector) and an empty
-    selector matches everything. A raw selector dict is parsed first; a malformed one raises
-    ValueError, since quietly matching nothing or everything would both be wrong.
-    """
-    if selector is None:
-        return False
-    if not isinstance(selector, LabelSelector):
-        c = _Collector()
-        parsed = _parse_selector(c, selector, "labelSelector")
-        if parsed is None:
-            raise ValueError("; ".join(str(error) for error in c.errors))
-        selector = parsed
-    if any(labels.get(key) != value for key, value in selector.match_labels):
-        return False
-    for requirement in selector.match_expressions:
-        present = requirement.key in labels
-        if requirement.operator == "Exists":
-            ok = present
-        elif requirement.operator == "DoesNotExist":
-            ok = not present
-        elif requirement.operator == "In":
-            ok = present and labels[requirement.key] in requirement.values
-        else:  # NotIn: an object without the label is not in any set
-            ok = not present or labels[requirement.key] not in requirement.values
-        if not ok:
-            return False
-    return True

@@ -9,18 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubelet_shim.podspec import matches_selector, parse_pod
-from kubelet_shim.volumes import (
+from podcert.api.pods import (
     CertificateSource,
-    LabelSelector,
     PodVolumes,
     ProjectedVolume,
-    Requirement,
     TrustBundleSource,
     UnsupportedSource,
     VolumeError,
     WorkKey,
+    parse_pod,
 )
+from podcert.api.selectors import LabelSelector, Requirement, matches_selector
 from tests import strategies
 
 UID = "5d1b7a52-3c1e-4a8e-9a0c-6b0f7a0e2c11"
