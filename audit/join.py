@@ -16,21 +16,11 @@ from cryptography import x509
 
 from audit.examine import DiskCredential, VolumeFacts
 from audit.model import JSON, Settings, Snapshot
+from podcert.api.pods import CertificateSource, parse_pod
 from podcert.api.requests import Outcome, RequestError, certificates, parse_request
 from podcert.auditlog import AuditLogError, Entry, iter_entries
 
 # --- the cluster's objects ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Source:
-    """A podCertificate source in a pod's spec."""
-
-    volume: str
-    index: int
-    signer_name: str
-    paths: tuple[str, ...]  # bundle, key and chain paths that are set
-    shown_path: str | None  # the bundle, else the chain
 
 
 @dataclass(frozen=True)
@@ -55,32 +45,6 @@ def _str(obj: object, *path: str) -> str:
     for key in path:
         obj = obj.get(key) if isinstance(obj, Mapping) else None
     return obj if isinstance(obj, str) else ""
-
-
-def _sources(pod: JSON) -> list[_Source]:
-    found: list[_Source] = []
-    volumes = (pod.get("spec") or {}).get("volumes")
-    for volume in volumes if isinstance(volumes, list) else ():
-        if not isinstance(volume, Mapping):
-            continue
-        sources = (volume.get("projected") or {}).get("sources")
-        for index, source in enumerate(sources if isinstance(sources, list) else ()):
-            cert = source.get("podCertificate") if isinstance(source, Mapping) else None
-            if not isinstance(cert, Mapping):
-                continue
-            bundle = _str(cert, "credentialBundlePath")
-            chain = _str(cert, "certificateChainPath")
-            paths = tuple(p for p in (bundle, _str(cert, "keyPath"), chain) if p)
-            found.append(
-                _Source(
-                    _str(volume, "name"),
-                    index,
-                    _str(cert, "signerName"),
-                    paths,
-                    bundle or chain or None,
-                )
-            )
-    return found
 
 
 def request_from_api(pcr: JSON) -> Request | None:
@@ -165,22 +129,28 @@ def join(
             by_volume[proj.pod_uid, proj.volume].append(proj)
         return proj
 
+    # Pods: one projection per podCertificate source that `parse_pod` accepts (one the API
+    # server would refuse cannot be served, so nothing on a node belongs to it).
     for pod in snapshot.pods or ():
-        meta = pod.get("metadata") or {}
-        uid, namespace, name = _str(meta, "uid"), _str(meta, "namespace"), _str(meta, "name")
-        if not uid:
+        parsed = parse_pod(pod)
+        if not parsed.uid:
             continue
-        for source in _sources(pod):
+        # As written, not defaulted to "default" as parse_pod does: `read_cluster` trims the
+        # service account away, and the pod's requests fill it in.
+        service_account = _str(pod, "spec", "serviceAccountName") or None
+        for source in (
+            s for v in parsed.volumes for s in v.sources if isinstance(s, CertificateSource)
+        ):
             add(
                 Proj(
-                    uid,
-                    namespace=namespace,
-                    pod=name,
-                    node=_str(pod, "spec", "nodeName") or None,
-                    service_account=_str(pod, "spec", "serviceAccountName") or None,
+                    parsed.uid,
+                    namespace=parsed.namespace,
+                    pod=parsed.name,
+                    node=parsed.node_name or None,
+                    service_account=service_account,
                     volume=source.volume,
-                    path=source.shown_path,
-                    signer_name=source.signer_name or None,
+                    path=source.credential_bundle_path or source.chain_path,
+                    signer_name=source.signer_name,
                     paths=source.paths,
                 )
             )

@@ -28,6 +28,7 @@ from audit import cli as audit_cli
 from audit.snapshot import read_audit_log, read_root
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
+from podcert.api.pods import CertificateSource, parse_pod
 from podcert.auditlog import GENESIS, line_hash
 from podcert.cli import main
 from signer import ca, certs, model
@@ -347,6 +348,32 @@ def test_a_healthy_setup_joins_every_input(world: World) -> None:
     assert first.rotations == 1
     assert report.audit_log is not None and report.audit_log.anchored
     assert [r.has_ca for r in report.roots] == [True]
+
+
+def test_the_audit_reads_a_pods_sources_as_the_shim_does(world: World) -> None:
+    """One reading of a pod's projected sources: a podCertificate source the API server would
+    refuse is served by no shim, so the audit makes no projection of it either."""
+    healthy(world, pods=1)
+    pod = world.pod("odd", "uid-odd")
+    pod["spec"]["volumes"][0]["projected"]["sources"].append(
+        {
+            "podCertificate": {
+                "signerName": SIGNER,
+                "keyType": "DSA2048",
+                "credentialBundlePath": "refused.pem",
+            }
+        }
+    )
+
+    report = audit_findings(world.snapshot(), NOW)
+
+    served = [
+        (source.volume, source.credential_bundle_path)
+        for _, source in parse_pod(pod).work_items()
+        if isinstance(source, CertificateSource)
+    ]
+    audited = [(p.volume, p.path) for p in report.projections if p.pod == "odd"]
+    assert audited == served == [("identity", "credentialbundle.pem")]
 
 
 def test_json_output_is_machine_readable(world: World, capsys: pytest.CaptureFixture[str]) -> None:
