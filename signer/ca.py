@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -29,8 +29,8 @@ from podcert.api import keys
 from signer import certs, model
 
 CAKey = keys.PrivateKey
-# The API's key types a CA may have.
-CAKeyType = Literal["ECDSAP256", "ECDSAP384", "RSA3072", "RSA4096", "ED25519"]
+# A CA may have any of the API's key types (`from_secret_data` loads each of them too).
+CAKeyType = keys.KeyType
 
 # Secret data keys.
 TLS_CRT: Final = "tls.crt"

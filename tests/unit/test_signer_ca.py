@@ -86,7 +86,7 @@ def test_default_keys_are_p256() -> None:
     assert key.curve.name == "secp256r1"
 
 
-@pytest.mark.parametrize("key_type", ["ECDSAP384", "ED25519"])
+@pytest.mark.parametrize("key_type", ["ECDSAP384", "ECDSAP521", "ED25519"])
 def test_other_ca_key_types(key_type: ca.CAKeyType) -> None:
     bundle = ca.new_ca("typed", NOW, key_type=key_type)
     bundle.intermediate.verify_directly_issued_by(bundle.root)
