@@ -1,8 +1,9 @@
 """Hypothesis strategies the hostile-input tests share: damaged DER, damaged JSON objects, hostile
 annotation keys and DNS-name lists, and the `podcert-fuzz` settings profile.
 
-They start from valid inputs and damage them where parsers look (see tests/unit/test_hostile_input.py for
-what each parser may raise), so most examples get past the first check.
+They start from valid inputs and damage them where parsers look (see
+tests/unit/test_hostile_input.py for what each parser may raise), so most examples get past the
+first check.
 """
 
 from __future__ import annotations
