@@ -27,7 +27,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         if name == command:
-            importlib.import_module(module).register(sub)
+            try:
+                loaded = importlib.import_module(module)
+            except ModuleNotFoundError as err:
+                if err.name != module.split(".")[0]:
+                    raise
+                # The cluster image carries no development tools (devcluster, the demo).
+                parser.error(f"'{name}' is not installed here (module {module} is missing)")
+            loaded.register(sub)
         else:
             sub.add_parser(name, help=help_text, add_help=False)
     return parser
