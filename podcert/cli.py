@@ -7,6 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from podcert.errors import ConfigError
+
 # subcommand -> (module exposing `register(subparsers)`, one-line help). Only the module of the
 # command being run is imported: `podcert audit` does not pay for the signer's imports, and a
 # broken piece cannot break the other commands.
@@ -49,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ConfigError as err:
+        print(f"podcert {args.command}: {err}", file=sys.stderr)
+        return 2
     return code
 
 

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import yaml
 from kubernetes import client, config
+
+from podcert.errors import ConfigError
 
 JSON = dict[str, Any]
 
@@ -39,15 +42,33 @@ class Gone(ApiError):
     """410: the resourceVersion is too old (compaction); relist."""
 
 
+class ClientConfigError(ConfigError):
+    """The kubeconfig (or the pod's in-cluster credentials) cannot be used; says which and why."""
+
+
 def load_client(kubeconfig: Path | None) -> client.ApiClient:
-    """In-cluster config when `kubeconfig` is None, else that file."""
+    """In-cluster config when `kubeconfig` is None, else that file. Raises ClientConfigError."""
     configuration = client.Configuration()
-    if kubeconfig is None:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig), client_configuration=configuration, persist_config=False
-        )
+    try:
+        if kubeconfig is None:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            if not kubeconfig.is_file():
+                raise ClientConfigError(f"kubeconfig {kubeconfig}: no such file")
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(kubeconfig),
+                client_configuration=configuration,
+                persist_config=False,
+            )
+    except ClientConfigError:
+        raise
+    except (config.ConfigException, OSError, ValueError, yaml.YAMLError) as err:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration"
+        # The loaders' messages name structure, never credentials; keep only the first line.
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if isinstance(err, yaml.YAMLError):
+            reason = f"not valid YAML ({reason})"
+        raise ClientConfigError(f"{where}: {reason}") from None
     # Several worker threads share one pool: make it as wide as they are.
     configuration.connection_pool_maxsize = 32
     hook = getattr(configuration, "refresh_api_key_hook", None)

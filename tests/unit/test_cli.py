@@ -3,6 +3,8 @@ subcommand whose package is not installed (the cluster image has no devcluster) 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from podcert import cli
@@ -38,3 +40,36 @@ def test_help_lists_every_subcommand_without_importing_them(
     out = capsys.readouterr().out
     for name in ("signer", "shim", "audit", "devcluster", "demo"):
         assert name in out
+
+
+KUBECONFIGS = [
+    pytest.param(None, "no such file", id="a missing kubeconfig"),
+    pytest.param("garbage: [", "not valid YAML", id="a kubeconfig that is not YAML"),
+    pytest.param("apiVersion: v1\nkind: Config\n", "current-context", id="a kubeconfig with no context"),
+]
+
+
+@pytest.mark.parametrize(("content", "says"), KUBECONFIGS)
+@pytest.mark.parametrize("command", ["signer", "shim", "audit"])
+def test_an_unusable_kubeconfig_is_one_line_and_exit_2(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    content: str | None,
+    says: str,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_text(content)
+    argv = {
+        "signer": ["signer", f"--kubeconfig={kubeconfig}", "--signer-name=a.example.com/b"],
+        "shim": ["shim", f"--kubeconfig={kubeconfig}", "--node-name=n", f"--root={tmp_path}"],
+        "audit": ["audit", f"--kubeconfig={kubeconfig}"],
+    }[command]
+
+    code = cli.main(argv)
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert says in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
