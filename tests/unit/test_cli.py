@@ -45,7 +45,9 @@ def test_help_lists_every_subcommand_without_importing_them(
 KUBECONFIGS = [
     pytest.param(None, "no such file", id="a missing kubeconfig"),
     pytest.param("garbage: [", "not valid YAML", id="a kubeconfig that is not YAML"),
-    pytest.param("apiVersion: v1\nkind: Config\n", "current-context", id="a kubeconfig with no context"),
+    pytest.param(
+        "apiVersion: v1\nkind: Config\n", "current-context", id="a kubeconfig with no context"
+    ),
 ]
 
 
