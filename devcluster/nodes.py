@@ -169,7 +169,8 @@ def install_packages(progress: Progress = lambda _line: None) -> list[str]:
 
 
 def _v1_hierarchies() -> list[Path]:
-    """The cgroup v1 hierarchies (cpu, memory, ...), not the unified one beside them."""
+    """The hierarchies of a cgroup v1 host (cpu, memory, ...; with the unified one beside them
+    where it is mounted too, as here): a node's cgroup is made in each."""
     if (CGROUP_V1 / "cgroup.controllers").exists():  # cgroup v2 only
         return []
     try:

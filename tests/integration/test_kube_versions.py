@@ -1,16 +1,11 @@
 """Issue 13, part 1: the devcluster of an older minor (1.35, 1.36) is a whole cluster that serves
 pod certificates at certificates.k8s.io/v1beta1 only, and its hollow kubelet, switched on by the
-same feature gates, projects podcert's credential.
-
-Opt-in: each older minor takes about 15 minutes to build cold on 2 shared cores, which the
-default test command cannot afford (issue 13 part 5 decides the version matrix).
-`make test-versions` builds both and runs this with PODCERT_KUBE_VERSIONS="1.35 1.36".
+same feature gates, projects podcert's credential. `make controlplane` builds both minors.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from pathlib import Path
 
@@ -23,7 +18,6 @@ from devcluster import build, cluster, kube, nodes, processes
 from devcluster.testing import eventually
 from podcert.rest import Rest
 
-ENABLED = os.environ.get("PODCERT_KUBE_VERSIONS", "").split()
 SIGNER = "test.podcert.dev/versions"
 POLICY = f"""
 signers:
@@ -49,8 +43,6 @@ def _default_service_account(api: client.ApiClient, namespace: str) -> object | 
 def test_an_older_minor_is_a_whole_cluster_serving_pod_certificates_at_v1beta1(
     version: str, tmp_path: Path
 ) -> None:
-    if version not in ENABLED:
-        pytest.skip(f"Kubernetes {version} is opt-in: make test-versions (PODCERT_KUBE_VERSIONS)")
     root = tmp_path / "cluster"
     cluster.up(root, kube_version=version)
     try:
