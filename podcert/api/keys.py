@@ -1,5 +1,6 @@
 """The Pod Certificates API's key types, in one table: what each name means, how a node makes
-such a key, and what its stub PKCS#10 request is signed with.
+such a key, what its stub PKCS#10 request is signed with, and how its proof of possession (the
+v1beta1 form: `pkixPublicKey` + `proofOfPossession`) is signed and checked.
 
 `KeyType` lists the API's names and `_spec` gives each its row; `assert_never` makes mypy refuse
 a name without a row, and the Literal refuses a row without a name. A new key type is one line in
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 from typing import Final, Literal, assert_never, get_args
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
 KeyType = Literal["RSA3072", "RSA4096", "ECDSAP256", "ECDSAP384", "ECDSAP521", "ED25519"]
@@ -131,3 +133,44 @@ def spki_der(public_key: PublicKeyTypes) -> bytes:
 def public_der(key: PrivateKey) -> bytes:
     """`spki_der` of a private key's public half."""
     return spki_der(key.public_key())
+
+
+# --- proof of possession (v1beta1: 1.35 only takes this form; 1.36 takes it or the stub CSR) ----
+#
+# The API server checks it at creation (pkg/apis/certificates/validation, v1.35 and v1.36) and
+# the 1.35 kubelet makes it (pkg/kubelet/podcertificate, generateKeyAndProof): a signature over
+# the pod UID's bytes. ECDSA signs their SHA-256 whatever the curve (ASN.1 DER); RSA signs it
+# with PSS (MGF1 with SHA-256) and the longest salt (Go's rsa.SignPSS with nil options), and the
+# check accepts any salt length (rsa.VerifyPSS with nil options); Ed25519 signs the bytes.
+PROOF_DIGEST: Final = hashes.SHA256
+
+
+def sign_proof(key: PrivateKey, pod_uid: str) -> bytes:
+    """`proofOfPossession` for `key` in a request for the pod with UID `pod_uid`."""
+    message = pod_uid.encode()
+    if isinstance(key, rsa.RSAPrivateKey):
+        pss = padding.PSS(mgf=padding.MGF1(PROOF_DIGEST()), salt_length=padding.PSS.MAX_LENGTH)
+        return key.sign(message, pss, PROOF_DIGEST())
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        return key.sign(message, ec.ECDSA(PROOF_DIGEST()))
+    return key.sign(message)
+
+
+def proof_verifies(public_key: PublicKeyTypes, pod_uid: str, proof: bytes) -> bool:
+    """Whether `proof` is `public_key`'s proof of possession for the pod with UID `pod_uid`.
+    False for a wrong UID, another key, a key of no type that has a proof, or bytes that are no
+    signature at all; never raises."""
+    message = pod_uid.encode()
+    try:
+        if isinstance(public_key, rsa.RSAPublicKey):
+            pss = padding.PSS(mgf=padding.MGF1(PROOF_DIGEST()), salt_length=padding.PSS.AUTO)
+            public_key.verify(proof, message, pss, PROOF_DIGEST())
+        elif isinstance(public_key, ec.EllipticCurvePublicKey):
+            public_key.verify(proof, message, ec.ECDSA(PROOF_DIGEST()))
+        elif isinstance(public_key, ed25519.Ed25519PublicKey):
+            public_key.verify(proof, message)
+        else:
+            return False
+    except (InvalidSignature, ValueError):
+        return False
+    return True

@@ -6,7 +6,11 @@ nothing else escapes. Fields the API server always sets read as "" when absent: 
 missing one matters is the reader's call (`missing_field` says which one is missing; the signer
 denies such a request, the audit joins what it has). `outcome` is the tolerant one-liner for
 caches and filters: it never raises, and reads a status of the wrong shape as "not settled".
-Pure: no I/O, no clock.
+
+The node proves it holds the subject key in one of two forms (`KeyForm`): a stub PKCS#10 request
+(v1; v1beta1 from 1.36) or the key with a proof of possession (v1beta1 only; the only form 1.35
+has). `subject_key` reads which one a request carries, under the API server's "exactly one"
+rule; `key_fields` writes one. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Final, Literal, cast, get_args
 
 from cryptography import x509
 
+from podcert.api import keys
 from podcert.api.lifetimes import DEFAULT_MAX_EXPIRATION_SECONDS
 from podcert.api.times import TimeFieldError, parse_time, require_time
 
@@ -133,6 +138,64 @@ def parse_status(status: object) -> Status:
         begin_refresh_at=_time(body, "beginRefreshAt", "status"),
         issued_at=changed if condition == "Issued" else None,
     )
+
+
+# --- the subject key's two forms ---------------------------------------------------------------
+
+KeyForm = Literal["stubPKCS10Request", "proofOfPossession"]
+STUB_CSR: Final[KeyForm] = "stubPKCS10Request"
+PROOF_OF_POSSESSION: Final[KeyForm] = "proofOfPossession"
+
+
+@dataclass(frozen=True)
+class StubCSR:
+    """The key in a DER PKCS#10 request it signed (empty subject)."""
+
+    der: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ProvenKey:
+    """The key as DER SubjectPublicKeyInfo, with its signature over the pod UID
+    (`keys.proof_verifies` checks it)."""
+
+    pkix_public_key: bytes = field(repr=False)
+    proof_of_possession: bytes = field(repr=False)
+
+
+def subject_key(stub_csr: bytes, pkix_public_key: bytes, proof: bytes) -> StubCSR | ProvenKey:
+    """Which form the spec's key fields (decoded) take: exactly one of stubPKCS10Request or
+    (pkixPublicKey and proofOfPossession), as the API server requires from 1.36 (1.35 has only
+    the second). Raises RequestError naming the field that breaks the rule."""
+    if stub_csr:
+        for name, value in (("pkixPublicKey", pkix_public_key), ("proofOfPossession", proof)):
+            if value:
+                raise RequestError(f"spec.{name}", "must be empty when stubPKCS10Request is set")
+        return StubCSR(stub_csr)
+    if pkix_public_key and proof:
+        return ProvenKey(pkix_public_key, proof)
+    if pkix_public_key:
+        raise RequestError("spec.proofOfPossession", "is required with pkixPublicKey")
+    if proof:
+        raise RequestError("spec.pkixPublicKey", "is required with proofOfPossession")
+    raise RequestError(
+        "spec.stubPKCS10Request", "is required (or pkixPublicKey with proofOfPossession)"
+    )
+
+
+def key_fields(form: KeyForm, key: keys.PrivateKey, pod_uid: str) -> dict[str, str]:
+    """The spec fields (base64, as JSON carries bytes) that carry `key` in `form`, for a request
+    about the pod with UID `pod_uid`. The private key itself is never among them."""
+    if form == STUB_CSR:
+        return {"stubPKCS10Request": _b64(keys.stub_csr(key))}
+    return {
+        "pkixPublicKey": _b64(keys.public_der(key)),
+        "proofOfPossession": _b64(keys.sign_proof(key, pod_uid)),
+    }
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def missing_field(request: PodCertificateRequest) -> str | None:

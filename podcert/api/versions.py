@@ -1,8 +1,12 @@
-"""Which certificates.k8s.io version serves PodCertificateRequests and ClusterTrustBundles.
+"""Which certificates.k8s.io version serves PodCertificateRequests and ClusterTrustBundles, and
+in which form a node sends its key there.
 
 Kubernetes 1.37 serves both as v1; 1.35 and 1.36 as v1beta1 (and v1 already serves
-CertificateSigningRequests, so the question is per resource, not per version). The answer comes
-from discovery, which `podcert.discovery` asks; choosing from it is pure and lives here.
+CertificateSigningRequests, so the question is per resource, not per version). The key's form
+differs within v1beta1: 1.35's spec has only pkixPublicKey + proofOfPossession, 1.36's also
+stubPKCS10Request (preferred: the other two are deprecated), v1 has only the stub. The answers
+come from discovery and the server's OpenAPI schema, which `podcert.discovery` asks; choosing
+from them is pure and lives here.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final
+
+from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm
 
 GROUP: Final = "certificates.k8s.io"
 # Newest first: the order in which a version is preferred.
@@ -48,3 +54,44 @@ def choose(served: Mapping[str, Collection[str]]) -> Served:
 def group_version(version: str) -> str:
     """`certificates.k8s.io/<version>`, as apiVersion and path segment."""
     return f"{GROUP}/{version}"
+
+
+def missing(served: Served, *, trust_bundles: bool) -> str | None:
+    """The resources a component needs that no version serves ("podcertificaterequests",
+    "clustertrustbundles" or both, for a message), or None when all are served."""
+    absent = [PCRS] if served.pcr is None else []
+    if trust_bundles and served.ctb is None:
+        absent.append(CTBS)
+    return " and ".join(absent) or None
+
+
+def spec_fields(openapi: object, version: str) -> frozenset[str] | None:
+    """The properties of PodCertificateRequestSpec in the server's OpenAPI v3 document for
+    `certificates.k8s.io/<version>`, or None when the document does not describe it."""
+    components = openapi.get("components") if isinstance(openapi, Mapping) else None
+    schemas = components.get("schemas") if isinstance(components, Mapping) else None
+    spec = (
+        schemas.get(f"io.k8s.api.certificates.{version}.PodCertificateRequestSpec")
+        if isinstance(schemas, Mapping)
+        else None
+    )
+    properties = spec.get("properties") if isinstance(spec, Mapping) else None
+    if not isinstance(properties, Mapping):
+        return None
+    return frozenset(name for name in properties if isinstance(name, str))
+
+
+def key_form(version: str, fields: Collection[str] | None) -> KeyForm | None:
+    """The form a node sends its key in, given the spec's `fields` (None: the server publishes
+    no schema), or None when the spec takes neither form.
+
+    The stub CSR wherever the spec has it; else the key and its proof. Without a schema, v1
+    takes only the stub and every v1beta1 (1.35 to 1.37) still takes the key and proof.
+    """
+    if fields is None:
+        return STUB_CSR if version == "v1" else PROOF_OF_POSSESSION
+    if "stubPKCS10Request" in fields:
+        return STUB_CSR
+    if {"pkixPublicKey", "proofOfPossession"} <= set(fields):
+        return PROOF_OF_POSSESSION
+    return None
