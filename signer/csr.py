@@ -1,9 +1,12 @@
 """The subject public key of a PodCertificateRequest, taken out of hostile bytes safely.
 
-The node sends its key as a stub PKCS#10 request (v1) or, on old v1beta1 objects, as a bare DER
-SubjectPublicKeyInfo. Anyone with `create` on podcertificaterequests controls these bytes, so this
+The node sends its key as a stub PKCS#10 request (v1; v1beta1 from 1.36) or as a bare DER
+SubjectPublicKeyInfo with a proof of possession, its signature over the pod UID (v1beta1; the
+only form on 1.35). Anyone with `create` on podcertificaterequests controls these bytes, so this
 module turns every failure of the parser into one typed `CSRError` carrying the Denied reason;
-the decision turns that into a Deny. Pure: no I/O, no clock.
+the decision turns that into a Deny. The API server checked the CSR's signature or the proof at
+creation; both are checked again here, so nothing that bypassed admission gets a certificate for
+a key its requester does not hold. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
-from podcert.api.keys import KEY_TYPES, KeyType, key_type_of
+from podcert.api.keys import KEY_TYPES, KeyType, key_type_of, proof_verifies
+from podcert.api.requests import ProvenKey, RequestError, subject_key
 from signer import model
 
 _SUPPORTED: Final = ", ".join(KEY_TYPES)
@@ -38,18 +42,26 @@ class ParsedKey:
 
 
 def parse_public_key(request: model.Request) -> ParsedKey:
-    """The subject key of `request`, from its stub CSR or else its PKIX public key.
+    """The subject key of `request`, from its stub CSR or from its PKIX public key whose proof
+    of possession verifies over the request's pod UID.
 
     Raises CSRError, and nothing else, whatever the bytes are.
     """
-    if request.stub_csr:
-        return _from_csr(request.stub_csr)
-    if request.pkix_public_key:
-        return _from_spki(request.pkix_public_key)
-    raise CSRError(
-        model.INVALID_REQUEST,
-        "The request carries neither a stub PKCS#10 request nor a PKIX public key.",
-    )
+    try:
+        form = subject_key(request.stub_csr, request.pkix_public_key, request.proof_of_possession)
+    except RequestError as err:
+        raise CSRError(model.INVALID_REQUEST, f"{err.field} {err.problem}.") from None
+    if not isinstance(form, ProvenKey):
+        return _from_csr(form.der)
+    parsed = _from_spki(form.pkix_public_key)
+    if not proof_verifies(parsed.public_key, request.pod_uid, form.proof_of_possession):
+        raise CSRError(
+            model.INVALID_PROOF_OF_POSSESSION,
+            "spec.proofOfPossession does not verify: it must be the signature of the key in "
+            "spec.pkixPublicKey over spec.podUID (ECDSA: ASN.1 over its SHA-256; RSA: PSS with "
+            "SHA-256; Ed25519: over the UID itself).",
+        )
+    return parsed
 
 
 def _from_csr(der: bytes) -> ParsedKey:
@@ -61,7 +73,7 @@ def _from_csr(der: bytes) -> ParsedKey:
     except Exception as exc:
         raise CSRError(
             model.INVALID_REQUEST,
-            f"The stub PKCS#10 request is not a valid DER certificate request ({_why(exc)}).",
+            f"spec.stubPKCS10Request is not a valid DER certificate request ({_why(exc)}).",
         ) from exc
     parsed = _classify(public_key, "stub PKCS#10 request")
     # The API server verified this signature at admission; checking again costs little and
@@ -88,7 +100,7 @@ def _from_spki(der: bytes) -> ParsedKey:
     except Exception as exc:
         raise CSRError(
             model.INVALID_REQUEST,
-            f"The PKIX public key is not a valid DER SubjectPublicKeyInfo ({_why(exc)}).",
+            f"spec.pkixPublicKey is not a valid DER SubjectPublicKeyInfo ({_why(exc)}).",
         ) from exc
     return _classify(public_key, "PKIX public key")
 

@@ -34,6 +34,7 @@ DenyReason = Literal[
     BindingReason,
     "UnsupportedKeyType",  # fixed by the API for this case
     "InvalidRequest",  # the spec, stub CSR or public key cannot be used
+    "InvalidProofOfPossession",  # v1beta1: proofOfPossession is not the key's signature of podUID
     "UnknownAnnotation",
     "InvalidAnnotation",
     "DNSNameNotAllowed",
@@ -49,6 +50,7 @@ BINDING_REASONS: Final = frozenset(get_args(BindingReason))
 # Denied reasons by name.
 UNSUPPORTED_KEY_TYPE: Final[DenyReason] = "UnsupportedKeyType"
 INVALID_REQUEST: Final[DenyReason] = "InvalidRequest"
+INVALID_PROOF_OF_POSSESSION: Final[DenyReason] = "InvalidProofOfPossession"
 POD_NOT_FOUND: Final[BindingReason] = "PodNotFound"
 POD_UID_MISMATCH: Final[BindingReason] = "PodUIDMismatch"
 POD_NOT_ON_NODE: Final[BindingReason] = "PodNotOnNode"
@@ -81,9 +83,11 @@ class Request:
     node_uid: str
     max_expiration_seconds: int
     # DER PKCS#10 made by the node with the subject key (v1, and v1beta1 from 1.36). Empty when
-    # absent; then a v1beta1 object carries the key as DER SubjectPublicKeyInfo instead.
+    # absent; then a v1beta1 object carries the key as DER SubjectPublicKeyInfo instead, with
+    # its signature over pod_uid (`podcert.api.requests.subject_key` says which form is used).
     stub_csr: bytes = b""
     pkix_public_key: bytes = b""
+    proof_of_possession: bytes = b""
     user_annotations: Mapping[str, str] = field(default_factory=dict)
     created: dt.datetime | None = None
 

@@ -58,6 +58,7 @@ def request_from(pcr: Mapping[str, Any]) -> model.Request:
         max_expiration_seconds=spec.max_expiration_seconds,
         stub_csr=spec.stub_pkcs10_request,
         pkix_public_key=spec.pkix_public_key,
+        proof_of_possession=spec.proof_of_possession,
         user_annotations=dict(spec.unverified_user_annotations),
         created=parsed.created,
     )

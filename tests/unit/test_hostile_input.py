@@ -132,6 +132,8 @@ ODD_CSRS: Final = [
 ]
 CSR_SEEDS: Final = GOOD_CSRS + ODD_CSRS
 SPKI_SEEDS: Final = GOOD_SPKIS + [_spki(key) for key in ODD_KEYS]
+# v1beta1's proofs of possession, each good key's over BASE_REQUEST's pod UID.
+GOOD_PROOFS: Final = [keys.sign_proof(key, "pod-uid-1") for key in GOOD_KEYS.values()]
 
 # Certificates and keys for the bundle parsers: root -> intermediate -> leaf, and look-alikes.
 ROOT = Authority("fuzz root")
@@ -203,19 +205,29 @@ for _seed in DONORS:
 @FUZZ
 @given(
     stub=st.one_of(hostile_der(CSR_SEEDS, DONORS), st.sampled_from(CSR_SEEDS)),
-    pkix=st.one_of(st.just(b""), hostile_der(SPKI_SEEDS, DONORS)),
+    pkix=st.one_of(st.just(b""), hostile_der(SPKI_SEEDS, DONORS), st.sampled_from(GOOD_SPKIS)),
+    proof=st.one_of(st.sampled_from(GOOD_PROOFS), st.binary(max_size=600)),
 )
-def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(stub: bytes, pkix: bytes) -> None:
+def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
+    stub: bytes, pkix: bytes, proof: bytes
+) -> None:
     for request in (
         dataclasses.replace(BASE_REQUEST, stub_csr=stub, pkix_public_key=b""),
-        # Old v1beta1 objects: no stub CSR, the key as bare SubjectPublicKeyInfo.
-        dataclasses.replace(BASE_REQUEST, stub_csr=b"", pkix_public_key=pkix),
+        # v1beta1's other form (1.35's only): no stub CSR, the key as bare SubjectPublicKeyInfo
+        # with its signature over the pod UID.
+        dataclasses.replace(
+            BASE_REQUEST, stub_csr=b"", pkix_public_key=pkix, proof_of_possession=proof
+        ),
     ):
         try:
             parsed = csr.parse_public_key(request)
         except csr.CSRError as exc:
             event(f"CSRError {exc.reason}")
-            assert exc.reason in (model.INVALID_REQUEST, model.UNSUPPORTED_KEY_TYPE)
+            assert exc.reason in (
+                model.INVALID_REQUEST,
+                model.UNSUPPORTED_KEY_TYPE,
+                model.INVALID_PROOF_OF_POSSESSION,
+            )
             assert 0 < len(exc.message) < 600
             continue
         event(f"parsed {parsed.key_type}")
@@ -225,6 +237,8 @@ def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(stub: bytes, pkix:
             loaded = x509.load_der_x509_csr(request.stub_csr)
             assert loaded.is_signature_valid
             assert _spki(loaded) == _spki_of(parsed.public_key)
+        else:
+            assert keys.proof_verifies(parsed.public_key, request.pod_uid, proof)
 
 
 def _spki_of(public_key: Any) -> bytes:

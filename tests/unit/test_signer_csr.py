@@ -40,8 +40,8 @@ def with_csr(der: bytes) -> model.Request:
     return dataclasses.replace(BASE, stub_csr=der)
 
 
-def with_spki(der: bytes) -> model.Request:
-    return dataclasses.replace(BASE, pkix_public_key=der)
+def with_spki(der: bytes, proof: bytes = b"a proof") -> model.Request:
+    return dataclasses.replace(BASE, pkix_public_key=der, proof_of_possession=proof)
 
 
 def csr_der(key: object, algorithm: hashes.HashAlgorithm | None = None) -> bytes:
@@ -72,16 +72,24 @@ def test_parses_every_api_key_type_from_the_stub_csr(key_type: keys.KeyType) -> 
 @pytest.mark.parametrize("key_type", csr.KEY_TYPES)
 def test_parses_every_api_key_type_from_a_v1beta1_pkix_key(key_type: keys.KeyType) -> None:
     key = KEYS[key_type]
-    parsed = csr.parse_public_key(with_spki(keys.public_der(key)))
+    proof = keys.sign_proof(key, BASE.pod_uid)
+    parsed = csr.parse_public_key(with_spki(keys.public_der(key), proof))
     assert parsed.key_type == key_type
     assert spki(parsed.public_key) == keys.public_der(key)
 
 
-def test_stub_csr_wins_over_pkix_key_when_both_present() -> None:
+def test_both_forms_at_once_are_an_invalid_request() -> None:
+    # The API server allows exactly one form (1.36+), so such an object bypassed admission.
+    key = KEYS["ECDSAP256"]
     request = dataclasses.replace(
-        with_csr(keys.stub_csr(KEYS["ED25519"])), pkix_public_key=keys.public_der(KEYS["ECDSAP256"])
+        with_csr(keys.stub_csr(KEYS["ED25519"])),
+        pkix_public_key=keys.public_der(key),
+        proof_of_possession=keys.sign_proof(key, BASE.pod_uid),
     )
-    assert csr.parse_public_key(request).key_type == "ED25519"
+    with pytest.raises(csr.CSRError) as caught:
+        csr.parse_public_key(request)
+    assert caught.value.reason == model.INVALID_REQUEST
+    assert "spec.pkixPublicKey must be empty when stubPKCS10Request is set" in caught.value.message
 
 
 def valid_p256_csr() -> bytes:
@@ -97,7 +105,17 @@ def flipped_signature() -> bytes:
 @pytest.mark.parametrize(
     ("request_", "fragment"),
     [
-        pytest.param(BASE, "neither", id="neither stub CSR nor PKIX key"),
+        pytest.param(BASE, "spec.stubPKCS10Request is required", id="neither form of key"),
+        pytest.param(
+            with_spki(keys.public_der(KEYS["ECDSAP256"]), b""),
+            "spec.proofOfPossession is required",
+            id="PKIX key without its proof",
+        ),
+        pytest.param(
+            dataclasses.replace(BASE, proof_of_possession=b"a proof"),
+            "spec.pkixPublicKey is required",
+            id="proof without its PKIX key",
+        ),
         pytest.param(with_csr(b"\x00"), "not a valid DER", id="one zero byte as CSR"),
         pytest.param(with_csr(b"garbage" * 10), "not a valid DER", id="ASCII garbage as CSR"),
         pytest.param(with_csr(valid_p256_csr()[:-10]), "not a valid DER", id="truncated CSR"),

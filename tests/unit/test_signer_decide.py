@@ -125,9 +125,19 @@ def test_trust_domain_comes_from_the_policy() -> None:
     assert plan.spiffe_id == "spiffe://prod.corp/ns/web/sa/api"
 
 
-def test_v1beta1_request_with_a_pkix_key_is_issued() -> None:
-    request = make_request(stub_csr=b"", pkix_public_key=keys.public_der(ED_KEY))
-    assert isinstance(decide.decide(request, make_facts(), POLICY, NOW), model.Issue)
+def proven(key: keys.PrivateKey, pod_uid: str = "pod-uid-1") -> model.Request:
+    """A v1beta1 request in the 1.35 form: the key and its proof over `pod_uid`."""
+    return make_request(
+        stub_csr=b"",
+        pkix_public_key=keys.public_der(key),
+        proof_of_possession=keys.sign_proof(key, pod_uid),
+    )
+
+
+def test_v1beta1_request_with_a_pkix_key_and_its_proof_is_issued() -> None:
+    decision = decide.decide(proven(ED_KEY), make_facts(), POLICY, NOW)
+    assert isinstance(decision, model.Issue)
+    assert keys.spki_der(decision.plan.public_key) == keys.public_der(ED_KEY)
 
 
 # One row per Denied reason (several for reasons with several causes). -----------------------
@@ -140,6 +150,22 @@ DENIALS = [
         model.INVALID_REQUEST,
         "not a valid DER",
         id="denied when the stub CSR is truncated",
+    ),
+    pytest.param(
+        proven(ED_KEY, pod_uid="pod-uid-2"),
+        make_facts(),
+        POLICY,
+        model.INVALID_PROOF_OF_POSSESSION,
+        "spec.proofOfPossession does not verify",
+        id="denied when the proof of possession is for another pod",
+    ),
+    pytest.param(
+        dataclasses.replace(proven(ED_KEY), pkix_public_key=keys.public_der(KEY)),
+        make_facts(),
+        POLICY,
+        model.INVALID_PROOF_OF_POSSESSION,
+        "spec.proofOfPossession does not verify",
+        id="denied when the proof of possession was made by another key",
     ),
     pytest.param(
         make_request(max_expiration_seconds=3599),

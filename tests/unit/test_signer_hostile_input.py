@@ -75,14 +75,26 @@ KNOWN_DER = GOOD_CSRS + BAD_CSRS + [keys.public_der(key) for key in GOOD_KEYS.va
 HOSTILE_DER = strategies.hostile_der(KNOWN_DER)
 
 
+# v1beta1's other form: each good key, and its proof of possession over the base pod UID.
+GOOD_SPKIS = [keys.public_der(key) for key in GOOD_KEYS.values()]
+GOOD_PROOFS = [keys.sign_proof(key, "pod-uid-1") for key in GOOD_KEYS.values()]
+MAYBE_DER = st.one_of(st.just(b""), HOSTILE_DER)
+
+
 @FUZZ
-@given(stub=HOSTILE_DER, pkix=HOSTILE_DER)
-def test_parser_returns_a_supported_key_or_raises_csr_error(stub: bytes, pkix: bytes) -> None:
-    request = make_request(stub_csr=stub, pkix_public_key=pkix)
+@given(stub=MAYBE_DER, pkix=MAYBE_DER, proof=st.one_of(MAYBE_DER, st.sampled_from(GOOD_PROOFS)))
+def test_parser_returns_a_supported_key_or_raises_csr_error(
+    stub: bytes, pkix: bytes, proof: bytes
+) -> None:
+    request = make_request(stub_csr=stub, pkix_public_key=pkix, proof_of_possession=proof)
     try:
         parsed = csr.parse_public_key(request)
     except csr.CSRError as exc:
-        assert exc.reason in (model.INVALID_REQUEST, model.UNSUPPORTED_KEY_TYPE)
+        assert exc.reason in (
+            model.INVALID_REQUEST,
+            model.UNSUPPORTED_KEY_TYPE,
+            model.INVALID_PROOF_OF_POSSESSION,
+        )
         assert 0 < len(exc.message) < 600
         return
     assert parsed.key_type in csr.KEY_TYPES
@@ -94,6 +106,7 @@ def test_parser_returns_a_supported_key_or_raises_csr_error(stub: bytes, pkix: b
 DENIED_REASONS = {
     model.UNSUPPORTED_KEY_TYPE,
     model.INVALID_REQUEST,
+    model.INVALID_PROOF_OF_POSSESSION,
     model.POD_NOT_FOUND,
     model.POD_UID_MISMATCH,
     model.POD_NOT_ON_NODE,
@@ -147,6 +160,7 @@ HOSTILE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     ),
     "stub_csr": st.one_of(st.sampled_from(BAD_CSRS), HOSTILE_DER, st.just(b"")),
     "pkix_public_key": HOSTILE_DER,
+    "proof_of_possession": st.one_of(HOSTILE_DER, st.sampled_from(GOOD_PROOFS)),
     "user_annotations": hostile_annotations,
 }
 
@@ -154,10 +168,19 @@ HOSTILE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
 @st.composite
 def requests(draw: st.DrawFn) -> model.Request:
     """A valid request with a few fields made hostile, so every check gets reached."""
+    index = draw(st.integers(0, len(GOOD_CSRS) - 1))
+    if draw(st.booleans()):
+        form: dict[str, bytes] = {"stub_csr": GOOD_CSRS[index]}
+    else:  # v1beta1's other form (the only one on 1.35): the key and its proof
+        form = {
+            "stub_csr": b"",
+            "pkix_public_key": GOOD_SPKIS[index],
+            "proof_of_possession": GOOD_PROOFS[index],
+        }
     valid = make_request(
         uid=draw(st.text(max_size=40)),
-        stub_csr=draw(st.sampled_from(GOOD_CSRS)),
         max_expiration_seconds=draw(st.integers(3600, 7862400)),
+        **form,
     )
     hostile = draw(st.sets(st.sampled_from(sorted(HOSTILE_FIELDS)), max_size=3))
     return dataclasses.replace(valid, **{name: draw(HOSTILE_FIELDS[name]) for name in hostile})
