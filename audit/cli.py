@@ -218,6 +218,7 @@ def gather(args: argparse.Namespace) -> Snapshot:
     trust: tuple[TrustSource, ...] = ()
     if args.kubeconfig or args.in_cluster:
         # Imported here: the Kubernetes client is only loaded when the cluster is read.
+        from podcert.discovery import Unserved
         from podcert.rest import ApiError, Rest, load_client
 
         try:
@@ -226,7 +227,7 @@ def gather(args: argparse.Namespace) -> Snapshot:
                 namespaces=args.namespace,
                 node_name=args.node,
             )
-        except (ApiError, OSError) as exc:
+        except (ApiError, OSError, Unserved) as exc:
             raise SnapshotError(f"cannot read the cluster: {exc}") from exc
         except Exception as exc:  # a kubeconfig the client cannot use raises its own types
             if type(exc).__module__.startswith("kubernetes"):

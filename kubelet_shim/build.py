@@ -23,6 +23,7 @@ from kubelet_shim import metrics
 from kubelet_shim.agent import Agent, Settings, utcnow
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.kube import ShimApi, ShimKube
+from podcert.discovery import Unserved
 from podcert.rest import ApiError, Rest, load_client
 from podcert.runtime import Runtime, retry_until
 
@@ -61,16 +62,24 @@ def run(config: Config) -> int:
     api = ShimKube(Rest(load_client(config.kubeconfig)), config.node_name, cleanup)
     # Start-up waits out transient API trouble (and a node not registered yet) instead of
     # crashing into a restart loop.
-    version = retry_until(
-        lambda: (api.discover(), api.node_uid())[0],
-        runtime.stopping,
-        transient=(ApiError,),
-        logger=log,
-    )
+    try:
+        version = retry_until(
+            lambda: (api.discover(), api.node_uid())[0],
+            runtime.stopping,
+            transient=(ApiError,),
+            logger=log,
+        )
+    except Unserved as err:
+        log.error("the shim cannot run here: %s", err)
+        return 1
     if version is None:
         return 0
     log.info(
-        "serving node %s on certificates.k8s.io/%s into %s", config.node_name, version, config.root
+        "serving node %s on certificates.k8s.io/%s (keys as %s) into %s",
+        config.node_name,
+        version,
+        api.key_form,
+        config.root,
     )
     shim = build(config, api, runtime)
     shim.start()

@@ -9,7 +9,6 @@ files; they are never logged.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import logging
 import random
@@ -26,7 +25,7 @@ from kubelet_shim.projection import ProjectionState
 from kubelet_shim.state import Caches, Memory, Outcome, Pod, Tracked, VolumePlan, log_context
 from podcert.api import keys
 from podcert.api.pods import CertificateSource, ProjectedVolume, WorkKey
-from podcert.api.requests import RequestError, certificates, parse_status
+from podcert.api.requests import RequestError, certificates, key_fields, parse_status
 from podcert.api.times import format_time
 from podcert.rest import ApiError
 
@@ -242,7 +241,7 @@ class CertificateSources:
                 node_name=self.kube.node_name,
                 node_uid=self.kube.node_uid(),
                 max_expiration_seconds=source.max_expiration_seconds,
-                stub_csr_b64=base64.b64encode(keys.stub_csr(key)).decode(),
+                key_fields=key_fields(self.kube.key_form, key, pod.ref.uid),
                 user_annotations=source.user_annotations,
             )
             created = self.kube.create_pcr(pod.ref.namespace, body)

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from podcert.api.events import ObjectRef, event_body
+from podcert.api.requests import STUB_CSR, KeyForm
 from podcert.api.times import format_micro_time
 from podcert.api.versions import group_version
-from podcert.discovery import certificates_versions
+from podcert.discovery import certificates_versions, key_form
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.shim")
@@ -42,6 +43,7 @@ class ShimApi(Protocol):
     """What the agent needs from the API (ShimKube here, a fake in the unit tests)."""
 
     node_name: str
+    key_form: KeyForm  # how this API server takes the subject key (`discover` finds out)
 
     def list_pods(self) -> tuple[list[JSON], str]: ...
     def watch_pods(self, resource_version: str) -> Iterator[JSON]: ...
@@ -67,15 +69,18 @@ class ShimKube:
         self.cleanup = cleanup
         self.pcr_version = "v1"
         self.ctb_version = "v1"
+        self.key_form: KeyForm = STUB_CSR
         self._node_uid: str | None = None
 
     # --- discovery -------------------------------------------------------------------------
 
     def discover(self) -> str:
-        """certificates.k8s.io/v1 where served, else v1beta1 (1.36 clusters; 1.35's v1beta1
-        carried a different proof of possession and is not supported)."""
-        self.pcr_version, ctb = certificates_versions(self.rest)
+        """certificates.k8s.io/v1 where served, else v1beta1 (1.35 and 1.36), and the form the
+        key goes in there: the stub CSR on v1 and 1.36, the key with its proof on 1.35. Raises
+        podcert.discovery.Unserved when the server serves no requests or trust bundles."""
+        self.pcr_version, ctb = certificates_versions(self.rest, trust_bundles=True)
         self.ctb_version = ctb or "v1"
+        self.key_form = key_form(self.rest, self.pcr_version)
         return self.pcr_version
 
     def _pcrs(self, namespace: str | None = None, name: str = "") -> str:
@@ -197,10 +202,11 @@ def pcr_body(
     node_name: str,
     node_uid: str,
     max_expiration_seconds: int,
-    stub_csr_b64: str,
+    key_fields: Mapping[str, str],
     user_annotations: Mapping[str, str],
 ) -> JSON:
-    """A PodCertificateRequest owned by its pod (so the garbage collector takes it with the pod)."""
+    """A PodCertificateRequest owned by its pod (so the garbage collector takes it with the pod).
+    `key_fields` carry the subject key (`podcert.api.requests.key_fields`)."""
     spec: dict[str, Any] = {
         "signerName": signer_name,
         "podName": pod.name,
@@ -210,7 +216,7 @@ def pcr_body(
         "nodeName": node_name,
         "nodeUID": node_uid,
         "maxExpirationSeconds": max_expiration_seconds,
-        "stubPKCS10Request": stub_csr_b64,
+        **key_fields,
     }
     if user_annotations:
         spec["unverifiedUserAnnotations"] = dict(user_annotations)

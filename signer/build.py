@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from podcert.api.versions import CTBS
+from podcert.discovery import Unserved
 from podcert.rest import ApiError, Rest, load_client
 from podcert.runtime import Runtime, retry_until
 from signer import auditlog, metrics, rotation
@@ -94,7 +96,7 @@ def run(config: Config) -> int:
     )
 
     def connect() -> str:
-        version = kube.discover()
+        version = kube.discover(trust_bundles=config.publish_trust_bundles)
         if cas.load() is None:
             raise CAUnusable(cas.error)
         return version
@@ -104,6 +106,10 @@ def run(config: Config) -> int:
         version = retry_until(connect, runtime.stopping, transient=(ApiError,), logger=log)
     except CAUnusable as err:
         log.error("%s", err)
+        return 1
+    except Unserved as err:
+        hint = "; or start it with --no-trust-bundles" if CTBS in err.missing else ""
+        log.error("the signer cannot run here: %s%s", err, hint)
         return 1
     if version is None:
         return 0

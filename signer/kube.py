@@ -26,9 +26,11 @@ class SignerKube:
 
     # --- discovery -------------------------------------------------------------------------
 
-    def discover(self) -> str:
-        """certificates.k8s.io/v1 where served, else v1beta1 (1.35/1.36 clusters)."""
-        self.pcr_version, ctb = certificates_versions(self.rest)
+    def discover(self, *, trust_bundles: bool = True) -> str:
+        """certificates.k8s.io/v1 where served, else v1beta1 (1.35/1.36 clusters). Raises
+        podcert.discovery.Unserved when no version serves requests (or, with `trust_bundles`,
+        ClusterTrustBundles); the signer reads the key in either form, so needs no more."""
+        self.pcr_version, ctb = certificates_versions(self.rest, trust_bundles=trust_bundles)
         self.ctb_version = ctb or self.ctb_version
         return self.pcr_version
 

@@ -37,6 +37,7 @@ from kubelet_shim.projection import ProjectionState
 from kubelet_shim.storage import FileSpec, MemoryStorage
 from podcert.api import keys
 from podcert.api.pods import WorkKey
+from podcert.api.requests import STUB_CSR, KeyForm
 from podcert.rest import JSON, ApiError
 from podcert.runtime import Runtime
 
@@ -101,6 +102,7 @@ def stamp(moment: dt.datetime) -> str:
 @dataclass
 class FakeKube:
     node_name: str = "node-a"
+    key_form: KeyForm = STUB_CSR
     created: list[JSON] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str, str]] = field(default_factory=list)
