@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from audit.examine import CertFacts, anchor_set, cert_facts
+from audit.examine import CertFacts, ReadableKey, anchor_set, cert_facts
 from audit.join import Proj, Request, norm_serial
 from audit.model import (
     SEVERITY,
@@ -135,6 +135,7 @@ def assess(
         findings.extend(_identity_findings(current, proj, subject, issued_to))
     if id(proj) in copies:
         findings.append(Finding("credential-shared", subject, copies[id(proj)]))
+    findings.extend(Finding("key-readable", subject, _readable(key)) for key in proj.readable_keys)
     if issued_serials is not None:
         # Joined with the cluster: every certificate a request holds must be in the log. This is
         # what catches a log cut back to an earlier checkpoint (a consistent, signed prefix).
@@ -249,6 +250,17 @@ def _credential_findings(
             subject,
             f"serial {serial} on disk was never issued according to the audit log",
         )
+
+
+def _readable(key: ReadableKey) -> str:
+    """Which file, who may read it and its mode; never what it holds."""
+    group, others = key.mode & 0o040, key.mode & 0o004
+    who = " and ".join(w for w, bit in (("its group", group), ("all other users", others)) if bit)
+    return (
+        f"{key.path} holds the private key and is readable by {who} (mode {key.mode:04o}): the "
+        "kubelet keeps it private only with defaultMode 0600 on the volume, or one runAsUser "
+        "for every container, and no fsGroup"
+    )
 
 
 @dataclass(frozen=True)

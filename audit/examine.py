@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
-from audit.model import VolumeFiles
+from audit.model import KEY_MARK, VolumeFiles
 from bundles.formats import (
     MAX_BUNDLE_BYTES,
     BundleError,
@@ -67,15 +67,26 @@ class TrustFile:
 
 
 @dataclass(frozen=True)
+class ReadableKey:
+    """A file holding a private key that users other than its owner may read."""
+
+    path: str
+    mode: int  # its permission bits, as read
+
+
+@dataclass(frozen=True)
 class VolumeFacts:
     pod_uid: str
     volume: str
     credentials: tuple[DiskCredential, ...]
     trust_files: tuple[TrustFile, ...]
+    readable_keys: tuple[ReadableKey, ...] = ()
 
 
-_KEY_MARK: Final = b"PRIVATE KEY-----"
 _CERT_MARK: Final = b"-----BEGIN CERTIFICATE-----"
+# Read permission for the file's group or for others. The real kubelet writes key files with the
+# volume's defaultMode (0644 unless the pod sets one) and 0640 with fsGroup; the shim with 0600.
+SHARED_READ: Final = 0o044
 
 
 def examine_volume(
@@ -86,7 +97,8 @@ def examine_volume(
     Files are told apart by content, as a node root has no pod spec: key and certificates is a
     credential bundle; a key alone is a key file, paired with the chain file that matches it; CA
     certificates alone are a trust bundle. With no `roots`, chains are checked against the
-    volume's own trust bundle files: what the pod itself trusts.
+    volume's own trust bundle files: what the pod itself trusts. A key-bearing file whose mode
+    (when known) lets its group or others read it is a `ReadableKey`.
     """
     bundles: list[str] = []
     keys: list[str] = []
@@ -94,7 +106,7 @@ def examine_volume(
     trust_files: list[TrustFile] = []
     credentials: list[DiskCredential] = []
     for path, data in sorted(volume.files.items()):
-        has_key, has_cert = _KEY_MARK in data, _CERT_MARK in data
+        has_key, has_cert = KEY_MARK in data, _CERT_MARK in data
         if has_key and has_cert:
             bundles.append(path)
         elif has_key:
@@ -139,7 +151,14 @@ def examine_volume(
             credentials.append(
                 DiskCredential(key_path, key_path, None, "a key file with no certificate chain")
             )
-    return VolumeFacts(volume.pod_uid, volume.volume, tuple(credentials), tuple(trust_files))
+    readable = tuple(
+        ReadableKey(path, mode)
+        for path in sorted((*bundles, *keys))
+        if (mode := volume.modes.get(path)) is not None and mode & SHARED_READ
+    )
+    return VolumeFacts(
+        volume.pod_uid, volume.volume, tuple(credentials), tuple(trust_files), readable
+    )
 
 
 def _bundle_chain(data: bytes) -> tuple[x509.Certificate, ...]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from cryptography import x509
 
-from audit.examine import DiskCredential, VolumeFacts
+from audit.examine import DiskCredential, ReadableKey, VolumeFacts
 from audit.model import JSON, Settings, Snapshot
 from podcert.api.pods import CertificateSource, parse_pod
 from podcert.api.requests import Outcome, RequestError, certificates, parse_request
@@ -108,6 +108,7 @@ class Proj:
     signer_name: str | None = None
     paths: tuple[str, ...] = ()
     disk: DiskCredential | None = None
+    readable_keys: list[ReadableKey] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
 
@@ -170,6 +171,14 @@ def join(
                 owner = add(Proj(volume.pod_uid, volume=volume.volume, path=credential.path))
             if owner.disk is None or (owner.disk.cert is None and credential.cert is not None):
                 owner.disk = credential
+        # A readable key to the projection that names it or holds it: every key file is some
+        # credential's, but a projection keeps one credential, so look at names too.
+        for key in volume.readable_keys:
+            holders = by_volume.get((volume.pod_uid, volume.volume), ())
+            owner = next((p for p in holders if key.path in _files_of(p)), None)
+            if owner is None:  # not expected (every key file is a credential's): still reported
+                owner = add(Proj(volume.pod_uid, volume=volume.volume, path=key.path))
+            owner.readable_keys.append(key)
 
     # Requests: to the pod's projection for that signer (by key when several could match).
     request_owner: dict[str, Proj] = {}
@@ -216,6 +225,12 @@ def join(
         if owner is not None:
             owner.entries.append(entry)
     return projections
+
+
+def _files_of(proj: Proj) -> tuple[str | None, ...]:
+    """The files a projection names (pod spec) or holds (on disk)."""
+    disk = (proj.disk.path, proj.disk.key_path) if proj.disk is not None else ()
+    return (*proj.paths, *disk)
 
 
 def _pick(candidates: list[Proj], request: Request) -> Proj | None:

@@ -39,6 +39,7 @@ FindingKind = Literal[
     "key-reused",
     "wrong-identity",  # a credential whose SPIFFE ID or issuance names another pod or account
     "credential-shared",  # one certificate or key in two projections
+    "key-readable",  # a file holding a private key that its group or others may read
     "not-in-audit-log",
     "root-expiring",
     "root-without-ca",
@@ -101,13 +102,20 @@ class Settings:
 # --- inputs -------------------------------------------------------------------------------------
 
 
+# How a file holding a private key is told apart: a PEM `... PRIVATE KEY` block (PKCS#8, or an
+# older form). The reading stats only these files; `audit.examine` classifies by the same mark.
+KEY_MARK: Final = b"PRIVATE KEY-----"
+
+
 @dataclass(frozen=True)
 class VolumeFiles:
-    """One projected volume on a node: relative path -> bytes (PEM files only)."""
+    """One projected volume on a node: relative path -> bytes (PEM files only), and the
+    permission bits of the files that hold a private key, as read (absent: not known)."""
 
     pod_uid: str
     volume: str
     files: Mapping[str, bytes] = field(repr=False)
+    modes: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@ Kubernetes client at module level, so auditing a node root does not pay for it.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from audit.model import TrustSource, VolumeFiles
+from audit.model import KEY_MARK, TrustSource, VolumeFiles
 from bundles.formats import MAX_BUNDLE_BYTES
 from podcert.api import volumes
 from podcert.api.versions import group_version
@@ -56,12 +57,16 @@ def read_pod(root: Path, pod_uid: str) -> list[VolumeFiles]:
             names = sorted(entry.name for entry in entries if entry.is_dir())
     except (FileNotFoundError, NotADirectoryError):
         return []
-    found = (VolumeFiles(pod_uid, name, _read_volume(f"{projected}/{name}")) for name in names)
+    found = (VolumeFiles(pod_uid, name, *_read_volume(f"{projected}/{name}")) for name in names)
     return [volume for volume in found if volume.files]
 
 
-def _read_volume(directory: str) -> dict[str, bytes]:
-    """One consistent version of a volume, PEM files only.
+_Read = tuple[dict[str, bytes], dict[str, int]]  # PEM files, and the modes of the key files
+
+
+def _read_volume(directory: str) -> _Read:
+    """One consistent version of a volume, PEM files only, with the permission bits of those
+    that hold a private key.
 
     Files come from the directory `..data` names; the writer deletes a version only after
     swapping `..data` away from it, so a read counts if `..data` names the same directory before
@@ -80,38 +85,52 @@ def _read_volume(directory: str) -> dict[str, bytes]:
             raise _Unreadable from exc
 
     try:
-        files = volumes.read_consistently(
-            current, lambda version: _pem_files(f"{directory}/{version}", "", False)
+        read = volumes.read_consistently(
+            current, lambda version: _pem_files(f"{directory}/{version}", skip_hidden=False)
         )
     except (_Unreadable, volumes.VolumeChangingError):
-        return {}
-    if files is None:  # not written by an atomic writer: the visible files
-        return _pem_files(directory, "", True)
-    return files
+        return {}, {}
+    if read is None:  # not written by an atomic writer: the visible files
+        return _pem_files(directory, skip_hidden=True)
+    return read
 
 
 class _Unreadable(Exception):
     pass
 
 
-def _pem_files(directory: str, prefix: str, skip_hidden: bool) -> dict[str, bytes]:
+def _pem_files(directory: str, *, skip_hidden: bool) -> _Read:
     files: dict[str, bytes] = {}
+    modes: dict[str, int] = {}
+    _collect(directory, "", skip_hidden, files, modes)
+    return files, modes
+
+
+def _collect(
+    directory: str, prefix: str, skip_hidden: bool, files: dict[str, bytes], modes: dict[str, int]
+) -> None:
     with os.scandir(directory) as entries:
         for entry in entries:
             if skip_hidden and entry.name.startswith(".."):
                 continue
             if entry.is_dir():
-                files.update(_pem_files(entry.path, f"{prefix}{entry.name}/", skip_hidden))
+                _collect(entry.path, f"{prefix}{entry.name}/", skip_hidden, files, modes)
             elif entry.is_file():
+                mode = None
                 fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     # One capped read: the parser reports an oversized file as such.
                     data = os.read(fd, MAX_BUNDLE_BYTES + 1)
+                    if _PEM in data and KEY_MARK in data:
+                        # The mode of the very file read (its descriptor), for key files only:
+                        # one fstat per credential, none for trust bundles or other files.
+                        mode = stat.S_IMODE(os.fstat(fd).st_mode)
                 finally:
                     os.close(fd)
                 if _PEM in data:
                     files[prefix + entry.name] = data
-    return files
+                    if mode is not None:
+                        modes[prefix + entry.name] = mode
 
 
 # --- files given by the operator ----------------------------------------------------------------

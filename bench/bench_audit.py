@@ -7,7 +7,8 @@ Target (DESIGN.md section 5): under 3 s on this machine, the whole command as a 
 
 Generation is fast on purpose and not timed: one CA, a fresh P-256 key per leaf (key generation
 is cheap; signing dominates), volumes laid out as the kubelet's atomic writer does but without its
-fsyncs. An audit log with one entry per leaf is written too, for the second figure (root + log).
+fsyncs, key files 0600 as the shim writes them (a readable key is a finding). An audit log with
+one entry per leaf is written too, for the second figure (root + log).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def generate(root: Path, count: int, now: dt.datetime) -> tuple[Path, Path]:
             version = volume / stamp
             version.mkdir(parents=True)
             (version / "credentialbundle.pem").write_bytes(credential)
+            (version / "credentialbundle.pem").chmod(0o600)  # as the shim writes a key
             (version / "trust-bundle.pem").write_bytes(trust_pem)
             (volume / volumes.DATA_DIR).symlink_to(stamp)
             for name in ("credentialbundle.pem", "trust-bundle.pem"):

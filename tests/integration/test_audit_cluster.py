@@ -61,7 +61,9 @@ def healthy(devcluster: DevCluster, signer: Any, work: Path) -> str:
             serialization.NoEncryption(),
         )
         files = {
-            "credentialbundle.pem": FileSpec(bundle + done["status"]["certificateChain"].encode())
+            "credentialbundle.pem": FileSpec(
+                bundle + done["status"]["certificateChain"].encode(), 0o600
+            )
         }
         storage.write_volume(pod.metadata.uid, "identity", files, None)
 

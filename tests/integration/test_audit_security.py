@@ -83,7 +83,8 @@ def _files(key: Any, pcr: dict[str, Any]) -> dict[str, FileSpec]:
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    return {"credentialbundle.pem": FileSpec(pem + pcr["status"]["certificateChain"].encode())}
+    bundle = pem + pcr["status"]["certificateChain"].encode()
+    return {"credentialbundle.pem": FileSpec(bundle, 0o600)}  # a readable key is a finding
 
 
 def audit(devcluster: DevCluster, *args: str) -> tuple[int, dict[str, Any]]:
