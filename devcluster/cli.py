@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from devcluster import build, cluster, kube, nodes
+from devcluster import build, cluster, host, kube, nodes
+from devcluster.identities import Paths
+from devcluster.supervise import ClusterError, NodeError
 
 DEFAULT_DIR = Path(".devcluster")
 
@@ -21,10 +23,10 @@ def _up(args: argparse.Namespace) -> int:
         state = cluster.up(
             args.dir, kube_version=args.kube_version, progress=_say, timeout=args.timeout
         )
-    except (cluster.ClusterError, build.BuildError) as err:
+    except (ClusterError, build.BuildError) as err:
         _say(f"devcluster up failed: {err}")
         return 1
-    print(cluster.Paths(args.dir.resolve()).admin_kubeconfig)
+    print(Paths(args.dir.resolve()).admin_kubeconfig)
     _say(f"API server {state.server} (Kubernetes {state.kube_version})")
     return 0
 
@@ -32,7 +34,7 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     try:
         cluster.down(args.dir)
-    except (cluster.ClusterError, nodes.NodeError) as err:
+    except (ClusterError, NodeError) as err:
         _say(f"devcluster down failed: {err}")
         return 1
     _say("devcluster stopped")
@@ -40,7 +42,7 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    state = cluster.running(cluster.Paths(args.dir.resolve()))
+    state = cluster.running(Paths(args.dir.resolve()))
     if state is None:
         print("not running")
         return 1
@@ -65,7 +67,7 @@ def _kubelet(args: argparse.Namespace) -> int:
             hollow = True
     try:
         state = nodes.start(args.dir, args.node, hollow=hollow, progress=_say, timeout=args.timeout)
-    except (nodes.NodeError, cluster.ClusterError, build.BuildError) as err:
+    except (NodeError, ClusterError, build.BuildError) as err:
         _say(f"devcluster kubelet failed: {err}")
         return 1
     print(state.root)  # the last line on stdout: the folder that holds pods/
@@ -97,8 +99,8 @@ def _build(args: argparse.Namespace) -> int:
 
 def _deps(_args: argparse.Namespace) -> int:
     try:
-        installed = nodes.install_packages(_say)
-    except nodes.NodeError as err:
+        installed = host.install_packages(_say)
+    except NodeError as err:
         _say(str(err))
         return 1
     _say(f"installed {', '.join(installed)}" if installed else "real-node packages present")

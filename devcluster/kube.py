@@ -16,7 +16,8 @@ from kubernetes import client, config
 from kubernetes.client import ApiException
 
 from devcluster import pki
-from devcluster.cluster import Paths, cert_creds, kubeconfig, load_ca, read_state
+from devcluster.cluster import read_state
+from devcluster.identities import Paths, cert_creds, kubeconfig, load_ca
 
 
 def api_client(kubeconfig_path: Path) -> client.ApiClient:

@@ -23,7 +23,7 @@ from typing import Any, Self
 import yaml
 
 from devcluster import kube
-from devcluster.cluster import free_port
+from devcluster.supervise import free_port
 from podcert.api.volumes import volume_dir
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,8 @@ from typing import Any
 from cryptography import x509
 
 from devcluster import kube, processes
-from devcluster.cluster import Paths, free_port
+from devcluster.identities import Paths
+from devcluster.supervise import free_port
 from podcert.rest import JSON, Rest, path_of
 
 SIGNER_NAMESPACE = "podcert-system"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from devcluster import kube
-from devcluster.cluster import free_port
+from devcluster.supervise import free_port
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
 from podcert.rest import ApiError, Rest, path_of

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from devcluster.cluster import Paths
+from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec

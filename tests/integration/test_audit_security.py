@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from devcluster import processes
-from devcluster.cluster import Paths
+from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec

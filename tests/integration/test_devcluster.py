@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from devcluster import cluster
+from devcluster import cluster, identities
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
@@ -234,7 +234,7 @@ def test_up_then_down_leaves_no_process(devcluster: DevCluster, tmp_path: Path) 
     cluster.down(tmp_path / "second")
     for pid in pids:
         assert not _running(pid), f"pid {pid} still runs after down"
-    assert cluster.running(cluster.Paths(tmp_path / "second")) is None
+    assert cluster.running(identities.Paths(tmp_path / "second")) is None
     del devcluster
 
 
@@ -264,7 +264,7 @@ def test_the_controller_manager_gives_each_namespace_its_service_account_and_roo
         timeout=30,
         what="the kube-root-ca.crt ConfigMap",
     )
-    ca = (cluster.Paths(devcluster.root.resolve()).pki / "ca.crt").read_text()
+    ca = (identities.Paths(devcluster.root.resolve()).pki / "ca.crt").read_text()
     assert root_ca.data["ca.crt"].strip() == ca.strip()
 
 

@@ -25,7 +25,7 @@ from cryptography import x509
 
 from bundles import formats
 from devcluster import cluster, kube, processes
-from devcluster.cluster import Paths
+from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.kube import request_rotation
 from podcert.api.volumes import PLUGIN_DIR

@@ -25,7 +25,7 @@ from kubernetes import client
 
 from bundles import formats
 from devcluster import processes
-from devcluster.cluster import Paths
+from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.kube import ROTATE_ANNOTATION, request_rotation
 from podcert.api import keys

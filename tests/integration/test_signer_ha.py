@@ -17,7 +17,7 @@ from cryptography import x509
 from bundles.formats import Credential, TrustBundle, load_trust_bundle
 from bundles.source import build_contexts
 from devcluster import processes
-from devcluster.cluster import Paths
+from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from podcert.rest import JSON, Rest, path_of
 from signer import trustbundles

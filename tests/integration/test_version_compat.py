@@ -23,7 +23,8 @@ import yaml
 
 from bundles import formats
 from devcluster import cluster, kube, processes
-from devcluster.cluster import Paths, free_port
+from devcluster.identities import Paths
+from devcluster.supervise import free_port
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys, requests
 from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import build, cluster, images, nodes
+from devcluster import build, flags, identities, images, nodeconfig
 
 GATES = (
     "--feature-gates="
@@ -29,16 +29,16 @@ GATES = (
 def test_each_minor_gets_the_gates_it_needs_on_every_component(
     version: str, gates: list[str]
 ) -> None:
-    paths = cluster.Paths(Path("/dc"))
-    api = cluster.apiserver_args(Path("kube-apiserver"), paths, 1, 2, version)
-    kcm = cluster.controller_manager_args(Path("kcm"), paths, 3, version)
+    paths = identities.Paths(Path("/dc"))
+    api = flags.apiserver_args(Path("kube-apiserver"), paths, 1, 2, version)
+    kcm = flags.controller_manager_args(Path("kcm"), paths, 3, version)
     assert [a for a in api if a.startswith("--feature-gates")] == gates
     assert [a for a in kcm if a.startswith("--feature-gates")] == gates
     assert "--runtime-config=certificates.k8s.io/v1beta1=true" in api
 
 
 def test_the_controller_manager_runs_all_but_the_node_lifecycle_controller() -> None:
-    kcm = cluster.controller_manager_args(Path("kcm"), cluster.Paths(Path("/dc")), 3)
+    kcm = flags.controller_manager_args(Path("kcm"), identities.Paths(Path("/dc")), 3)
     assert "--controllers=*,-node-lifecycle-controller" in kcm
 
 
@@ -58,7 +58,7 @@ def test_the_hollow_kubelet_is_kubemark_with_a_feature_gates_flag() -> None:
 
 
 def test_a_real_node_kubelet_config_carries_the_vm_settings(tmp_path: Path) -> None:
-    config = nodes.kubelet_config(
+    config = nodeconfig.kubelet_config(
         kube_version="1.36",
         folder=tmp_path,
         socket=tmp_path / "c.sock",
@@ -81,7 +81,7 @@ def test_a_real_node_kubelet_config_carries_the_vm_settings(tmp_path: Path) -> N
 def test_containerd_restricts_oom_score_adj_and_keeps_its_state_in_its_folder(
     tmp_path: Path,
 ) -> None:
-    text = nodes.containerd_config(tmp_path, tmp_path / "cni")
+    text = nodeconfig.containerd_config(tmp_path, tmp_path / "cni")
     assert "restrict_oom_score_adj = true" in text
     assert "SystemdCgroup = false" in text
     assert f'address = "{tmp_path / "containerd.sock"}"' in text

@@ -1,0 +1,143 @@
+"""The devcluster's folder layout and its identities: the CA, the API server's serving
+certificate, the admin and control-plane client certificates, and the kubeconfigs that carry them.
+Made once per folder; re-pointed at the current port on each start."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from devcluster import pki
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.root / "admin.kubeconfig"
+
+    def node_kubeconfig(self, node: str) -> Path:
+        return self.root / "nodes" / f"{node}.kubeconfig"
+
+    def component_kubeconfig(self, component: str) -> Path:
+        return self.root / f"{component}.kubeconfig"
+
+
+def kubeconfig(server: str, ca_pem: bytes, user: str, creds: dict[str, str]) -> str:
+    """A one-cluster, one-user kubeconfig. `creds` is either client cert/key data or a token."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "devcluster",
+                    "cluster": {
+                        "server": server,
+                        "certificate-authority-data": base64.b64encode(ca_pem).decode(),
+                    },
+                }
+            ],
+            "users": [{"name": user, "user": creds}],
+            "contexts": [{"name": user, "context": {"cluster": "devcluster", "user": user}}],
+            "current-context": user,
+        },
+        sort_keys=False,
+    )
+
+
+def cert_creds(pair: pki.KeyPair) -> dict[str, str]:
+    return {
+        "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
+        "client-key-data": base64.b64encode(pair.key_pem).decode(),
+    }
+
+
+def write_pki(paths: Paths, now: dt.datetime) -> None:
+    """Create the CA, serving and admin certificates, and the service-account key, once."""
+    paths.pki.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if (paths.pki / "ca.crt").exists():
+        return
+    ca = pki.make_ca("podcert-devcluster-ca", now)
+    serving = pki.issue(
+        ca,
+        "kube-apiserver",
+        now,
+        server_names=(
+            "127.0.0.1",
+            "localhost",
+            "10.0.0.1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+        ),
+        client=False,
+    )
+    admin = pki.issue(ca, "podcert-admin", now, organizations=("system:masters",))
+    pki.write_private(paths.pki / "ca.key", ca.key_pem)
+    pki.write_private(paths.pki / "apiserver.key", serving.key_pem)
+    pki.write_private(paths.pki / "admin.key", admin.key_pem)
+    sa_private, sa_public = pki.service_account_key()
+    pki.write_private(paths.pki / "sa.key", sa_private)
+    (paths.pki / "sa.pub").write_bytes(sa_public)
+    (paths.pki / "apiserver.crt").write_bytes(serving.cert_pem)
+    (paths.pki / "admin.crt").write_bytes(admin.cert_pem)
+    (paths.pki / "ca.crt").write_bytes(ca.cert_pem)
+
+
+# The identities the bootstrap RBAC expects of the control plane's own clients.
+COMPONENT_USERS = {
+    "kube-controller-manager": ("system:kube-controller-manager", ()),
+    "kube-scheduler": ("system:kube-scheduler", ()),
+}
+
+
+def write_component_identities(paths: Paths, server: str, now: dt.datetime) -> None:
+    """Client certificates (and kubeconfigs) for the controller-manager, the scheduler and the
+    API server's own calls to kubelets; made once, re-pointed at the current port each time."""
+    ca = load_ca(paths)
+    kubelet_client = paths.pki / "apiserver-kubelet-client.crt"
+    if not kubelet_client.exists():
+        pair = pki.issue(
+            ca, "kube-apiserver-kubelet-client", now, organizations=("system:masters",)
+        )
+        pki.write_private(paths.pki / "apiserver-kubelet-client.key", pair.key_pem)
+        kubelet_client.write_bytes(pair.cert_pem)
+    for component, (user, groups) in COMPONENT_USERS.items():
+        cert, key = paths.pki / f"{component}.crt", paths.pki / f"{component}.key"
+        if not cert.exists():
+            pair = pki.issue(ca, user, now, organizations=groups)
+            pki.write_private(key, pair.key_pem)
+            cert.write_bytes(pair.cert_pem)
+        pair = pki.KeyPair(cert.read_bytes(), key.read_bytes())
+        text = kubeconfig(server, ca.cert_pem, user, cert_creds(pair))
+        pki.write_private(paths.component_kubeconfig(component), text.encode())
+
+
+def load_ca(paths: Paths) -> pki.KeyPair:
+    return pki.KeyPair((paths.pki / "ca.crt").read_bytes(), (paths.pki / "ca.key").read_bytes())
+
+
+def admin_ssl(paths: Paths) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(paths.pki / "ca.crt"))
+    ctx.load_cert_chain(str(paths.pki / "admin.crt"), str(paths.pki / "admin.key"))
+    return ctx
