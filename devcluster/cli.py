@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from devcluster import build, cluster, host, kube, nodes
+from devcluster import build, cluster, host, kube, nodes, nodestate
 from devcluster.identities import Paths
 from devcluster.supervise import ClusterError, NodeError
 
@@ -52,7 +52,7 @@ def _status(args: argparse.Namespace) -> int:
         f"{state.controller_manager_pid}, scheduler pid {state.scheduler_pid})"
     )
     for node in nodes.started(args.dir):
-        found = nodes.read_state(args.dir, node)
+        found = nodestate.read_state(args.dir, node)
         if found is not None:
             print(f"node {node}: {found.kind} kubelet pid {found.kubelet_pid}, root {found.root}")
     return 0

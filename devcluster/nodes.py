@@ -4,25 +4,25 @@ own identity (client certificate CN=system:node:<node>, O=system:nodes). Two kin
 - real: the kubelet on Debian's containerd + runc + bridge CNI, running real containers from
   images made on this machine (`devcluster.images`). One per machine at a time: the kubelet and
   containerd also use fixed host paths (/var/lib/kubelet/device-plugins, /run/containerd, ...).
-- hollow: kubemark's hollow kubelet (`--morph=kubelet`): the real kubelet code (pod certificate
-  manager, projected volumes, atomic writer) with a fake runtime and mounter. Files are written
-  for real; no container runs. Cheap enough for many nodes.
+- hollow: kubemark's hollow kubelet (`devcluster.hollow`), the real kubelet code with a fake
+  runtime. Cheap enough for many nodes.
 
 Like the control plane, a kubelet is detached and recorded under the cluster's folder
-(`nodes/<node>/state.json`); `stop` (and `cluster.down`) stop it, remove its root directory and
-whatever it left on the host.
+(`devcluster.nodestate`); `restart_kubelet` restarts only the kubelet, as an upgrade or a crash
+does; `stop` (and `cluster.down`) stop it, remove its root directory and whatever it left on the
+host.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
-import re
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,11 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from devcluster import build, cluster, host, images, kube
-from devcluster.flags import feature_gate_flags
+from devcluster import build, cluster, host, images, kube, nodestate
+from devcluster import hollow as hollow_kubelet
 from devcluster.identities import Paths
 from devcluster.nodeconfig import BRIDGE, cni_config, containerd_config, kubelet_config
+from devcluster.nodestate import HOLLOW, REAL, NodeState, node_dir, read_state
 from devcluster.supervise import (
     ClusterError,
     NodeError,
@@ -42,7 +43,6 @@ from devcluster.supervise import (
     exited,
     free_port,
     wait_until,
-    wait_until_value,
 )
 from devcluster.supervise import (
     stop as stop_process,
@@ -50,7 +50,6 @@ from devcluster.supervise import (
 
 READY_TIMEOUT = 120.0
 
-REAL, HOLLOW = "real", "hollow"
 # Host paths the kubelet and containerd use whatever they are told: removed on stop when the node
 # created them.
 FIXED_PATHS = (
@@ -64,49 +63,6 @@ FIXED_PATHS = (
 )
 # Where a real node is recorded while it runs: there is room for one per machine.
 REAL_NODE_SLOT = Path("/run/podcert-devcluster-real-node")
-
-
-@dataclass(frozen=True)
-class NodeState:
-    node: str
-    kind: str  # REAL or HOLLOW
-    kube_version: str
-    kubelet_pid: int
-    kubelet_binary: str
-    root_dir: str  # the kubelet's root directory: the folder that holds pods/
-    port: int
-    containerd_pid: int = 0
-    containerd_binary: str = ""
-    containerd_socket: str = ""
-    cgroup: str = ""  # the cgroup (same path in every v1 hierarchy) holding all it runs
-    created: tuple[str, ...] = ()  # fixed host paths this node created
-    leftovers: tuple[str, ...] = ()  # files it leaves elsewhere, removed on stop
-
-    @property
-    def root(self) -> Path:
-        return Path(self.root_dir)
-
-
-def node_dir(root: Path, node: str) -> Path:
-    return Paths(root.resolve()).root / "nodes" / node
-
-
-def _state_file(root: Path, node: str) -> Path:
-    return node_dir(root, node) / "state.json"
-
-
-def read_state(root: Path, node: str) -> NodeState | None:
-    try:
-        raw = json.loads(_state_file(root, node).read_text())
-        raw["created"] = tuple(raw.get("created", ()))
-        raw["leftovers"] = tuple(raw.get("leftovers", ()))
-        return NodeState(**raw)
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def _save(root: Path, state: NodeState) -> None:
-    _state_file(root, state.node).write_text(json.dumps(asdict(state)))
 
 
 def real_node_unavailable() -> str | None:
@@ -131,34 +87,11 @@ def _real_slot_holder() -> str | None:
     return f"{state.node} under {path.parent}"
 
 
-# kubemark's fake runtime listens on /tmp/kubelet_remote_<random>.sock and leaves it behind.
-FAKE_RUNTIME_SOCKETS = "kubelet_remote_*.sock"
-
-
-def _fake_runtime_sockets() -> set[Path]:
-    return set(Path("/tmp").glob(FAKE_RUNTIME_SOCKETS))  # noqa: S108 (kubemark's fixed folder)
-
-
 # --- start ---------------------------------------------------------------------------------------
 
 
 def _free_ports() -> tuple[int, int]:
     return free_port(), free_port()
-
-
-def _wait_ready(
-    root: Path, node: str, proc: subprocess.Popen[bytes], log: Path, deadline: float
-) -> None:
-    def ready() -> bool:
-        try:
-            with kube.admin_client(root) as api:
-                found = client.CoreV1Api(api).read_node(node)
-        except ApiException:
-            return False
-        conditions = (found.status.conditions if found.status else None) or []
-        return any(c.type == "Ready" and c.status == "True" for c in conditions)
-
-    wait_until(ready, deadline, f"kubelet for {node}", interval=0.2, failed=exited(proc, log))
 
 
 def start(
@@ -188,78 +121,14 @@ def start(
     folder.mkdir(parents=True, exist_ok=True)
     kubeconfig = kube.node_kubeconfig(paths.root, node, create_node=False)
     deadline = time.monotonic() + timeout
-    start_one = _start_hollow if hollow else _start_real
-    state = start_one(paths, node, plane, binary, kubeconfig, folder, progress, deadline)
+    start_one = hollow_kubelet.start if hollow else _start_real
+    try:
+        state = start_one(paths, node, plane, binary, kubeconfig, folder, progress, deadline)
+    except BaseException:
+        stop(paths.root, node)  # whatever part of it started
+        raise
     progress(f"node {node} Ready ({state.kind} kubelet {plane.kube_version}); root {state.root}")
     return state
-
-
-def _start_hollow(
-    paths: Paths,
-    node: str,
-    plane: cluster.State,
-    binary: Path,
-    kubeconfig: Path,
-    folder: Path,
-    progress: Progress,
-    deadline: float,
-) -> NodeState:
-    port, _ = _free_ports()
-    log = folder / "kubelet.log"
-    progress(f"starting hollow kubelet {plane.kube_version} for {node} (kubelet port {port})")
-    before = _fake_runtime_sockets()
-    proc = host.spawn(
-        [
-            str(binary),
-            "--morph=kubelet",
-            f"--name={node}",
-            f"--kubeconfig={kubeconfig}",
-            "--use-host-image-service=false",
-            f"--kubelet-port={port}",
-            "--kubelet-read-only-port=0",
-            *feature_gate_flags(plane.kube_version),
-        ],
-        log,
-    )
-    state = NodeState(node, HOLLOW, plane.kube_version, proc.pid, str(binary), "", port)
-    _save(paths.root, state)
-    try:
-        # kubemark makes its root as /tmp/hollow-kubelet.NNNN (no flag, not even TMPDIR) and
-        # says which in its log.
-        found = wait_until_value(
-            lambda: _hollow_root(log),
-            deadline,
-            f"hollow kubelet root for {node}",
-            failed=exited(proc, log),
-        )
-        state = NodeState(**{**asdict(state), "root_dir": str(found)})
-        _save(paths.root, state)
-        # The fake runtime's socket: the one that appeared since this kubelet started.
-        sockets = wait_until_value(
-            lambda: (_fake_runtime_sockets() - before) or None,
-            deadline,
-            f"hollow kubelet runtime socket for {node}",
-            failed=exited(proc, log),
-        )
-        leftovers = tuple(sorted(str(s) for s in sockets))
-        state = NodeState(**{**asdict(state), "leftovers": leftovers})
-        _save(paths.root, state)
-        _wait_ready(paths.root, node, proc, log, deadline)
-    except BaseException:
-        stop(paths.root, node)
-        raise
-    return state
-
-
-_HOLLOW_ROOT = re.compile(r"Using (\S+) as root dir for hollow-kubelet")
-
-
-def _hollow_root(log: Path) -> Path | None:
-    try:
-        match = _HOLLOW_ROOT.search(log.read_text(errors="replace"))
-    except OSError:
-        return None
-    return Path(match.group(1)) if match else None
 
 
 def _start_real(
@@ -299,62 +168,83 @@ def _start_real(
         cgroup=cgroup,
         created=created,
     )
-    _save(paths.root, state)
-    REAL_NODE_SLOT.write_text(str(_state_file(paths.root, node)))
-    try:
-        progress(f"starting containerd for {node}")
-        ctrd_log = folder / "containerd.log"
-        ctrd = host.spawn(
-            [containerd, "--config", str(runtime / "config.toml")],
-            ctrd_log,
-            cgroup=f"{cgroup}/runtime",
-        )
-        state = NodeState(**{**asdict(state), "containerd_pid": ctrd.pid})
-        _save(paths.root, state)
-        wait_until(
-            lambda: _ctr(socket, "version").returncode == 0,
-            deadline,
-            f"containerd for {node}",
-            interval=0.2,
-            failed=exited(ctrd, ctrd_log),
-        )
-        for archive in images.write_archives(folder / "images"):
-            done = _ctr(socket, "-n", "k8s.io", "images", "import", str(archive))
-            if done.returncode != 0:
-                raise NodeError(f"ctr images import {archive.name} failed: {done.stderr.strip()}")
-        ip = host.node_ip()
-        config = kubelet_config(
-            kube_version=plane.kube_version,
-            folder=folder,
-            socket=socket,
-            cgroup=cgroup,
-            address=ip,
-            port=port,
-            ca_file=paths.pki / "ca.crt",
-        )
-        (folder / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        log = folder / "kubelet.log"
-        progress(f"starting kubelet {plane.kube_version} for {node} ({ip}:{port})")
-        proc = host.spawn(
-            [
-                str(binary),
-                f"--config={folder / 'kubelet.yaml'}",
-                f"--kubeconfig={kubeconfig}",
-                f"--root-dir={kubelet_root}",
-                f"--cert-dir={folder / 'pki'}",
-                f"--hostname-override={node}",
-                f"--node-ip={ip}",
-                "--v=1",
-            ],
-            log,
-            cgroup=f"{cgroup}/runtime",
-        )
-        state = NodeState(**{**asdict(state), "kubelet_pid": proc.pid})
-        _save(paths.root, state)
-        _wait_ready(paths.root, node, proc, log, deadline)
-    except BaseException:
-        stop(paths.root, node)
-        raise
+    nodestate.save(paths.root, state)
+    REAL_NODE_SLOT.write_text(str(nodestate.state_file(paths.root, node)))
+    progress(f"starting containerd for {node}")
+    ctrd_log = folder / "containerd.log"
+    ctrd = host.spawn(
+        [containerd, "--config", str(runtime / "config.toml")],
+        ctrd_log,
+        cgroup=f"{cgroup}/runtime",
+    )
+    state = NodeState(**{**asdict(state), "containerd_pid": ctrd.pid})
+    nodestate.save(paths.root, state)
+    wait_until(
+        lambda: _ctr(socket, "version").returncode == 0,
+        deadline,
+        f"containerd for {node}",
+        interval=0.2,
+        failed=exited(ctrd, ctrd_log),
+    )
+    for archive in images.write_archives(folder / "images"):
+        done = _ctr(socket, "-n", "k8s.io", "images", "import", str(archive))
+        if done.returncode != 0:
+            raise NodeError(f"ctr images import {archive.name} failed: {done.stderr.strip()}")
+    ip = host.node_ip()
+    config = kubelet_config(
+        kube_version=plane.kube_version,
+        folder=folder,
+        socket=socket,
+        cgroup=cgroup,
+        address=ip,
+        port=port,
+        ca_file=paths.pki / "ca.crt",
+    )
+    (folder / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    log = folder / "kubelet.log"
+    progress(f"starting kubelet {plane.kube_version} for {node} ({ip}:{port})")
+    args = (
+        str(binary),
+        f"--config={folder / 'kubelet.yaml'}",
+        f"--kubeconfig={kubeconfig}",
+        f"--root-dir={kubelet_root}",
+        f"--cert-dir={folder / 'pki'}",
+        f"--hostname-override={node}",
+        f"--node-ip={ip}",
+        "--v=1",
+    )
+    proc = host.spawn(list(args), log, cgroup=f"{cgroup}/runtime")
+    state = replace(state, kubelet_pid=proc.pid, kubelet_args=args)
+    nodestate.save(paths.root, state)
+    nodestate.wait_ready(paths.root, node, proc, log, deadline)
+    return state
+
+
+def restart_kubelet(root: Path, node: str, *, timeout: float = READY_TIMEOUT) -> NodeState:
+    """Stop only the kubelet for `node` and start it again with the same command line, as a
+    kubelet restarts on an upgrade or a crash. A real node's containers keep running under
+    containerd; a hollow kubelet comes back with a fresh root directory (kubemark makes one per
+    start; the old one is removed). Returns once the new kubelet has renewed its node lease."""
+    state = read_state(root, node)
+    if state is None or not state.kubelet_args:
+        raise NodeError(f"no kubelet for {node} was started under {root}")
+    stop_process(state.kubelet_pid, state.kubelet_binary, 15.0)
+    log = node_dir(root, node) / "kubelet.log"
+    offset, before, old_root = (
+        nodestate.file_size(log),
+        hollow_kubelet.runtime_sockets(),
+        state.root,
+    )
+    since = dt.datetime.now(dt.UTC)
+    cgroup = f"{state.cgroup}/runtime" if state.kind == REAL else ""
+    proc = host.spawn(list(state.kubelet_args), log, cgroup=cgroup)
+    state = replace(state, kubelet_pid=proc.pid)
+    nodestate.save(root, state)
+    deadline = time.monotonic() + timeout
+    if state.kind == HOLLOW:
+        state = hollow_kubelet.find_parts(root, state, proc, log, offset, before, deadline)
+        shutil.rmtree(old_root, ignore_errors=True)
+    nodestate.wait_lease_renewed(root, node, since, proc, log, deadline)
     return state
 
 
@@ -417,7 +307,7 @@ def stop(root: Path, node: str) -> None:
         for path in state.created:
             shutil.rmtree(path, ignore_errors=True)
         with contextlib.suppress(OSError):
-            if REAL_NODE_SLOT.read_text().strip() == str(_state_file(root, node)):
+            if REAL_NODE_SLOT.read_text().strip() == str(nodestate.state_file(root, node)):
                 REAL_NODE_SLOT.unlink()
     for leftover in map(Path, state.leftovers):
         leftover.unlink(missing_ok=True)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 
-from devcluster import kube, nodes
+from devcluster import kube, nodes, nodestate
 from devcluster.cluster import State
 
 T = TypeVar("T")
@@ -27,7 +27,7 @@ class Kubelet:
     """A kubelet started for a test: its node name, kind and root directory (holds pods/)."""
 
     cluster_root: Path
-    state: nodes.NodeState
+    state: nodestate.NodeState
 
     @property
     def name(self) -> str:
@@ -35,7 +35,7 @@ class Kubelet:
 
     @property
     def hollow(self) -> bool:
-        return self.state.kind == nodes.HOLLOW
+        return self.state.kind == nodestate.HOLLOW
 
     @property
     def root(self) -> Path:
@@ -44,6 +44,10 @@ class Kubelet:
     def volume_dir(self, pod_uid: str, volume: str = "identity") -> Path:
         """Where the kubelet projects a pod's projected volume."""
         return self.root / "pods" / pod_uid / "volumes" / "kubernetes.io~projected" / volume
+
+    def restart(self) -> None:
+        """Restart only the kubelet (containers keep running; a hollow one gets a new root)."""
+        self.state = nodes.restart_kubelet(self.cluster_root, self.name)
 
     def stop(self) -> None:
         nodes.stop(self.cluster_root, self.name)

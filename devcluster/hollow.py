@@ -1,0 +1,103 @@
+"""kubemark's hollow kubelet (`--morph=kubelet`): the real kubelet code (pod certificate manager,
+projected volumes, atomic writer) with a fake runtime and mounter. Files are written for real; no
+container runs. Cheap enough for many nodes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+from devcluster import cluster, host
+from devcluster.flags import feature_gate_flags
+from devcluster.identities import Paths
+from devcluster.nodestate import HOLLOW, NodeState, file_size, save, wait_ready
+from devcluster.supervise import Progress, exited, free_port, wait_until_value
+
+# kubemark's fake runtime listens on /tmp/kubelet_remote_<random>.sock and leaves it behind.
+FAKE_RUNTIME_SOCKETS = "kubelet_remote_*.sock"
+
+
+def runtime_sockets() -> set[Path]:
+    return set(Path("/tmp").glob(FAKE_RUNTIME_SOCKETS))  # noqa: S108 (kubemark's fixed folder)
+
+
+def start(
+    paths: Paths,
+    node: str,
+    plane: cluster.State,
+    binary: Path,
+    kubeconfig: Path,
+    folder: Path,
+    progress: Progress,
+    deadline: float,
+) -> NodeState:
+    port = free_port()
+    log = folder / "kubelet.log"
+    progress(f"starting hollow kubelet {plane.kube_version} for {node} (kubelet port {port})")
+    before = runtime_sockets()
+    offset = file_size(log)
+    args = (
+        str(binary),
+        "--morph=kubelet",
+        f"--name={node}",
+        f"--kubeconfig={kubeconfig}",
+        "--use-host-image-service=false",
+        f"--kubelet-port={port}",
+        "--kubelet-read-only-port=0",
+        *feature_gate_flags(plane.kube_version),
+    )
+    proc = host.spawn(list(args), log)
+    state = NodeState(
+        node, HOLLOW, plane.kube_version, proc.pid, str(binary), "", port, kubelet_args=args
+    )
+    save(paths.root, state)
+    state = find_parts(paths.root, state, proc, log, offset, before, deadline)
+    wait_ready(paths.root, node, proc, log, deadline)
+    return state
+
+
+_HOLLOW_ROOT = re.compile(r"Using (\S+) as root dir for hollow-kubelet")
+
+
+def _hollow_root(log: Path, offset: int) -> Path | None:
+    """The root a hollow kubelet announced in its log after byte `offset` (its latest start)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(offset)
+            match = _HOLLOW_ROOT.search(f.read().decode(errors="replace"))
+    except OSError:
+        return None
+    return Path(match.group(1)) if match else None
+
+
+def find_parts(
+    root: Path,
+    state: NodeState,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    offset: int,
+    sockets_before: set[Path],
+    deadline: float,
+) -> NodeState:
+    """Record what a hollow kubelet made for itself: kubemark makes its root as
+    /tmp/hollow-kubelet.NNNN (no flag, not even TMPDIR) and says which in its log; its fake
+    runtime's socket is the one that appeared since it started."""
+    found = wait_until_value(
+        lambda: _hollow_root(log, offset),
+        deadline,
+        f"hollow kubelet root for {state.node}",
+        failed=exited(proc, log),
+    )
+    state = replace(state, root_dir=str(found))
+    save(root, state)
+    sockets = wait_until_value(
+        lambda: (runtime_sockets() - sockets_before) or None,
+        deadline,
+        f"hollow kubelet runtime socket for {state.node}",
+        failed=exited(proc, log),
+    )
+    state = replace(state, leftovers=tuple(sorted({*state.leftovers, *map(str, sockets)})))
+    save(root, state)
+    return state
