@@ -13,7 +13,7 @@ BRIDGE = "podcert0"
 POD_SUBNET = "10.89.0.0/24"
 
 
-def containerd_config(folder: Path, cni_conf: Path) -> str:
+def containerd_config(folder: Path, cni_conf: Path, socket: Path) -> str:
     """containerd 1.6 (config version 2) with everything under `folder`; see issue 13."""
     return f"""version = 2
 root = "{folder / "root"}"
@@ -22,7 +22,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
 
 [grpc]
-  address = "{folder / "containerd.sock"}"
+  address = "{socket}"
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "{folder / "opt"}"
@@ -80,8 +80,10 @@ def kubelet_config(
     address: str,
     port: int,
     ca_file: Path,
+    max_pods: int | None = None,
 ) -> dict[str, Any]:
-    """The KubeletConfiguration for a real node on this VM (issue 13 lists why each line)."""
+    """The KubeletConfiguration for a real node on this VM (issue 13 lists why each line).
+    `max_pods` raises the kubelet's own limit of 110 pods (benchmarks load one node with more)."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -115,4 +117,5 @@ def kubelet_config(
             "imagefs.available": "1%",
         },
         "featureGates": feature_gates(kube_version),
+        **({"maxPods": max_pods} if max_pods is not None else {}),
     }

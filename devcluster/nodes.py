@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import shutil
 import subprocess
@@ -61,6 +62,7 @@ FIXED_PATHS = (
     Path("/etc/cni"),
     Path("/opt/cni"),
 )
+SHORT_DIR = Path("/run/podcert-node")
 # Where a real node is recorded while it runs: there is room for one per machine.
 REAL_NODE_SLOT = Path("/run/podcert-devcluster-real-node")
 
@@ -101,9 +103,10 @@ def start(
     hollow: bool = False,
     progress: Progress = lambda _line: None,
     timeout: float = READY_TIMEOUT,
+    max_pods: int | None = None,
 ) -> NodeState:
     """Start a kubelet for `node` on the devcluster under `root` and wait until the Node is
-    Ready. Idempotent while that kubelet runs."""
+    Ready. Idempotent while that kubelet runs. `max_pods` raises the kubelet's limit of 110."""
     paths = Paths(root.resolve())
     plane = cluster.running(paths)
     if plane is None:
@@ -123,7 +126,9 @@ def start(
     deadline = time.monotonic() + timeout
     start_one = hollow_kubelet.start if hollow else _start_real
     try:
-        state = start_one(paths, node, plane, binary, kubeconfig, folder, progress, deadline)
+        state = start_one(
+            paths, node, plane, binary, kubeconfig, folder, progress, deadline, max_pods
+        )
     except BaseException:
         stop(paths.root, node)  # whatever part of it started
         raise
@@ -140,17 +145,23 @@ def _start_real(
     folder: Path,
     progress: Progress,
     deadline: float,
+    max_pods: int | None = None,
 ) -> NodeState:
-    created = tuple(str(p) for p in FIXED_PATHS if not p.exists())
+    # containerd's and the kubelet's sockets (containerd.sock.ttrpc, pod-resources/<n>, ...) must
+    # fit a sockaddr_un (108 bytes): they and the kubelet's root live under /run, in a folder
+    # named after the node's, whatever that folder's depth.
+    short = SHORT_DIR.with_name(f"{SHORT_DIR.name}-{_short_hash(str(folder))}")
+    short.mkdir(mode=0o700, parents=True, exist_ok=True)
+    created = (*(str(p) for p in FIXED_PATHS if not p.exists()), str(short))
     cgroup = f"/podcert-devcluster-{node}"
     runtime = folder / "containerd"
-    socket = runtime / "containerd.sock"
-    kubelet_root = folder / "root"
+    socket = short / "containerd.sock"
+    kubelet_root = short / "kubelet"
     for sub in (runtime, folder / "cni", kubelet_root, folder / "pod-logs"):
         sub.mkdir(parents=True, exist_ok=True)
     (folder / "resolv.conf").write_text("")
     (folder / "cni" / "10-podcert.conflist").write_text(json.dumps(cni_config(folder / "ipam")))
-    (runtime / "config.toml").write_text(containerd_config(runtime, folder / "cni"))
+    (runtime / "config.toml").write_text(containerd_config(runtime, folder / "cni", socket))
     host.make_cgroup(cgroup)
     host.make_cgroup(f"{cgroup}/runtime")
     port, _ = _free_ports()
@@ -199,6 +210,7 @@ def _start_real(
         address=ip,
         port=port,
         ca_file=paths.pki / "ca.crt",
+        max_pods=max_pods,
     )
     (folder / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     log = folder / "kubelet.log"
@@ -218,6 +230,10 @@ def _start_real(
     nodestate.save(paths.root, state)
     nodestate.wait_ready(paths.root, node, proc, log, deadline)
     return state
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def restart_kubelet(root: Path, node: str, *, timeout: float = READY_TIMEOUT) -> NodeState:

@@ -7,10 +7,11 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from devcluster import build, flags, identities, images, nodeconfig
+from devcluster import build, flags, hollow, identities, images, nodeconfig
 
 GATES = (
     "--feature-gates="
@@ -81,10 +82,12 @@ def test_a_real_node_kubelet_config_carries_the_vm_settings(tmp_path: Path) -> N
 def test_containerd_restricts_oom_score_adj_and_keeps_its_state_in_its_folder(
     tmp_path: Path,
 ) -> None:
-    text = nodeconfig.containerd_config(tmp_path, tmp_path / "cni")
+    socket = Path("/run/podcert-containerd-0123456789ab/containerd.sock")
+    text = nodeconfig.containerd_config(tmp_path, tmp_path / "cni", socket)
     assert "restrict_oom_score_adj = true" in text
     assert "SystemdCgroup = false" in text
-    assert f'address = "{tmp_path / "containerd.sock"}"' in text
+    assert f'address = "{socket}"' in text
+    assert f'root = "{tmp_path / "root"}"' in text
     assert f'sandbox_image = "{images.PAUSE_IMAGE}"' in text
 
 
@@ -116,3 +119,36 @@ def _read(tar: tarfile.TarFile, name: str) -> bytes:
     member = tar.extractfile(name)
     assert member is not None
     return member.read()
+
+
+def test_a_real_node_takes_more_than_110_pods_only_when_asked(tmp_path: Path) -> None:
+    common: dict[str, Any] = {
+        "kube_version": "1.37",
+        "folder": tmp_path,
+        "socket": tmp_path / "c.sock",
+        "cgroup": "/podcert-devcluster-n",
+        "address": "192.0.2.2",
+        "port": 10250,
+        "ca_file": tmp_path / "ca.crt",
+    }
+    assert "maxPods" not in nodeconfig.kubelet_config(**common)
+    assert nodeconfig.kubelet_config(**common, max_pods=250)["maxPods"] == 250
+
+
+@pytest.mark.parametrize(
+    ("max_pods", "expected"),
+    [
+        pytest.param(None, [], id="kubemark's own limit of 110 pods unless asked"),
+        pytest.param(250, ["--max-pods=250"], id="a raised limit is passed on"),
+    ],
+)
+def test_a_hollow_kubelet_talks_to_the_api_server_as_a_real_kubelet_does(
+    max_pods: int | None, expected: list[str]
+) -> None:
+    args = hollow.kubemark_args(
+        Path("kubemark"), "n", Path("n.kubeconfig"), 10250, "1.37", max_pods
+    )
+    # kubemark's client defaults are 10 QPS / burst 20; a real kubelet's are 50 / 100.
+    assert "--kube-api-qps=50" in args
+    assert "--kube-api-burst=100" in args
+    assert [a for a in args if a.startswith("--max-pods")] == expected
