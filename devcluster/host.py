@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from devcluster import images
+from devcluster import images, supervise
 from devcluster.supervise import NodeError, Progress
 
 # What a real node needs from Debian, by the file that shows each package is there.
@@ -108,24 +108,10 @@ def move_into(cgroup: str) -> Callable[[], None]:
     return join
 
 
-def spawn(
-    args: list[str],
-    log: Path,
-    *,
-    env: dict[str, str] | None = None,
-    cgroup: str = "",
-) -> subprocess.Popen[bytes]:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **(env or {})},
-            preexec_fn=move_into(cgroup) if cgroup else None,
-        )
+def spawn(args: list[str], log: Path, *, cgroup: str = "") -> subprocess.Popen[bytes]:
+    """supervise.spawn, with the child in the node's `cgroup` (when given) from its first
+    instruction on."""
+    return supervise.spawn(args, log, preexec=move_into(cgroup) if cgroup else None)
 
 
 def cgroup_pids(cgroup: str) -> set[int]:

@@ -35,7 +35,11 @@ def free_port() -> int:
         return port
 
 
-def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(
+    args: list[str], log: Path, *, preexec: Callable[[], None] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `args` detached (it survives the caller, in its own process group), its output
+    appended to `log`; `preexec` runs in the child before it execs."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         return subprocess.Popen(
@@ -43,7 +47,8 @@ def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # detached: survives the caller, has its own process group
+            start_new_session=True,
+            preexec_fn=preexec,
         )
 
 
