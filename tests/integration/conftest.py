@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -34,6 +34,23 @@ def flags(**values: Any) -> list[str]:
         else:
             out.append(f"{flag}={value}")
     return out
+
+
+P = TypeVar("P", processes.Signer, processes.Shim)
+
+
+def _launch(started: list[P], proc: P, wait: bool) -> P:
+    """Start `proc` (waited ready unless told not to) and remember it for the module's end."""
+    started.append(proc)
+    proc.start()
+    if wait:
+        proc.wait_ready()
+    return proc
+
+
+def _stop_all(started: Sequence[processes.Process]) -> None:
+    for proc in reversed(started):
+        proc.stop()
 
 
 class StartSigner(Protocol):
@@ -76,15 +93,10 @@ def start_signer(
             namespace=namespace,
             extra=[*flags(**flag_values), *extra],
         )
-        started.append(proc)
-        proc.start()
-        if wait:
-            proc.wait_ready()
-        return proc
+        return _launch(started, proc, wait)
 
     yield start
-    for proc in reversed(started):
-        proc.stop()
+    _stop_all(started)
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +118,7 @@ def start_shim(
         workdir = workdir or default_workdir
         kwargs.setdefault("root", workdir / f"root-{node}")
         proc = processes.shim((cluster or devcluster).root, workdir, node, **kwargs)
-        started.append(proc)
-        proc.start()
-        if wait:
-            proc.wait_ready()
-        return proc
+        return _launch(started, proc, wait)
 
     yield start
-    for proc in reversed(started):
-        proc.stop()
+    _stop_all(started)
