@@ -61,6 +61,15 @@ from podcert.api.volumes import path_problem
 from signer import ca, certs, csr, decide, model, objects, policy, requested
 from signer.auditlog import AuditLog
 from tests import strategies
+from tests.signer_world import (
+    ISSUER,
+    NOW,
+    POLICY,
+    SIGNER,
+    assert_api_server_accepts,
+    make_facts,
+    make_request,
+)
 from tests.strategies import (
     FUZZ,
     FUZZ_TIMEOUT,
@@ -75,14 +84,6 @@ from tests.strategies import (
 from tests.unit.test_auditlog import Pki, make_pki
 from tests.unit.test_auditlog import entry as audit_entry
 from tests.unit.test_bundles_formats import WORKLOAD, Authority, key_secrets
-from tests.unit.test_signer_decide import (
-    ISSUER,
-    NOW,
-    POLICY,
-    SIGNER,
-    assert_api_server_accepts,
-    make_facts,
-)
 
 pytestmark = FUZZ_TIMEOUT
 
@@ -252,20 +253,7 @@ def _spki_of(public_key: Any) -> bytes:
 
 BASE_FACTS = make_facts()
 assert BASE_FACTS.pod is not None
-BASE_REQUEST = model.Request(
-    namespace="web",
-    name="api-0-x7k2p",
-    uid="3f1c0a52-1d2e-4b7a-9c1e-6a1f2b3c4d5e",
-    signer_name=SIGNER,
-    pod_name="api-0",
-    pod_uid="pod-uid-1",
-    service_account_name="api",
-    service_account_uid="sa-uid-1",
-    node_name="node-a",
-    node_uid="node-uid-1",
-    max_expiration_seconds=86400,
-    stub_csr=GOOD_CSRS[0],
-)
+BASE_REQUEST = make_request(stub_csr=GOOD_CSRS[0])
 DNS_KEY = requested.DNS_NAMES_ANNOTATION
 ENTITLED: Final = sorted(BASE_FACTS.service_dns_names)
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from podcert.api import keys
 from signer import ca, certs, csr, decide, model, policy, requested
 from tests import strategies
-from tests.unit.test_signer_decide import (
+from tests.signer_world import (
     ISSUER,
     NOW,
     POLICY,

@@ -8,7 +8,6 @@ always read again."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any, cast
 
 from cryptography import x509
@@ -17,18 +16,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from signer import ca, model
+from signer import model
 from signer.castore import CAStore
 from signer.controller import Controller, utcnow
 from signer.decide import binding_problem, decide
 from signer.kube import SignerKube
 from signer.metrics import Metrics
-from signer.policy import SignerPolicy, default_policy
+from signer.policy import default_policy
+from tests.signer_world import ISSUER, NOW, POLICY, SIGNER, make_request
 
-SIGNER = "example.com/podcert"
-NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
-ISSUER = ca.issuing_ca(ca.new_ca("vouches", NOW - dt.timedelta(days=1)))
-POLICY = SignerPolicy(name=SIGNER, trust_domain="cluster.local")
 # The node's stub CSR: empty subject, signed with the subject key.
 STUB_CSR = (
     x509.CertificateSigningRequestBuilder()
@@ -36,20 +32,7 @@ STUB_CSR = (
     .sign(ec.generate_private_key(ec.SECP256R1()), hashes.SHA256())
     .public_bytes(serialization.Encoding.DER)
 )
-REQUEST = model.Request(
-    namespace="web",
-    name="api-0-x7k2p",
-    uid="3f1c0a52-1d2e-4b7a-9c1e-6a1f2b3c4d5e",
-    signer_name=SIGNER,
-    pod_name="api-0",
-    pod_uid="pod-uid-1",
-    service_account_name="api",
-    service_account_uid="sa-uid-1",
-    node_name="node-a",
-    node_uid="node-uid-1",
-    max_expiration_seconds=86400,
-    stub_csr=STUB_CSR,
-)
+REQUEST = make_request(stub_csr=STUB_CSR)
 
 
 def one_of_or(right: str, *wrong: str) -> st.SearchStrategy[str]:

@@ -1,0 +1,88 @@
+"""One signer's world for the unit tests of its decisions: a request for pod web/api-0 on node-a,
+the facts the cluster holds about it, a policy, and an issuing CA. Each test changes only what it
+is about (`make_request(pod_uid=...)`, `make_facts(node=None)`, `policy_with(...)`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from podcert.api import keys
+from signer import ca, model, policy, requested
+
+SIGNER = "example.com/podcert"
+NOW = dt.datetime(2026, 11, 29, 12, 0, 0, 500_000, tzinfo=dt.UTC)
+BUNDLE = ca.new_ca("decide test", NOW - dt.timedelta(days=1))
+ISSUER = ca.issuing_ca(BUNDLE)
+KEY = keys.generate("ECDSAP256")
+ED_KEY = keys.generate("ED25519")
+RSA_2048 = rsa.generate_private_key(65537, 2048)
+POLICY = policy.SignerPolicy(name=SIGNER, trust_domain="cluster.local")
+ENTITLED = frozenset({"api.web.svc", "api.web.svc.cluster.local"})
+DNS_KEY = requested.DNS_NAMES_ANNOTATION
+
+
+def make_request(**changes: Any) -> model.Request:
+    base = model.Request(
+        namespace="web",
+        name="api-0-x7k2p",
+        uid="3f1c0a52-1d2e-4b7a-9c1e-6a1f2b3c4d5e",
+        signer_name=SIGNER,
+        pod_name="api-0",
+        pod_uid="pod-uid-1",
+        service_account_name="api",
+        service_account_uid="sa-uid-1",
+        node_name="node-a",
+        node_uid="node-uid-1",
+        max_expiration_seconds=86400,
+        stub_csr=keys.stub_csr(KEY),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def make_facts(**changes: Any) -> model.Facts:
+    base = model.Facts(
+        pod=model.Pod(
+            namespace="web",
+            name="api-0",
+            uid="pod-uid-1",
+            node_name="node-a",
+            service_account_name="api",
+            phase="Running",
+        ),
+        node=model.Node(name="node-a", uid="node-uid-1"),
+        service_account=model.ServiceAccount(namespace="web", name="api", uid="sa-uid-1"),
+        service_dns_names=ENTITLED,
+        ca=ISSUER,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def pod(**changes: Any) -> model.Pod:
+    facts_pod = make_facts().pod
+    assert facts_pod is not None
+    return dataclasses.replace(facts_pod, **changes)
+
+
+def policy_with(**changes: Any) -> policy.SignerPolicy:
+    return dataclasses.replace(POLICY, **changes)
+
+
+OPEN_DNS = policy_with(dns=policy.DNSPolicy(allow_requested=True))
+SERVICES_DNS = policy_with(dns=policy.DNSPolicy(services=True))
+
+
+def assert_api_server_accepts(
+    plan: model.LeafPlan, request: model.Request, now: dt.datetime
+) -> None:
+    """The checks kube-apiserver applies to an Issued status (DESIGN.md section 2)."""
+    lifetime = plan.not_after - plan.not_before
+    assert dt.timedelta(hours=1) <= lifetime <= dt.timedelta(seconds=request.max_expiration_seconds)
+    assert abs(plan.not_before - now) <= dt.timedelta(minutes=5)
+    margin = dt.timedelta(minutes=10)
+    assert plan.not_before + margin <= plan.begin_refresh_at <= plan.not_after - margin
+    for moment in (plan.not_before, plan.not_after, plan.begin_refresh_at):
+        assert moment.microsecond == 0
