@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cryptography import x509
 
-from audit.join import Proj, readable_entries
+from audit.join import Proj
 from audit.model import AuditLogReport, Finding, Settings, fmt_time
 from audit.trust import TrustIndex
 from podcert.auditlog import Entry, verify
@@ -168,14 +168,13 @@ def _audit_log(
         )
     elif result.unsigned_tail:
         # Entries follow the last checkpoint; too old a tail means checkpointing stopped.
-        entries = readable_entries(lines)
-        first = entries[-result.unsigned_tail] if result.unsigned_tail <= len(entries) else None
-        if first is not None and now - first.time > settings.unsigned_max_age:
+        since = result.unsigned_since
+        if since is not None and now - since > settings.unsigned_max_age:
             findings.append(
                 Finding(
                     "audit-log",
                     subject,
-                    f"the last {result.unsigned_tail} entries (since {fmt_time(first.time)}) are "
+                    f"the last {result.unsigned_tail} entries (since {fmt_time(since)}) are "
                     "covered by no checkpoint; the signer checkpoints every minute",
                 )
             )

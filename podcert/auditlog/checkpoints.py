@@ -45,8 +45,10 @@ class Verification:
 
     entries: int = 0
     checkpoints: int = 0
-    # Entry lines after the last valid checkpoint: chained, but not yet vouched for by a signature.
+    # Entry lines after the last valid checkpoint: chained, but not yet vouched for by a signature;
+    # and the time of the first of them (how long checkpointing has been behind).
     unsigned_tail: int = 0
+    unsigned_since: dt.datetime | None = None
     # True when trust roots were given and every checkpoint (at least one) verified against them.
     anchored: bool = False
     # The newest checkpoint that verified: its number (`n` claim), when it was signed, and how many
@@ -250,6 +252,7 @@ def verify(
     last_good_at: dt.datetime | None = None
     covered = 0
     anchors: set[str] = set()
+    unsigned_since: dt.datetime | None = None
 
     for line_no, raw in enumerate(lines, start=1):
         data = _as_bytes(raw)
@@ -292,6 +295,8 @@ def verify(
         if entry is not None:
             entries += 1
             unsigned += 1
+            if unsigned == 1:
+                unsigned_since = entry.time
         else:
             checkpoints += 1
             since = f"{last_good + 1}..{line_no - 1}"
@@ -321,7 +326,7 @@ def verify(
                 covered = entries
                 if checked.anchor is not None:
                     anchors.add(checked.anchor)
-                unsigned = 0
+                unsigned, unsigned_since = 0, None
         prev_hash, prev_seq, after_bad = digest, line.seq, False
 
     for line_no, reason in unanchored:
@@ -331,6 +336,7 @@ def verify(
         entries=entries,
         checkpoints=checkpoints,
         unsigned_tail=unsigned,
+        unsigned_since=unsigned_since,
         anchored=trust_roots is not None and 0 < good_checkpoints + superseded == checkpoints,
         last_checkpoint=last_good_number,
         last_checkpoint_at=last_good_at,

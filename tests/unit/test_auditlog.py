@@ -474,6 +474,14 @@ def test_entries_after_the_last_checkpoint_are_counted_not_failed(tmp_path: Path
     result = verify(lines, [pki.root], NOW)
     assert result.ok
     assert result.unsigned_tail == 3
+    # How long checkpointing has been behind: the time of the first entry no checkpoint covers.
+    assert result.unsigned_since == list(iter_entries(lines))[-3].time
+
+
+def test_a_checkpoint_clears_the_unsigned_tail(tmp_path: Path, pki: Pki) -> None:
+    lines = write_log(tmp_path / "audit.log", pki, 8)  # checkpoints after entries 4 and 8
+    result = verify(lines, [pki.root], NOW)
+    assert (result.unsigned_tail, result.unsigned_since) == (0, None)
 
 
 def test_a_log_without_checkpoints_is_not_anchored(tmp_path: Path, pki: Pki) -> None:
