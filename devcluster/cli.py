@@ -75,6 +75,9 @@ def _kubelet(args: argparse.Namespace) -> int:
 
 
 def _node_kubeconfig(args: argparse.Namespace) -> int:
+    if cluster.running(Paths(args.dir.resolve())) is None:
+        _say(f"devcluster node-kubeconfig failed: no devcluster runs under {args.dir}")
+        return 1
     print(kube.node_kubeconfig(args.dir, args.node))
     return 0
 

@@ -24,6 +24,7 @@ from kubelet_shim.agent import Agent, Settings, utcnow
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.kube import ShimApi, ShimKube
 from podcert.discovery import Unserved
+from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
 from podcert.runtime import Runtime, retry_until
 
@@ -64,13 +65,16 @@ def run(config: Config) -> int:
     # crashing into a restart loop.
     try:
         version = retry_until(
-            lambda: (api.discover(), api.node_uid())[0],
+            refusal_is_final(lambda: (api.discover(), api.node_uid())[0]),
             runtime.stopping,
             transient=(ApiError,),
             logger=log,
         )
     except Unserved as err:
         log.error("the shim cannot run here: %s", err)
+        return 1
+    except Refused as err:
+        log.error("%s", err)
         return 1
     if version is None:
         return 0

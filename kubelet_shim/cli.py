@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,14 @@ from kubelet_shim import build, projection
 from kubelet_shim import kube as shim_kube
 from kubelet_shim.agent import Settings, utcnow
 from podcert import logs
+from podcert.api.names import is_dns_label, is_dns_name
 from podcert.api.times import TimeFieldError, parse_zoned_time
+from podcert.errors import CommandError, ConfigError, one_line
 from podcert.rest import ApiError, Rest, load_client
 
 log = logging.getLogger("podcert.shim")
+
+MAX_PORT = 65535
 
 
 def register(subparsers: Any) -> None:
@@ -91,7 +94,7 @@ def register(subparsers: Any) -> None:
         default=0.0,
         help="FOR TESTING ONLY: shift the agent's clock by this many seconds",
     )
-    p.add_argument("--log-level", default="INFO", help="log level")
+    p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")
     p.set_defaults(run=run)
 
     sub = p.add_subparsers(dest="shim_command", metavar="ACTION")
@@ -124,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     config = config_from(args)
     if isinstance(config, str):
-        log.error("%s", config)
-        return 2
+        raise ConfigError(config)
     return build.run(config)
 
 
@@ -133,10 +135,24 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
     """The validated configuration, or what is wrong with the flags."""
     if not args.node_name:
         return "--node-name is required"
+    if not is_dns_name(args.node_name):
+        return f"--node-name {args.node_name!r} is not a node name"
     if not 1 <= args.workers <= 64:
         return f"--workers must be between 1 and 64, got {args.workers}"
-    if min(args.refresh_jitter_seconds, args.abandon_after_seconds) < 0:
-        return "durations must not be negative"
+    durations = (
+        args.refresh_jitter_seconds,
+        args.abandon_after_seconds,
+        args.unanswered_after_seconds,
+    )
+    if min(durations) < 0:
+        return (
+            "--refresh-jitter-seconds, --abandon-after-seconds and --unanswered-after-seconds "
+            "must not be negative"
+        )
+    if not 0 <= args.metrics_port <= MAX_PORT:
+        return f"--metrics-port must be between 0 and {MAX_PORT}, got {args.metrics_port}"
+    if args.root.exists() and not args.root.is_dir():
+        return f"--root {args.root} is not a directory"
     return build.Config(
         node_name=args.node_name,
         kubeconfig=args.kubeconfig,
@@ -158,14 +174,18 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
 
 
 def rotate(args: argparse.Namespace) -> int:
+    if not is_dns_label(args.namespace):
+        raise ConfigError(f"--namespace {args.namespace!r} is not a namespace name")
+    name, flag = (args.pod, "--pod") if args.pod else (args.service_account, "--service-account")
+    if not is_dns_name(name):
+        raise ConfigError(f"{flag} {name!r} is not a valid name")
     if args.before is None:
         before = utcnow()
     else:
         try:
             before = parse_zoned_time(args.before, "--before")
         except TimeFieldError as err:
-            print(err, file=sys.stderr)
-            return 2
+            raise ConfigError(str(err)) from None
     rest = Rest(load_client(args.kubeconfig))
     try:
         if args.pod:
@@ -173,12 +193,10 @@ def rotate(args: argparse.Namespace) -> int:
         else:
             pods = shim_kube.pods_of_service_account(rest, args.namespace, args.service_account)
             if not pods:
-                print(f"no pod in {args.namespace} runs as {args.service_account}", file=sys.stderr)
-                return 1
+                raise CommandError(f"no pod in {args.namespace} runs as {args.service_account}")
         for name in pods:
             shim_kube.request_rotation(rest, args.namespace, name, before)
             print(f"pod {args.namespace}/{name}: re-key credentials issued before {before}")
     except ApiError as err:
-        print(f"rotate failed: {err}", file=sys.stderr)
-        return 1
+        raise CommandError(f"rotate failed: {one_line(str(err))}") from None
     return 0

@@ -6,8 +6,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from podcert.errors import ConfigError
+from podcert.errors import CommandError, ConfigError, one_line
 
 # subcommand -> (module exposing `register(subparsers)`, one-line help). Only the module of the
 # command being run is imported: `podcert audit` does not pay for the signer's imports, and a
@@ -21,8 +22,16 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line naming the problem, then exit 2: every subcommand's parser is
+    one of these (argparse makes subparsers of their parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="podcert",
         description="Workload identity certificates for Kubernetes (Pod Certificates API).",
     )
@@ -52,8 +61,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except ConfigError as err:
-        print(f"podcert {args.command}: {err}", file=sys.stderr)
+        print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)
         return 2
+    except (CommandError, OSError) as err:
+        print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)
+        return 1
+    except Exception as err:
+        # An API answer no command expected (a 403 mid-way...) is still one line, not a
+        # traceback; the client module is looked up, not imported, so that commands which
+        # never load it do not pay for it here.
+        rest = sys.modules.get("podcert.rest")
+        if rest is None or not isinstance(err, rest.ApiError):
+            raise
+        print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -3,6 +3,7 @@ about it (pass them as `extra={"namespace": ..., "name": ...}`)."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import logging
@@ -27,6 +28,17 @@ class JSONFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             line["error"] = f"{record.exc_info[0].__name__}: {record.exc_info[1]}"
         return json.dumps(line, default=str)
+
+
+LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def level_name(text: str) -> str:
+    """A `--log-level` value, any case, as `setup` takes it: an argparse type."""
+    level = text.upper()
+    if level not in LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(LEVELS)}")
+    return level
 
 
 def setup(level: str = "INFO") -> None:

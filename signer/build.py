@@ -27,6 +27,7 @@ from pathlib import Path
 
 from podcert.api.versions import CTBS
 from podcert.discovery import Unserved
+from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
 from podcert.runtime import Runtime, retry_until
 from signer import auditlog, metrics, rotation
@@ -95,6 +96,7 @@ def run(config: Config) -> int:
         settings=config.rotation,
     )
 
+    @refusal_is_final
     def connect() -> str:
         version = kube.discover(trust_bundles=config.publish_trust_bundles)
         if cas.load() is None:
@@ -102,9 +104,10 @@ def run(config: Config) -> int:
         return version
 
     try:
-        # Start-up waits out transient API trouble instead of crashing into a restart loop.
+        # Start-up waits out transient API trouble instead of crashing into a restart loop;
+        # credentials the API server refuses are no such trouble.
         version = retry_until(connect, runtime.stopping, transient=(ApiError,), logger=log)
-    except CAUnusable as err:
+    except (CAUnusable, Refused) as err:
         log.error("%s", err)
         return 1
     except Unserved as err:

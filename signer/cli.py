@@ -7,11 +7,12 @@ import datetime as dt
 import logging
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 from podcert import logs
+from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
+from podcert.errors import CommandError, ConfigError, one_line
 from podcert.rest import ApiError, Rest, load_client
 from signer import build, policy, rotation
 from signer.ca import CAError
@@ -21,6 +22,9 @@ from signer.kube import SignerKube
 from signer.leader import LeaseSettings
 
 log = logging.getLogger("podcert.signer")
+
+MAX_PORT = 65535
+MAX_BACKDATE_SECONDS = 300  # the API server wants notBefore within 5 minutes of its clock
 
 
 def _namespace_default() -> str:
@@ -34,18 +38,59 @@ def _namespace_default() -> str:
         return "podcert-system"
 
 
+def _cluster_flags(p: argparse.ArgumentParser, *, after_ca: bool) -> None:
+    """The flags `podcert signer` and `podcert signer ca ...` share: where the cluster and the
+    CA Secret are, and the rotation schedule. `ca` takes them after its action too (the
+    runbook's `podcert signer ca status --namespace podcert-system`); there they default to
+    nothing, so a value given before `ca` stands unless repeated after it."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if after_ca else value
+
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=default(None),
+        help="kubeconfig file; in-cluster configuration when absent",
+    )
+    p.add_argument(
+        "--namespace",
+        default=default(_namespace_default()),
+        help="the signer's own namespace (CA Secret, lease)",
+    )
+    p.add_argument(
+        "--ca-secret",
+        default=default("podcert-ca"),
+        help="Secret holding the CA; created with a new root + intermediate if absent",
+    )
+    p.add_argument(
+        "--ca-prepare-at",
+        type=float,
+        default=default(0.5),
+        help="prepare the next CA once the active one has used this share of its life",
+    )
+    p.add_argument(
+        "--ca-overlap-seconds",
+        type=float,
+        default=default(3600.0),
+        help="a prepared CA is published this long before it starts signing",
+    )
+    p.add_argument("--ca-root-days", type=int, default=default(365), help="lifetime of new roots")
+    p.add_argument(
+        "--ca-intermediate-days",
+        type=int,
+        default=default(90),
+        help="lifetime of new intermediates (the signing CA)",
+    )
+
+
 def register(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "signer",
         help="issue and deny PodCertificateRequests for our signer names",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=None,
-        help="kubeconfig file; in-cluster configuration when absent",
-    )
+    _cluster_flags(p, after_ca=False)
     p.add_argument(
         "--signer-name",
         dest="signer_names",
@@ -57,16 +102,6 @@ def register(subparsers: Any) -> None:
         "--trust-domain",
         default="cluster.local",
         help="SPIFFE trust domain for signers the policy does not configure",
-    )
-    p.add_argument(
-        "--namespace",
-        default=_namespace_default(),
-        help="the signer's own namespace (CA Secret, lease)",
-    )
-    p.add_argument(
-        "--ca-secret",
-        default="podcert-ca",
-        help="Secret holding the CA; created with a new root + intermediate if absent",
     )
     p.add_argument(
         "--no-create-ca",
@@ -162,25 +197,6 @@ def register(subparsers: Any) -> None:
         "--no-trust-bundles", action="store_true", help="do not publish ClusterTrustBundles"
     )
     p.add_argument(
-        "--ca-prepare-at",
-        type=float,
-        default=0.5,
-        help="prepare the next CA once the active one has used this share of its life",
-    )
-    p.add_argument(
-        "--ca-overlap-seconds",
-        type=float,
-        default=3600.0,
-        help="a prepared CA is published this long before it starts signing",
-    )
-    p.add_argument("--ca-root-days", type=int, default=365, help="lifetime of new roots")
-    p.add_argument(
-        "--ca-intermediate-days",
-        type=int,
-        default=90,
-        help="lifetime of new intermediates (the signing CA)",
-    )
-    p.add_argument(
         "--webhook-port",
         type=int,
         default=0,
@@ -198,11 +214,16 @@ def register(subparsers: Any) -> None:
         help="DNS name in the webhook's serving certificate (repeatable; default "
         "podcert-signer.<namespace>.svc and its cluster.local form)",
     )
-    p.add_argument("--log-level", default="INFO", help="log level")
+    p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")
     p.set_defaults(run=run)
     sub = p.add_subparsers(dest="signer_command", metavar="ca")
-    ca_parser = sub.add_parser("ca", help="inspect or rotate the CA by hand (safe while issuing)")
+    ca_parser = sub.add_parser(
+        "ca",
+        help="inspect or rotate the CA by hand (safe while issuing)",
+        description="Inspect or rotate the CA in its Secret by hand (safe while replicas issue).",
+    )
     ca_parser.add_argument("action", choices=["status", "prepare", "activate", "retire"])
+    _cluster_flags(ca_parser, after_ca=True)
     ca_parser.add_argument("--id", default=None, help="the generation to activate or retire")
     ca_parser.add_argument(
         "--force",
@@ -210,6 +231,57 @@ def register(subparsers: Any) -> None:
         help="retire even though leaves it signed may not have expired yet",
     )
     ca_parser.set_defaults(run=run_ca)
+
+
+def _cluster_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags `podcert signer` and `podcert signer ca` share, or None."""
+    if not is_dns_label(args.namespace):
+        return f"--namespace {args.namespace!r} is not a namespace name"
+    if not is_dns_name(args.ca_secret):
+        return f"--ca-secret {args.ca_secret!r} is not a Secret name"
+    if not 0.0 < args.ca_prepare_at < 1.0:
+        return (
+            "--ca-prepare-at must be between 0 and 1 (a share of the CA's life), "
+            f"got {args.ca_prepare_at}"
+        )
+    if args.ca_overlap_seconds < 0:
+        return f"--ca-overlap-seconds must not be negative, got {args.ca_overlap_seconds}"
+    if min(args.ca_root_days, args.ca_intermediate_days) < 1:
+        return "--ca-root-days and --ca-intermediate-days must be at least 1"
+    return None
+
+
+def _run_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the flags only the running signer takes, or None."""
+    if not args.signer_names:
+        return "--signer-name is required (repeat it to serve several)"
+    for name in args.signer_names:
+        if problem := signer_name_problem(name):
+            return f"--signer-name {name!r}: {problem}"
+    if not 1 <= args.workers <= 64:
+        return f"--workers must be between 1 and 64, got {args.workers}"
+    if not 0.1 <= args.refresh_fraction <= 0.9:
+        return "--refresh-fraction must be between 0.1 and 0.9"
+    if not 0 <= args.backdate_seconds <= MAX_BACKDATE_SECONDS:
+        return (
+            f"--backdate-seconds must be between 0 and {MAX_BACKDATE_SECONDS} (the API "
+            f"server refuses a notBefore further off), got {args.backdate_seconds}"
+        )
+    for flag, port in (
+        ("--metrics-port", args.metrics_port),
+        ("--webhook-port", args.webhook_port),
+    ):
+        if not 0 <= port <= MAX_PORT:
+            return f"{flag} must be between 0 and {MAX_PORT}, got {port}"
+    if args.audit_checkpoint_every < 1 or args.audit_checkpoint_interval <= 0:
+        return "--audit-checkpoint-every must be at least 1 and --audit-checkpoint-interval above 0"
+    if not args.lease_duration > args.renew_deadline > args.retry_period > 0:
+        return (
+            "the lease timings must satisfy --lease-duration > --renew-deadline > "
+            f"--retry-period > 0, got {args.lease_duration}, {args.renew_deadline}, "
+            f"{args.retry_period}"
+        )
+    return _cluster_problem(args)
 
 
 def _rotation_settings(args: argparse.Namespace) -> rotation.Settings:
@@ -223,6 +295,8 @@ def _rotation_settings(args: argparse.Namespace) -> rotation.Settings:
 
 def run_ca(args: argparse.Namespace) -> int:
     """`podcert signer ca ...`: the same steps the schedule takes, applied to the Secret."""
+    if problem := _cluster_problem(args):
+        raise ConfigError(problem)
     kube = SignerKube(Rest(load_client(args.kubeconfig)))
     cas = CAStore(
         kube,
@@ -235,8 +309,7 @@ def run_ca(args: argparse.Namespace) -> int:
     try:
         gens = cas.load()
         if gens is None:
-            print(f"error: {cas.error}", file=sys.stderr)
-            return 1
+            raise CommandError(str(cas.error))
         if args.action == "status":
             now = utcnow()
             for g in gens:
@@ -261,48 +334,38 @@ def run_ca(args: argparse.Namespace) -> int:
         elif args.action == "activate":
             prepared = [g for g in gens if g.state == "prepared" and args.id in (None, g.id)]
             if not prepared:
-                print("error: no prepared CA to activate (run `ca prepare` first)", file=sys.stderr)
-                return 1
+                raise CommandError("no prepared CA to activate (run `ca prepare` first)")
             step = rotation.Activate(prepared[0].id)
         else:
             retired = [g for g in gens if g.state == "retired" and args.id in (None, g.id)]
             if not retired:
-                print("error: no retired CA (activate a new one first)", file=sys.stderr)
-                return 1
+                raise CommandError("no retired CA (activate a new one first)")
             target = retired[0]
             if not args.force and target.trusted_until and utcnow() < target.trusted_until:
-                print(
-                    f"error: leaves signed by {target.id} may be valid until "
-                    f"{target.trusted_until:%Y-%m-%dT%H:%M:%SZ}; re-issue them and use --force",
-                    file=sys.stderr,
+                raise CommandError(
+                    f"leaves signed by {target.id} may be valid until "
+                    f"{target.trusted_until:%Y-%m-%dT%H:%M:%SZ}; re-issue them and use --force"
                 )
-                return 1
             step = rotation.Remove(target.id)
         after = cas.step(step)
         print(describe(after))
         return 0
     except (ApiError, rotation.RotationError, CAError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        raise CommandError(f"ca {args.action}: {one_line(str(err))}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     config = config_from(args)
     if isinstance(config, str):
-        log.error("%s", config)
-        return 2
+        raise ConfigError(config)
     return build.run(config)
 
 
 def config_from(args: argparse.Namespace) -> build.Config | str:
     """The validated configuration, or what is wrong with the flags."""
-    if not args.signer_names:
-        return "--signer-name is required (repeat it to serve several)"
-    if not 1 <= args.workers <= 64:
-        return f"--workers must be between 1 and 64, got {args.workers}"
-    if not 0.1 <= args.refresh_fraction <= 0.9:
-        return "--refresh-fraction must be between 0.1 and 0.9"
+    if problem := _run_problem(args):
+        return problem
     try:
         pol = (
             policy.load_policy_file(args.policy, args.signer_names, args.trust_domain)
