@@ -23,6 +23,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,10 +97,12 @@ def make_requests(root: Path, namespace: str, signer: str, count: int) -> list[J
 
 
 class Observer:
-    """Times settled requests in a namespace by a watch, the same way for both writers: the
+    """Times issued requests in a namespace by a watch, the same way for both writers: the
     steady state between the 10% and the 90% mark of the batch, so neither side's start-up
     (the signer lists every pod first) nor the last stragglers count. The CPU time each
-    process used between those two marks is sampled too."""
+    process used between those two marks is sampled too. Only Issued counts toward the rate:
+    a request denied or failed is settled (the watch stops waiting for it) but reported apart,
+    so a signer that denies fast cannot look like one that issues fast."""
 
     def __init__(self, root: Path, namespace: str, count: int, pids: dict[str, int]) -> None:
         self.rest = Rest(kube.admin_client(root))
@@ -109,6 +112,7 @@ class Observer:
         self.marks = (count // 10, count - count // 10)
         self.pids = pids
         self.settled: set[str] = set()
+        self.outcomes: Counter[str] = Counter()
         self.times: list[float] = []
         self.cpu: list[dict[str, float]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -120,9 +124,11 @@ class Observer:
                 obj = event["object"]
                 self.version = obj["metadata"]["resourceVersion"]
                 name = obj["metadata"]["name"]
-                if objects.outcome(obj) and name not in self.settled:
+                outcome = objects.outcome(obj)
+                if outcome and name not in self.settled:
                     self.settled.add(name)
-                    if len(self.settled) in self.marks:
+                    self.outcomes[outcome] += 1
+                    if outcome == "Issued" and self.outcomes["Issued"] in self.marks:
                         self.times.append(time.monotonic())
                         self.cpu.append(cpu_of(self.pids))
                     if len(self.settled) >= self.count:
@@ -132,18 +138,28 @@ class Observer:
         self.thread.join(timeout)
         if self.thread.is_alive():
             raise TimeoutError(f"only {len(self.settled)} of {self.count} settled")
-        settled = self.marks[1] - self.marks[0]
+        denied, failed = self.outcomes["Denied"], self.outcomes["Failed"]
+        if len(self.times) < len(self.marks):
+            raise RuntimeError(
+                f"only {self.outcomes['Issued']} of {self.count} issued "
+                f"({denied} denied, {failed} failed): no steady issuance to time"
+            )
+        issued = self.marks[1] - self.marks[0]
         first, last = self.cpu
         cpu_ms = {
-            name: (last[name] - first[name]) * 1000 / settled for name in last if name in first
+            name: (last[name] - first[name]) * 1000 / issued for name in last if name in first
         }
-        return Phase(settled / max(self.times[1] - self.times[0], 1e-3), cpu_ms)
+        return Phase(
+            issued / max(self.times[1] - self.times[0], 1e-3), cpu_ms, denied=denied, failed=failed
+        )
 
 
 @dataclass(frozen=True)
 class Phase:
-    rate: float  # requests settled per second
-    cpu_ms: dict[str, float]  # CPU milliseconds per request, by process
+    rate: float  # requests issued per second
+    cpu_ms: dict[str, float]  # CPU milliseconds per issued request, by process
+    denied: int = 0  # requests of the batch denied instead (not in the rate)
+    failed: int = 0  # ... and failed
 
 
 def ceiling(
@@ -242,7 +258,8 @@ def main() -> None:
                     ratios.append(got.rate / top.rate)
                     print(
                         f"{workers:>7} {r + 1:>5} {top.rate:>9.0f} {got.rate:>8.0f}"
-                        f" {ratios[-1]:>5.2f}   {show_cpu(top.cpu_ms)} | {show_cpu(got.cpu_ms)}",
+                        f" {ratios[-1]:>5.2f}   {show_cpu(top.cpu_ms)} | {show_cpu(got.cpu_ms)}"
+                        f"{show_not_issued(top, got)}",
                         flush=True,
                     )
                 print(
@@ -296,6 +313,16 @@ def pin(state: cluster.State) -> None:
     for pid, cpus in ((state.apiserver_pid, {0}), (state.etcd_pid, {0}), (os.getpid(), {1})):
         for task in Path(f"/proc/{pid}/task").iterdir():
             os.sched_setaffinity(int(task.name), cpus)
+
+
+def show_not_issued(top: Phase, got: Phase) -> str:
+    """The requests that ended other than Issued, by side; empty when every one was issued."""
+    parts = [
+        f"{side}: {phase.denied} denied, {phase.failed} failed"
+        for side, phase in (("ceiling", top), ("signer", got))
+        if phase.denied or phase.failed
+    ]
+    return f"   NOT ISSUED {'; '.join(parts)}" if parts else ""
 
 
 def show_cpu(cpu_ms: dict[str, float]) -> str:
