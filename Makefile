@@ -5,13 +5,27 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint unit integration controlplane clean
+.PHONY: demo test lint unit integration controlplane lock clean
 
-$(VENV)/.installed: pyproject.toml
+# Exactly the locked versions, every file checked against its hash, then podcert itself with
+# nothing left to resolve (locks/README.md says what each lock holds).
+$(VENV)/.installed: pyproject.toml locks/build.txt locks/dev.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade "pip>=25.1"
-	$(BIN)/python -m pip install --quiet -e . --group dev
+	$(BIN)/python -m pip install --quiet --require-hashes -r locks/build.txt
+	$(BIN)/python -m pip install --quiet --require-hashes -r locks/dev.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
+
+# Refresh the locks after changing a dependency in pyproject.toml: `make lock` keeps every pin
+# it can and adds what is new; `make lock UPGRADE=1` takes the newest versions the ranges allow.
+# Resolved for every platform and Python >= 3.11, with the hashes of every file of each version.
+UV_COMPILE = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
+
+lock: $(VENV)/.installed
+	$(UV_COMPILE) pyproject.toml --group dev -o locks/dev.txt
+	$(UV_COMPILE) pyproject.toml --constraint locks/dev.txt -o locks/runtime.txt
+	$(UV_COMPILE) locks/build.in -o locks/build.txt
 
 demo: $(VENV)/.installed
 	$(BIN)/podcert demo
@@ -24,10 +38,11 @@ lint: $(VENV)/.installed
 
 # Install what a real node needs from Debian (apt-get, only when something is missing), then build
 # (once, cached outside the repo) the devcluster's binaries, showing progress: the whole cluster
-# with both kubelets for each minor, 1.37 first (1.35 reuses much of 1.36's Go build cache).
+# with both kubelets for each minor, 1.37 first (1.35 reuses much of 1.36's Go build cache), and
+# the tests' own Go programs (tests/interop: go-spiffe's conformance checker).
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps
-	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets
+	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 define PYTEST
