@@ -7,10 +7,15 @@ pins every module it replaces to the published version of the same release.
 
 Where KUBEBUILDER_ASSETS names a folder that already holds both binaries (the controller-runtime
 envtest convention), those are used and nothing is built.
+
+The tests' own Go programs (tests/interop/<name>: each a module with its go.mod and go.sum, e.g.
+the go-spiffe conformance checker) are built here too, into the same cache, keyed by their
+sources' hash so an edit rebuilds them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -34,6 +39,10 @@ HOLLOW_KUBELET = "kubemark"  # the real kubelet code with a fake runtime: `kubem
 KUBERNETES_BINARIES = (*CONTROL_PLANE, REAL_KUBELET, HOLLOW_KUBELET)
 
 Progress = Callable[[str], None]
+
+# Go programs kept with the tests, each its own module (`ensure_interop`).
+INTEROP_ROOT = Path(__file__).resolve().parent.parent / "tests" / "interop"
+INTEROP_PROGRAMS = ("gospiffe",)
 
 
 class BuildError(RuntimeError):
@@ -359,3 +368,51 @@ def ensure_kubelet(
     """The real kubelet, or with `hollow` kubemark (run as `kubemark --morph=kubelet`)."""
     binary = HOLLOW_KUBELET if hollow else REAL_KUBELET
     return ensure_component(kubernetes_component(binary, kube_version), progress)
+
+
+def interop_source(name: str) -> Path:
+    """The module folder of one of the tests' Go programs (tests/interop/<name>)."""
+    if name not in INTEROP_PROGRAMS:
+        raise BuildError(f"{name!r} is not one of {', '.join(INTEROP_PROGRAMS)}")
+    folder = INTEROP_ROOT / name
+    if not (folder / "go.mod").is_file():
+        raise BuildError(f"{folder} holds no go.mod (the tests' Go programs live in a checkout)")
+    return folder
+
+
+def interop_digest(folder: Path) -> str:
+    """A short hash of a module's go.mod, go.sum and Go files: the cache key of its build."""
+    digest = hashlib.sha256(RECIPE.encode())
+    for path in sorted(folder.iterdir()):
+        if path.name in ("go.mod", "go.sum") or path.suffix == ".go":
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def ensure_interop(name: str = "gospiffe", progress: Progress | None = None) -> Path:
+    """One of the tests' Go programs, built (once per content of its sources) into the cache.
+    Its go.sum pins every module: `-mod=readonly` refuses to build anything it does not list."""
+    say: Progress = progress or _default_progress
+    folder = interop_source(name)
+    version = interop_digest(folder)
+    component = Component(
+        binary=name,
+        module=f"tests/interop/{name}",
+        version=version,
+        package=".",
+        replace_version="",
+    )
+    dest = cache_root() / "bin" / f"{name}-{version}"
+    if dest.is_file():
+        return dest
+    say(f"building {name} from tests/interop/{name} (go.sum pins its modules)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    _run_go(
+        ["build", "-mod=readonly", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
+        folder,
+        component,
+        say,
+    )
+    partial.replace(dest)
+    return dest

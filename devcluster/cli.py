@@ -94,6 +94,9 @@ def _build(args: argparse.Namespace) -> int:
                 print(build.ensure_kubelet(version, progress=_say))
                 print(build.ensure_kubelet(version, hollow=True, progress=_say))
         print(bins.etcd)
+        if args.interop:
+            for name in build.INTEROP_PROGRAMS:
+                print(build.ensure_interop(name, _say))
     except build.BuildError as err:
         _say(str(err))
         return 1
@@ -186,6 +189,11 @@ def register(subparsers: Any) -> None:
         help=f"a Kubernetes minor, repeatable (default: {build.DEFAULT_KUBE_VERSION})",
     )
     b.add_argument("--kubelets", action="store_true", help="also the real and hollow kubelets")
+    b.add_argument(
+        "--interop",
+        action="store_true",
+        help="also the tests' own Go programs (tests/interop: the go-spiffe checker)",
+    )
     b.set_defaults(run=_build)
     d = sub.add_parser("deps", help="apt-get install what a real node needs (only what is missing)")
     d.set_defaults(run=_deps)

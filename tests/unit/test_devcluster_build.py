@@ -87,3 +87,19 @@ def test_private_files_are_0600_from_the_start(tmp_path: Path) -> None:
     path = tmp_path / "k.pem"
     pki.write_private(path, b"secret")
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_interop_program_is_rebuilt_when_its_sources_change(tmp_path: Path) -> None:
+    for name, text in (("go.mod", "module m\n"), ("go.sum", ""), ("main.go", "package main\n")):
+        (tmp_path / name).write_text(text)
+    first = build.interop_digest(tmp_path)
+    (tmp_path / "README.md").write_text("not a source")
+    assert build.interop_digest(tmp_path) == first
+    (tmp_path / "main.go").write_text("package main\n\nfunc main() {}\n")
+    assert build.interop_digest(tmp_path) != first
+
+
+def test_the_gospiffe_checker_is_a_module_of_its_own() -> None:
+    folder = build.interop_source("gospiffe")
+    assert "github.com/spiffe/go-spiffe/v2 v2.9.0" in (folder / "go.mod").read_text()
+    assert "github.com/spiffe/go-spiffe/v2 v2.9.0 h1:" in (folder / "go.sum").read_text()

@@ -1,0 +1,178 @@
+"""Running go-spiffe (tests/interop/gospiffe, built by devcluster/build.py) and the Python example
+pair on projected files, so the tests can ask the reference SPIFFE library what it makes of
+podcert's credentials and bundle endpoint.
+
+Each go-spiffe subcommand prints one JSON object; a refusal is its exit status 1 and the reason
+on stderr, which `GoSpiffe.run` raises as `GoSpiffeRefused` with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from devcluster import processes
+from devcluster.supervise import free_port
+from devcluster.testing import eventually
+
+BUNDLE = "credentialbundle.pem"
+TRUST = "trust-bundle.pem"
+
+
+class GoSpiffeRefused(AssertionError):
+    """go-spiffe said no; the message is its own reason."""
+
+
+def flags(**values: Any) -> list[str]:
+    return [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
+
+
+@dataclass(frozen=True)
+class Files:
+    """A pod's projected identity volume: its credential bundle and trust bundle."""
+
+    folder: Path
+
+    @property
+    def credential(self) -> Path:
+        return self.folder / BUNDLE
+
+    @property
+    def trust(self) -> Path:
+        return self.folder / TRUST
+
+    def roots(self) -> int:
+        try:
+            return self.trust.read_bytes().count(b"BEGIN CERTIFICATE")
+        except OSError:
+            return 0
+
+    def ready(self) -> bool:
+        try:
+            return b"CERTIFICATE" in self.credential.read_bytes() and self.roots() > 0
+        except OSError:
+            return False
+
+    def args(self) -> dict[str, str]:
+        return {"credential_bundle": str(self.credential), "trust_bundle": str(self.trust)}
+
+
+@dataclass(frozen=True)
+class GoSpiffe:
+    binary: Path
+
+    def run(self, command: str, timeout: float = 30, **values: Any) -> dict[str, Any]:
+        done = subprocess.run(
+            [str(self.binary), command, *flags(**values)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise GoSpiffeRefused(done.stderr.strip() or f"exit {done.returncode}")
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return result
+
+    def verify(self, files: Files) -> dict[str, Any]:
+        return self.run("verify", **files.args())
+
+    def client(self, files: Files, url: str, **peer: str) -> dict[str, Any]:
+        """`peer`: server_id=... (AuthorizeID) or server_trust_domain=... (AuthorizeMemberOf)."""
+        return self.run("client", **files.args(), url=url, requests=3, **peer)
+
+    @contextmanager
+    def serve(self, files: Files, **peer: str) -> Iterator[GoServer]:
+        """`peer`: client_id=... (AuthorizeID) or client_trust_domain=... (AuthorizeMemberOf)."""
+        proc = subprocess.Popen(
+            [str(self.binary), "serve", *flags(**files.args(), **peer)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        server = GoServer(proc)
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            if not first:
+                raise GoSpiffeRefused(_read(proc.stderr))
+            server.address = json.loads(first)["listening"]
+            yield server
+        finally:
+            server.stop()
+
+
+@dataclass
+class GoServer:
+    proc: subprocess.Popen[str]
+    address: str = ""
+    summary: dict[str, Any] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.address}/"
+
+    def stop(self) -> dict[str, Any]:
+        if self.summary is None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            out, _ = self.proc.communicate(timeout=15)
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            self.summary = json.loads(lines[-1]) if lines else {}
+        return self.summary
+
+
+def _read(stream: IO[str] | None) -> str:
+    return stream.read().strip() if stream is not None else ""
+
+
+def python_client(files: Files, url: str, server_id: str, duration: float = 1.0) -> dict[str, Any]:
+    """examples.mtls.client for `duration` seconds; its summary (it exits 1 on any failure)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "examples.mtls.client",
+            *flags(**files.args(), server_id=server_id, url=url, rate=20, duration=duration),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=processes.REPO,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    summary: dict[str, Any] = json.loads(lines[-1]) if lines else {"stderr": done.stderr[-2000:]}
+    summary["exit"] = done.returncode
+    return summary
+
+
+@contextmanager
+def python_server(files: Files, log: Path, **peer: str) -> Iterator[str]:
+    """examples.mtls.server on a free loopback port; yields its URL. `peer`: allow_id=... or
+    allow_trust_domain=..."""
+    port = free_port()
+    proc = processes.Process(
+        args=flags(**files.args(), host="127.0.0.1", port=port, reload_interval=0.5, **peer),
+        log=log,
+        module="examples.mtls.server",
+    ).start()
+    try:
+        eventually(lambda: _listening(port), timeout=15, what="the Python example server")
+        yield f"https://127.0.0.1:{port}/"
+    finally:
+        proc.stop()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
