@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
 
 from audit.model import KEY_MARK, TrustSource, VolumeFiles
 from bundles.formats import MAX_BUNDLE_BYTES
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
     from podcert.rest import Rest
 
 _PEM: Final = b"-----BEGIN "
-_PAGE: Final = 500  # objects per list request
 
 
 class SnapshotError(Exception):
@@ -168,9 +169,10 @@ def read_pem(path: Path, what: str) -> bytes:
 
 @dataclass(frozen=True)
 class ClusterObjects:
-    pods: tuple[dict[str, Any], ...]
+    pods: tuple[dict[str, Any], ...]  # those with a podCertificate source, trimmed
     requests: tuple[dict[str, Any], ...]
     trust: tuple[TrustSource, ...]
+    pods_listed: int = 0  # every pod listed, with or without a podCertificate source
 
 
 def read_cluster(
@@ -178,8 +180,11 @@ def read_cluster(
 ) -> ClusterObjects:
     """Pods, PodCertificateRequests and signer-linked ClusterTrustBundles, listed in pages.
 
-    Pods are trimmed to what the audit reads (identity, node, projected volumes) so ten thousand
-    of them stay small. Raises `podcert.rest.ApiError` when the API server refuses.
+    Each page is cut down to what the audit reads before the next is fetched: pods are decoded
+    as `_PodShape` (identity, node, volumes) and kept only with a podCertificate source (no other
+    pod can own a projection), trimmed to their projected volumes; requests lose their managed
+    fields and key material. So 150,000 pods cost a few MiB beyond what is audited. Raises
+    `podcert.rest.ApiError` when the API server refuses.
     """
     # The Kubernetes client loads only when the cluster is read.
     from podcert.discovery import certificates_versions
@@ -189,45 +194,84 @@ def read_cluster(
     pcr_version, ctb_version = certificates_versions(rest)
     pods: list[dict[str, Any]] = []
     requests: list[dict[str, Any]] = []
+    listed = 0
     for namespace in namespaces or (None,):
-        pods += [_trim_pod(p) for p in _list(rest, path_of("v1", "pods", namespace), selector)]
-        requests += _list(
-            rest, path_of(group_version(pcr_version), "podcertificaterequests", namespace), selector
-        )
+        items, _ = rest.list(path_of("v1", "pods", namespace), _PodShape, query=selector)
+        for pod in items:
+            listed += 1
+            trimmed = _trim_pod(pod)
+            if trimmed is not None:
+                pods.append(trimmed)
+        path = path_of(group_version(pcr_version), "podcertificaterequests", namespace)
+        requests += [_trim_request(r) for r in rest.list(path, query=selector)[0]]
+    bundles: Iterable[dict[str, Any]] = ()
+    if ctb_version is not None:
+        bundles = rest.list(path_of(group_version(ctb_version), "clustertrustbundles"))[0]
     trust = tuple(
         TrustSource(
             f"ClusterTrustBundle {ctb.get('metadata', {}).get('name', '?')}",
             str(ctb.get("spec", {}).get("trustBundle", "")).encode(),
             ctb.get("spec", {}).get("signerName") or None,
         )
-        for ctb in (
-            _list(rest, path_of(group_version(ctb_version), "clustertrustbundles"), {})
-            if ctb_version is not None
-            else ()
-        )
+        for ctb in bundles
         if ctb.get("spec", {}).get("signerName")  # unlinked bundles vouch for no signer
     )
-    return ClusterObjects(tuple(pods), tuple(requests), trust)
+    return ClusterObjects(tuple(pods), tuple(requests), trust, listed)
 
 
-def _list(rest: Rest, path: str, query: Mapping[str, str]) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
-    token = ""
-    while True:
-        page: dict[str, str | int | bool] = {**query, "limit": _PAGE}
-        if token:
-            page["continue"] = token
-        body = rest.request("GET", path, query=page)
-        items += [item for item in body.get("items") or () if isinstance(item, dict)]
-        token = str((body.get("metadata") or {}).get("continue") or "")
-        if not token:
-            return items
+class _Meta(msgspec.Struct, frozen=True):
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
 
 
-def _trim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    volumes = [v for v in spec.get("volumes") or () if isinstance(v, dict) and "projected" in v]
+class _Volume(msgspec.Struct, frozen=True):
+    name: Any = None
+    projected: Any = None  # as the API holds it: `podcert.api.pods` reads it
+
+
+class _Spec(msgspec.Struct, frozen=True):
+    nodeName: str | None = None  # the API's spelling: msgspec matches fields by name
+    volumes: list[_Volume] | None = None
+
+
+class _PodShape(msgspec.Struct, frozen=True):
+    """What the audit reads of a pod; everything else is skipped as the page is decoded."""
+
+    metadata: _Meta = _Meta()
+    spec: _Spec = _Spec()
+
+
+def _trim_pod(pod: _PodShape) -> dict[str, Any] | None:
+    """The pod as `podcert.api.pods.parse_pod` reads it, with only its projected volumes; None
+    for a pod with no podCertificate source."""
+    volumes = [
+        {"name": v.name, "projected": v.projected}
+        for v in pod.spec.volumes or ()
+        if isinstance(v.projected, dict)
+    ]
+    if not any(
+        isinstance(source, dict) and "podCertificate" in source
+        for v in volumes
+        for source in v["projected"].get("sources") or ()
+    ):
+        return None
+    meta = pod.metadata
     return {
-        "metadata": {key: meta.get(key) for key in ("namespace", "name", "uid")},
-        "spec": {"nodeName": spec.get("nodeName"), "volumes": volumes},
+        "metadata": {"namespace": meta.namespace, "name": meta.name, "uid": meta.uid},
+        "spec": {"nodeName": pod.spec.nodeName, "volumes": volumes},
     }
+
+
+_REQUEST_SPEC_DROPPED: Final = ("stubPKCS10Request", "pkixPublicKey", "proofOfPossession")
+
+
+def _trim_request(pcr: dict[str, Any]) -> dict[str, Any]:
+    """A request without what the audit never reads: managed fields and the key material."""
+    meta, spec = pcr.get("metadata"), pcr.get("spec")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    if isinstance(spec, dict):
+        for name in _REQUEST_SPEC_DROPPED:
+            spec.pop(name, None)
+    return pcr

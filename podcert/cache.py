@@ -3,17 +3,21 @@
 A Reflector keeps it current; objects are converted on arrival into small immutable values, so
 the cache holds what decisions need rather than whole API objects. Objects that cannot be
 converted (broken or hostile) are left out and logged, never raised.
+
+Built for the whole cluster's pods: the list is consumed one object at a time (pages, or shapes
+decoded with only the fields a converter reads), and a relist updates the cache in place rather
+than building a second one beside it, so memory stays at one cache plus one page, at start-up and
+at every relist after a watch expired. An entry whose value did not change is left as it is.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Hashable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
 
 from podcert.reflector import Reflector
-from podcert.rest import JSON
 
 log = logging.getLogger("podcert.cache")
 
@@ -25,10 +29,10 @@ class Cache(Generic[K, V]):
     def __init__(
         self,
         name: str,
-        list_fn: Callable[[], tuple[list[JSON], str]],
-        watch_fn: Callable[[str], Iterator[JSON]],
-        key: Callable[[JSON], K | None],
-        convert: Callable[[JSON], V],
+        list_fn: Callable[[], tuple[Iterable[Any], str]],
+        watch_fn: Callable[[str], Iterator[dict[str, Any]]],
+        key: Callable[[Any], K | None],
+        convert: Callable[[Any], V],
         stop: threading.Event,
     ) -> None:
         self._key, self._convert = key, convert
@@ -44,7 +48,7 @@ class Cache(Generic[K, V]):
         with self._lock:
             return self._items.get(key)
 
-    def _entry(self, obj: JSON) -> tuple[K, V] | None:
+    def _entry(self, obj: Any) -> tuple[K, V] | None:
         key = self._key(obj)
         if key is None:
             return None
@@ -54,18 +58,38 @@ class Cache(Generic[K, V]):
             log.warning("%s: left out %s: %s", self.reflector.name, key, err)
             return None
 
-    def _on_list(self, items: list[JSON]) -> None:
-        fresh = dict(e for e in map(self._entry, items) if e is not None)
+    def _on_list(self, items: Iterable[Any]) -> None:
+        # The keys the list has not named yet; what is left at the end is gone. A set of the
+        # existing keys, not of the listed ones: no new key object is kept per item.
         with self._lock:
-            self._items = fresh
+            stale = set(self._items)
+        for obj in items:
+            entry = self._entry(obj)
+            if entry is None:
+                continue
+            key, value = entry
+            stale.discard(key)
+            self._put(key, value)
+        with self._lock:
+            for key in stale:
+                self._items.pop(key, None)
 
-    def _on_event(self, kind: str, obj: JSON) -> None:
+    def _put(self, key: K, value: V) -> None:
+        with self._lock:
+            if self._items.get(key) != value:
+                self._items[key] = value
+
+    def _on_event(self, kind: str, obj: Any) -> None:
         key = self._key(obj)
         if key is None:
             return
-        entry = None if kind == "DELETED" else self._entry(obj)
-        with self._lock:
-            if entry is None:
+        if kind == "DELETED":
+            with self._lock:
                 self._items.pop(key, None)
-            else:
-                self._items[key] = entry[1]
+            return
+        entry = self._entry(obj)
+        if entry is None:
+            with self._lock:
+                self._items.pop(key, None)
+        else:
+            self._put(*entry)

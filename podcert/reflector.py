@@ -1,7 +1,13 @@
 """List, then watch from the last resourceVersion; relist only on 410 Gone. Never polls.
 
-Shared by the signer (PodCertificateRequests, Services, ClusterTrustBundles, its CA Secret) and the
-shim (its node's pods and requests). Callbacks get whole objects; consumers key them by name.
+Shared by the signer (PodCertificateRequests, Services, ClusterTrustBundles, its CA Secret, and
+its caches of the cluster's pods, nodes and ServiceAccounts) and the shim (its node's pods and
+requests). Callbacks get objects as the list and watch functions decode them (dicts, or the
+small shapes of `podcert.rest`); consumers key them by name.
+
+A list may be lazy (`podcert.rest.Rest.list`: pages read as `on_list` iterates them), so nothing
+here holds a list: the version is taken from the list function, and used for the watch only once
+`on_list` has gone through every item; a list that fails half way is listed again.
 """
 
 from __future__ import annotations
@@ -9,8 +15,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
-from podcert.rest import JSON, ApiError, Gone
+from podcert.rest import ApiError, Gone, resource_version
 
 log = logging.getLogger("podcert.reflector")
 
@@ -21,10 +28,12 @@ class Reflector:
     def __init__(
         self,
         name: str,
-        list_fn: Callable[[], tuple[list[JSON], str]],
-        watch_fn: Callable[[str], Iterator[JSON]],
-        on_list: Callable[[list[JSON]], None],
-        on_event: Callable[[str, JSON], None],
+        # The list: its objects (a list of dicts, or an iterator of shapes read as it goes) and
+        # its resourceVersion; `on_list` gets the objects.
+        list_fn: Callable[[], tuple[Any, str]],
+        watch_fn: Callable[[str], Iterator[dict[str, Any]]],
+        on_list: Callable[[Any], None],
+        on_event: Callable[[str, Any], None],
         stop: threading.Event,
     ) -> None:
         self.name = name
@@ -40,15 +49,14 @@ class Reflector:
         while not self._stop.is_set():
             try:
                 if version is None:
-                    items, version = self._list()
                     self.relists += 1
-                    self._on_list(items)
+                    version = self._relist()
                     self.synced.set()
                 for event in self._watch(version):
                     if self._stop.is_set():
                         return
-                    obj = event.get("object") or {}
-                    version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                    obj = event.get("object")
+                    version = resource_version(obj) or version
                     if event.get("type") != "BOOKMARK":
                         self._on_event(str(event.get("type")), obj)
                     failures = 0
@@ -64,3 +72,10 @@ class Reflector:
                 failures += 1
                 log.exception("%s: unexpected error in the watch loop", self.name)
                 self._stop.wait(min(30.0, 0.2 * 2 ** min(failures, 8)))
+
+    def _relist(self) -> str:
+        """One whole list through `on_list`; its version. In a function of its own so that no
+        frame of the watch loop keeps the list alive."""
+        items, version = self._list()
+        self._on_list(items)
+        return version

@@ -4,6 +4,12 @@ bodies as plain dicts.
 The generated models round-trip every object through pydantic; the controllers only need a few
 fields, and the watch needs line-by-line streaming with its own handling of 410 Gone. So the
 per-side adapters (signer/kube.py, kubelet_shim/kube.py) speak through this one small class.
+
+Lists of a whole cluster are paged (`list`), and a caller that keeps only a few fields of each
+object names them as a `msgspec.Struct` (a shape): each page, and each watch event, is then decoded
+straight into those fields, skipping the rest, instead of into dicts of everything. At 150,000 pods
+that is the difference between a list held whole as ~6 KB of dicts per pod, with the interpreter
+lock held for seconds, and a few small objects per pod decoded in ~2 ms a page.
 """
 
 from __future__ import annotations
@@ -13,15 +19,38 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Generic, TypeVar, overload
 from urllib.parse import quote
 
+import msgspec
 import yaml
 from kubernetes import client, config
 
 from podcert.errors import ConfigError
 
 JSON = dict[str, Any]
+T = TypeVar("T")
+
+PAGE: Final = 500  # objects per list request, as client-go's pager
+
+
+class _ListMeta(msgspec.Struct, frozen=True):
+    resourceVersion: str = ""
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class _Page(msgspec.Struct, Generic[T], frozen=True):
+    items: list[T] | None = None
+    metadata: _ListMeta = _ListMeta()
+
+
+class _Event(msgspec.Struct, frozen=True):
+    type: str
+    object: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_DICT: Final = msgspec.json.Decoder(dict[str, Any])
+_EVENT: Final = msgspec.json.Decoder(_Event)
 
 
 class ApiError(Exception):
@@ -184,7 +213,7 @@ class Rest:
         data = resp.read()
         if not 200 <= resp.status < 300:
             raise _error(resp.status, data)
-        result: JSON = json.loads(data) if data else {}
+        result: JSON = _DICT.decode(data) if data else {}
         return result
 
     def get(self, path: str, **query: str | int | bool) -> JSON | None:
@@ -196,10 +225,85 @@ class Rest:
                 return None
             raise
 
+    @overload
+    def list(
+        self,
+        path: str,
+        shape: None = None,
+        *,
+        query: Mapping[str, str] | None = None,
+        limit: int = PAGE,
+    ) -> tuple[Iterator[JSON], str]: ...
+
+    @overload
+    def list(
+        self,
+        path: str,
+        shape: type[T],
+        *,
+        query: Mapping[str, str] | None = None,
+        limit: int = PAGE,
+    ) -> tuple[Iterator[T], str]: ...
+
+    def list(
+        self,
+        path: str,
+        shape: type[Any] | None = None,
+        *,
+        query: Mapping[str, str] | None = None,
+        limit: int = PAGE,
+    ) -> tuple[Iterator[Any], str]:
+        """Every object at `path`, `limit` a page: (the objects, as `shape` or as dicts, one page
+        at a time; the list's resourceVersion, known from the first page). Only the page being
+        read is held. The iterator raises ApiError (Gone when a continue token expired) if a
+        later page fails: the caller must then list again, never watch from the version."""
+        decoder = msgspec.json.Decoder(_Page[shape] if shape is not None else _Page[JSON])  # type: ignore[valid-type]
+        first = [self._page(path, decoder, limit, "", query or {})]
+        version = str(first[0].metadata.resourceVersion)
+
+        def items() -> Iterator[Any]:
+            page = first.pop()  # no reference left to the first page once it is read
+            while True:
+                token = page.metadata.continue_
+                if page.items:
+                    yield from page.items
+                if not token:
+                    return
+                del page
+                page = self._page(path, decoder, limit, token, query or {})
+
+        return items(), version
+
+    def _page(
+        self,
+        path: str,
+        decoder: msgspec.json.Decoder[Any],
+        limit: int,
+        token: str,
+        query: Mapping[str, str],
+    ) -> Any:
+        params: dict[str, str | int | bool] = {**query, "limit": limit}
+        if token:
+            params["continue"] = token
+        resp = self._send("GET", path, params, None, "application/json", None)
+        data = resp.read()
+        if not 200 <= resp.status < 300:
+            raise _error(resp.status, data)
+        try:
+            return decoder.decode(data)
+        except msgspec.DecodeError as err:
+            raise ApiError(0, "BadResponse", f"list {path}: {err}") from None
+
     def watch(
-        self, path: str, resource_version: str, timeout_seconds: int = 300, **query: str
+        self,
+        path: str,
+        resource_version: str,
+        timeout_seconds: int = 300,
+        shape: type[Any] | None = None,
+        **query: str,
     ) -> Iterator[JSON]:
-        """Watch events from `resource_version`. Raises Gone on 410 (as status or ERROR event)."""
+        """Watch events from `resource_version`: {"type", "object"}, the object a dict or, with
+        `shape`, that shape. Raises Gone on 410 (as status or ERROR event)."""
         params: dict[str, str | int | bool] = {
             **query,
             "watch": True,
@@ -207,23 +311,23 @@ class Rest:
             "allowWatchBookmarks": True,
             "timeoutSeconds": timeout_seconds,
         }
+        objects = msgspec.json.Decoder(shape) if shape is not None else _DICT
         resp = self._send("GET", path, params, None, "application/json", (10, timeout_seconds + 30))
         if not 200 <= resp.status < 300:
             raise _error(resp.status, resp.read())
         raw = resp.response
         try:
-            buffer = b""
+            rest = b""
             for chunk in raw.stream(64 * 1024, decode_content=True):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
+                *lines, rest = (rest + chunk).split(b"\n")
+                for line in lines:
                     if not line.strip():
                         continue
-                    event: JSON = json.loads(line)
-                    if event.get("type") == "ERROR":
-                        status = event.get("object", {})
-                        raise _error(int(status.get("code", 500)), json.dumps(status).encode())
-                    yield event
+                    event = _EVENT.decode(line)
+                    if event.type == "ERROR":
+                        status = _DICT.decode(event.object)
+                        raise _error(int(status.get("code", 500)), bytes(event.object))
+                    yield {"type": event.type, "object": objects.decode(event.object)}
         except Exception as err:
             # A stream cut short (the API server went away mid-response) surfaces as urllib3's
             # ProtocolError: as much an outage as a refused connection, not an unexpected bug.
@@ -232,6 +336,14 @@ class Rest:
             raise
         finally:
             raw.release_conn()
+
+
+def resource_version(obj: Any) -> str:
+    """metadata.resourceVersion of an object, a dict or a shape ("" when it has none)."""
+    if isinstance(obj, Mapping):
+        meta = obj.get("metadata")
+        return str(meta.get("resourceVersion") or "") if isinstance(meta, Mapping) else ""
+    return str(getattr(getattr(obj, "metadata", None), "resourceVersion", "") or "")
 
 
 def _from_urllib3(err: BaseException) -> bool:

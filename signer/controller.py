@@ -104,27 +104,28 @@ class Controller:
         self._store: dict[Key, JSON] = {}  # unsettled requests, latest seen
         self._services: dict[str, dict[str, dict[str, str]]] = {}  # ns -> name -> selector
         # Watched caches of the facts; a request they do not vouch for is read live.
+        # Each is decoded as its shape (a few fields of each object), a page at a time.
         self.pods: Cache[Key, model.Pod] = Cache(
             "pods",
-            lambda: kube.list_all("pods"),
-            lambda rv: kube.watch_all("pods", rv),
-            _key,
+            lambda: kube.list_all("pods", objects.PodShape),
+            lambda rv: kube.watch_all("pods", rv, objects.PodShape),
+            objects.key_of,
             objects.pod_from,
             self._stop,
         )
         self.nodes: Cache[str, model.Node] = Cache(
             "nodes",
-            lambda: kube.list_all("nodes"),
-            lambda rv: kube.watch_all("nodes", rv),
-            _name,
+            lambda: kube.list_all("nodes", objects.NodeShape),
+            lambda rv: kube.watch_all("nodes", rv, objects.NodeShape),
+            objects.name_of,
             objects.node_from,
             self._stop,
         )
         self.service_accounts: Cache[Key, model.ServiceAccount] = Cache(
             "serviceaccounts",
-            lambda: kube.list_all("serviceaccounts"),
-            lambda rv: kube.watch_all("serviceaccounts", rv),
-            _key,
+            lambda: kube.list_all("serviceaccounts", objects.ServiceAccountShape),
+            lambda rv: kube.watch_all("serviceaccounts", rv, objects.ServiceAccountShape),
+            objects.key_of,
             objects.service_account_from,
             self._stop,
         )
@@ -203,7 +204,7 @@ class Controller:
 
     # --- reflector callbacks ---------------------------------------------------------------
 
-    def _on_pcr_list(self, items: list[JSON]) -> None:
+    def _on_pcr_list(self, items: Iterable[JSON]) -> None:
         fresh: dict[Key, JSON] = {}
         for obj in items:
             key = _key(obj)
@@ -227,7 +228,7 @@ class Controller:
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
-    def _on_service_list(self, items: list[JSON]) -> None:
+    def _on_service_list(self, items: Iterable[JSON]) -> None:
         services: dict[str, dict[str, dict[str, str]]] = {}
         for obj in items:
             _index_service(services, obj, present=True)
@@ -455,11 +456,6 @@ def _index_service(
         index.setdefault(namespace, {})[name] = {str(k): str(v) for k, v in selector.items()}
     else:
         index.get(namespace, {}).pop(name, None)
-
-
-def _name(obj: Mapping[str, Any]) -> str | None:
-    name = (obj.get("metadata") or {}).get("name")
-    return name if isinstance(name, str) else None
 
 
 def _ctx(key: Key) -> dict[str, str]:

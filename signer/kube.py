@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from podcert.api.events import ObjectRef, event_body
 from podcert.api.versions import group_version
@@ -15,6 +15,8 @@ from podcert.discovery import certificates_versions
 from podcert.rest import JSON, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.signer")
+
+T = TypeVar("T")
 
 
 class SignerKube:
@@ -39,11 +41,11 @@ class SignerKube:
 
     # --- PodCertificateRequests ------------------------------------------------------------
 
-    def list_pcrs(self, signer_name: str) -> tuple[list[JSON], str]:
-        body = self.rest.request(
-            "GET", self._pcrs(), query={"fieldSelector": f"spec.signerName={signer_name}"}
+    def list_pcrs(self, signer_name: str) -> tuple[Iterator[JSON], str]:
+        """Paged: requests live 15 minutes, so a busy cluster holds a great many."""
+        return self.rest.list(
+            self._pcrs(), query={"fieldSelector": f"spec.signerName={signer_name}"}
         )
-        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
 
     def watch_pcrs(self, signer_name: str, resource_version: str) -> Iterator[JSON]:
         return self.rest.watch(
@@ -76,17 +78,16 @@ class SignerKube:
     def get_service_account(self, namespace: str, name: str) -> JSON | None:
         return self.rest.get(path_of("v1", "serviceaccounts", namespace, name))
 
-    def list_all(self, resource: str) -> tuple[list[JSON], str]:
-        """Every object of a core/v1 resource (pods, nodes, serviceaccounts) across namespaces."""
-        body = self.rest.request("GET", path_of("v1", resource))
-        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+    def list_all(self, resource: str, shape: type[T]) -> tuple[Iterator[T], str]:
+        """Every object of a core/v1 resource (pods, nodes, serviceaccounts) across namespaces,
+        paged, each decoded as `shape` (the fields the caches keep, nothing else)."""
+        return self.rest.list(path_of("v1", resource), shape)
 
-    def watch_all(self, resource: str, resource_version: str) -> Iterator[JSON]:
-        return self.rest.watch(path_of("v1", resource), resource_version)
+    def watch_all(self, resource: str, resource_version: str, shape: type[Any]) -> Iterator[JSON]:
+        return self.rest.watch(path_of("v1", resource), resource_version, shape=shape)
 
-    def list_services(self) -> tuple[list[JSON], str]:
-        body = self.rest.request("GET", path_of("v1", "services"))
-        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+    def list_services(self) -> tuple[Iterator[JSON], str]:
+        return self.rest.list(path_of("v1", "services"))
 
     def watch_services(self, resource_version: str) -> Iterator[JSON]:
         return self.rest.watch(path_of("v1", "services"), resource_version)

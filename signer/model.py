@@ -92,7 +92,7 @@ class Request:
     created: dt.datetime | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: the signer caches one per pod of the cluster
 class Pod:
     namespace: str
     name: str
@@ -104,13 +104,13 @@ class Pod:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     uid: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServiceAccount:
     namespace: str
     name: str

@@ -2,13 +2,22 @@
 
 Pure: the controller hands in what it read and writes what comes out. Hostile or broken objects
 become `ObjectError` naming the field, never a KeyError or TypeError.
+
+The signer caches every pod, node and ServiceAccount of the cluster, so those three are also read
+from shapes (`PodShape`...: the few fields the signer needs, decoded from a list page or a watch
+event with everything else skipped), and their values share what repeats between objects
+(namespaces, node and account names, phases, label sets) instead of holding a copy each.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Mapping
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
+
+import msgspec
 
 from podcert.api import requests
 from podcert.api.requests import outcome as outcome
@@ -64,30 +73,148 @@ def request_from(pcr: Mapping[str, Any]) -> model.Request:
     )
 
 
-def pod_from(obj: Mapping[str, Any]) -> model.Pod:
+# --- shapes: what the signer's caches decode of each object -------------------------------------
+
+
+class _Meta(msgspec.Struct, frozen=True, gc=False):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""  # the API's spelling: msgspec matches fields by name
+
+
+class _PodMeta(_Meta, frozen=True, gc=False):
+    labels: dict[str, str] | None = None
+    deletionTimestamp: str | None = None
+
+
+class _PodSpec(msgspec.Struct, frozen=True, gc=False):
+    nodeName: str = ""
+    serviceAccountName: str = ""
+
+
+class _PodStatus(msgspec.Struct, frozen=True, gc=False):
+    phase: str = ""
+
+
+class PodShape(msgspec.Struct, frozen=True, gc=False):
+    metadata: _PodMeta = _PodMeta()
+    spec: _PodSpec = _PodSpec()
+    status: _PodStatus = _PodStatus()
+
+
+class NodeShape(msgspec.Struct, frozen=True, gc=False):
+    metadata: _Meta = _Meta()
+
+
+class ServiceAccountShape(msgspec.Struct, frozen=True, gc=False):
+    metadata: _Meta = _Meta()
+
+
+Shape = PodShape | NodeShape | ServiceAccountShape
+
+
+def key_of(obj: Mapping[str, Any] | Shape) -> tuple[str, str] | None:
+    """(namespace, name) of an object, a dict or a shape; None without both."""
+    if isinstance(obj, Mapping):
+        meta = obj.get("metadata")
+        if not isinstance(meta, Mapping):
+            return None
+        namespace, name = meta.get("namespace"), meta.get("name")
+    else:
+        namespace, name = obj.metadata.namespace, obj.metadata.name
+    if isinstance(namespace, str) and isinstance(name, str) and namespace and name:
+        return sys.intern(namespace), name
+    return None
+
+
+def name_of(obj: Mapping[str, Any] | Shape) -> str | None:
+    if isinstance(obj, Mapping):
+        name = (obj.get("metadata") or {}).get("name")
+        return name if isinstance(name, str) else None
+    return obj.metadata.name or None
+
+
+# --- the cached values ---------------------------------------------------------------------------
+
+_NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
+_LABEL_SETS_MAX: Final = 1 << 16
+_label_sets: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+
+
+def _labels(raw: object) -> Mapping[str, str]:
+    """One shared, read-only mapping per distinct label set (the pods of a ReplicaSet share
+    theirs). The table of known sets is emptied when it grows past a bound, never grown without
+    one: mappings already handed out stay valid, later pods just share afresh."""
+    if not isinstance(raw, Mapping) or not raw:
+        return _NO_LABELS
+    items = tuple(sorted((str(k), str(v)) for k, v in raw.items()))
+    found = _label_sets.get(items)
+    if found is None:
+        if len(_label_sets) >= _LABEL_SETS_MAX:
+            _label_sets.clear()
+        found = MappingProxyType({sys.intern(k): sys.intern(v) for k, v in items})
+        _label_sets[items] = found
+    return found
+
+
+def _required(value: object, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ObjectError(f"{path}: expected a non-empty string, got {type(value).__name__}")
+    return value
+
+
+def pod_from(obj: Mapping[str, Any] | PodShape) -> model.Pod:
+    if isinstance(obj, PodShape):
+        shaped = obj.metadata
+        return model.Pod(
+            namespace=sys.intern(_required(shaped.namespace, "namespace")),
+            name=_required(shaped.name, "name"),
+            uid=_required(shaped.uid, "uid"),
+            node_name=sys.intern(obj.spec.nodeName),
+            service_account_name=sys.intern(obj.spec.serviceAccountName or "default"),
+            phase=sys.intern(obj.status.phase or "Pending"),
+            deleting=bool(shaped.deletionTimestamp),
+            labels=_labels(shaped.labels),
+        )
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    labels = meta.get("labels") or {}
     return model.Pod(
-        namespace=_str(meta, "namespace"),
+        namespace=sys.intern(_str(meta, "namespace")),
         name=_str(meta, "name"),
         uid=_str(meta, "uid"),
-        node_name=_str(spec, "nodeName", required=False),
-        service_account_name=_str(spec, "serviceAccountName", required=False) or "default",
-        phase=_str(status, "phase", required=False) or "Pending",
+        node_name=sys.intern(_str(spec, "nodeName", required=False)),
+        service_account_name=sys.intern(
+            _str(spec, "serviceAccountName", required=False) or "default"
+        ),
+        phase=sys.intern(_str(status, "phase", required=False) or "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
-        labels=dict(labels) if isinstance(labels, Mapping) else {},
+        labels=_labels(meta.get("labels")),
     )
 
 
-def node_from(obj: Mapping[str, Any]) -> model.Node:
+def node_from(obj: Mapping[str, Any] | NodeShape) -> model.Node:
+    if isinstance(obj, NodeShape):
+        return model.Node(
+            name=sys.intern(_required(obj.metadata.name, "name")),
+            uid=_required(obj.metadata.uid, "uid"),
+        )
     meta = obj.get("metadata") or {}
-    return model.Node(name=_str(meta, "name"), uid=_str(meta, "uid"))
+    return model.Node(name=sys.intern(_str(meta, "name")), uid=_str(meta, "uid"))
 
 
-def service_account_from(obj: Mapping[str, Any]) -> model.ServiceAccount:
+def service_account_from(obj: Mapping[str, Any] | ServiceAccountShape) -> model.ServiceAccount:
+    if isinstance(obj, ServiceAccountShape):
+        shaped = obj.metadata
+        return model.ServiceAccount(
+            namespace=sys.intern(_required(shaped.namespace, "namespace")),
+            name=sys.intern(_required(shaped.name, "name")),
+            uid=_required(shaped.uid, "uid"),
+        )
     meta = obj.get("metadata") or {}
     return model.ServiceAccount(
-        namespace=_str(meta, "namespace"), name=_str(meta, "name"), uid=_str(meta, "uid")
+        namespace=sys.intern(_str(meta, "namespace")),
+        name=sys.intern(_str(meta, "name")),
+        uid=_str(meta, "uid"),
     )
 
 

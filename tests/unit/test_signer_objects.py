@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 from typing import Any
 
+import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -99,3 +101,65 @@ def test_service_names_come_only_from_selecting_services() -> None:
     services = {"api": {"app": "api"}, "manual": {}, "other": {"app": "x"}}
     names = objects.service_names(services, "ns", {"app": "api", "tier": "1"}, "cluster.local")
     assert names == {"api.ns.svc", "api.ns.svc.cluster.local"}
+
+
+# --- issue 14: the caches read pods, nodes and ServiceAccounts as shapes -------------------------
+
+POD = {
+    "metadata": {
+        "namespace": "shop",
+        "name": "web-1",
+        "uid": "pod-uid",
+        "resourceVersion": "41",
+        "labels": {"app": "web", "tier": "front"},
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+    },
+    "spec": {"nodeName": "node-a", "serviceAccountName": "web", "containers": [{"name": "c"}]},
+    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+}
+
+
+def test_a_pod_read_as_a_shape_is_the_pod_read_as_a_dict() -> None:
+    shape = msgspec.json.decode(json.dumps(POD), type=objects.PodShape)
+    assert objects.pod_from(shape) == objects.pod_from(POD)
+    assert objects.key_of(shape) == objects.key_of(POD) == ("shop", "web-1")
+    deleting = {**POD, "metadata": {**POD["metadata"], "deletionTimestamp": "2026-11-29T12:00:00Z"}}
+    shape = msgspec.json.decode(json.dumps(deleting), type=objects.PodShape)
+    assert objects.pod_from(shape).deleting
+
+
+def test_pods_with_the_same_labels_share_one_read_only_mapping() -> None:
+    other = {**POD, "metadata": {**POD["metadata"], "name": "web-2", "uid": "u2"}}
+    first, second = objects.pod_from(POD), objects.pod_from(other)
+    assert first.labels is second.labels
+    assert dict(first.labels) == {"app": "web", "tier": "front"}
+    with pytest.raises(TypeError):
+        first.labels["app"] = "db"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        pytest.param(
+            {"metadata": {"name": "p", "uid": "u"}}, "namespace", id="pod without namespace"
+        ),
+        pytest.param({"metadata": {"namespace": "n", "name": "p"}}, "uid", id="pod without UID"),
+    ],
+)
+def test_a_pod_shape_missing_a_field_names_it(body: dict[str, Any], field: str) -> None:
+    with pytest.raises(objects.ObjectError, match=field):
+        objects.pod_from(msgspec.json.decode(json.dumps(body), type=objects.PodShape))
+
+
+def test_nodes_and_service_accounts_read_as_shapes() -> None:
+    node = msgspec.json.decode(
+        b'{"metadata": {"name": "node-a", "uid": "n1"}, "status": {"images": [{"names": ["x"]}]}}',
+        type=objects.NodeShape,
+    )
+    assert objects.node_from(node) == model.Node("node-a", "n1")
+    assert objects.name_of(node) == "node-a"
+    sa = msgspec.json.decode(
+        b'{"metadata": {"namespace": "shop", "name": "web", "uid": "s1"}}',
+        type=objects.ServiceAccountShape,
+    )
+    assert objects.service_account_from(sa) == model.ServiceAccount("shop", "web", "s1")
