@@ -23,6 +23,36 @@ def runtime_sockets() -> set[Path]:
     return set(Path("/tmp").glob(FAKE_RUNTIME_SOCKETS))  # noqa: S108 (kubemark's fixed folder)
 
 
+# A real kubelet's client defaults (KubeletConfiguration kubeAPIQPS / kubeAPIBurst); kubemark's
+# own are 10 / 20, which would throttle its pod certificate manager five times harder.
+KUBELET_API_QPS, KUBELET_API_BURST = 50, 100
+
+
+def kubemark_args(
+    binary: Path,
+    node: str,
+    kubeconfig: Path,
+    port: int,
+    kube_version: str,
+    max_pods: int | None = None,
+) -> tuple[str, ...]:
+    """kubemark's command line for a hollow kubelet that talks to the API server as a real
+    kubelet does; `max_pods` raises its limit of 110 pods."""
+    return (
+        str(binary),
+        "--morph=kubelet",
+        f"--name={node}",
+        f"--kubeconfig={kubeconfig}",
+        "--use-host-image-service=false",
+        f"--kubelet-port={port}",
+        "--kubelet-read-only-port=0",
+        f"--kube-api-qps={KUBELET_API_QPS}",
+        f"--kube-api-burst={KUBELET_API_BURST}",
+        *([f"--max-pods={max_pods}"] if max_pods is not None else []),
+        *feature_gate_flags(kube_version),
+    )
+
+
 def start(
     paths: Paths,
     node: str,
@@ -32,22 +62,14 @@ def start(
     folder: Path,
     progress: Progress,
     deadline: float,
+    max_pods: int | None = None,
 ) -> NodeState:
     port = free_port()
     log = folder / "kubelet.log"
     progress(f"starting hollow kubelet {plane.kube_version} for {node} (kubelet port {port})")
     before = runtime_sockets()
     offset = file_size(log)
-    args = (
-        str(binary),
-        "--morph=kubelet",
-        f"--name={node}",
-        f"--kubeconfig={kubeconfig}",
-        "--use-host-image-service=false",
-        f"--kubelet-port={port}",
-        "--kubelet-read-only-port=0",
-        *feature_gate_flags(plane.kube_version),
-    )
+    args = kubemark_args(binary, node, kubeconfig, port, plane.kube_version, max_pods)
     proc = host.spawn(list(args), log)
     state = NodeState(
         node, HOLLOW, plane.kube_version, proc.pid, str(binary), "", port, kubelet_args=args
