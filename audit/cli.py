@@ -33,7 +33,9 @@ from audit.snapshot import (
     read_pod,
     read_trust_files,
 )
+from podcert.api.names import signer_name_problem
 from podcert.api.times import TimeFieldError, parse_zoned_time
+from podcert.errors import one_line
 
 EXIT_HEALTHY: Final = 0
 EXIT_FINDINGS: Final = 1
@@ -176,11 +178,16 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
+    for name in args.signer_name:
+        # Kubernetes' own signers are fine to audit: only a name no signer can have is not.
+        if problem := signer_name_problem(name, builtin_ok=True):
+            print(f"podcert audit: --signer-name {name!r}: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     now = args.now or dt.datetime.now(dt.UTC)
     try:
         snapshot = gather(args)
     except SnapshotError as exc:
-        print(f"podcert audit: {exc}", file=sys.stderr)
+        print(f"podcert audit: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     settings = Settings(
         stuck_after=args.stuck_after,
@@ -195,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         examined = examine_node(args.root, chain_roots(snapshot), now, args.jobs)
     except SnapshotError as exc:
-        print(f"podcert audit: {exc}", file=sys.stderr)
+        print(f"podcert audit: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     if examined is not None:
         snapshot = dataclasses.replace(
