@@ -76,9 +76,19 @@ def pod_body(
     node: str,
     volumes: Sequence[dict[str, Any]],
     service_account: str = "default",
+    image: str = "registry.invalid/app:1",
+    command: Sequence[str] = (),
 ) -> JSON:
-    """A pod bound to `node` that mounts `volumes` (as devcluster.kube.create_pod builds it)."""
+    """A pod bound to `node` that mounts `volumes` (as devcluster.kube.create_pod builds it). A
+    real node runs `image` (one of devcluster.images: no registry is reachable) with `command`."""
     mounts = [{"name": v["name"], "mountPath": f"/var/run/{v['name']}"} for v in volumes]
+    container: dict[str, Any] = {
+        "name": "app",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "volumeMounts": mounts,
+        **({"command": list(command)} if command else {}),
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -87,9 +97,7 @@ def pod_body(
             "nodeName": node,
             "serviceAccountName": service_account,
             "automountServiceAccountToken": False,
-            "containers": [
-                {"name": "app", "image": "registry.invalid/app:1", "volumeMounts": mounts}
-            ],
+            "containers": [container],
             "volumes": list(volumes),
         },
     }
@@ -118,13 +126,15 @@ def create_pods(
     volumes: Sequence[dict[str, Any]],
     threads: int,
     created: Created | None = None,
+    image: str = "registry.invalid/app:1",
+    command: Sequence[str] = (),
 ) -> Created:
     """Create the pods through a pool of `threads`; returns when all calls are done."""
     out = created or Created()
     path = path_of("v1", "pods", namespace)
 
     def one(name: str) -> None:
-        body = pod_body(namespace, name, node, volumes)
+        body = pod_body(namespace, name, node, volumes, image=image, command=command)
         wall, started = time.time(), time.monotonic()
         try:
             pod = rest.request("POST", path, body=body)
