@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -56,7 +57,7 @@ from bench.bench_time_to_credential import (
 )
 from bench.bench_trust_propagation import CA_SECRET, FirstChange, roots_in, trust_bundle_path
 from devcluster import host, images, kube, nodes, processes
-from devcluster.nodestate import NodeState
+from devcluster.nodestate import NodeState, node_dir
 from devcluster.stack import BUNDLE, SIGNER_NAMESPACE, TRUST, Stack, identity_volume
 from podcert.rest import ApiError, Rest, path_of
 
@@ -174,6 +175,16 @@ class KubeletNode(Node):
         assert self.state is not None
         return {"kubelet": self.state.kubelet_pid}
 
+    def throttled(self) -> list[str]:
+        """The kubelet's own word that its API client waited: client-go logs a wait over 1 s
+        at most once every 10 s at the default verbosity."""
+        log = node_dir(self.cluster_root, self.name) / "kubelet.log"
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [m.group(1) for line in lines if (m := _WAITED.search(line))]
+
 
 class HollowNode(KubeletNode):
     kind = "hollow"
@@ -202,6 +213,8 @@ class RealNode(KubeletNode):
     def image(self) -> tuple[str, Sequence[str]]:
         return images.BUSYBOX_IMAGE, REAL_COMMAND
 
+
+_WAITED = re.compile(r'Waited before sending request.*?delay="([^"]+)"')
 
 NODE_KINDS: dict[str, type[Node]] = {"shim": ShimNode, "hollow": HollowNode, "real": RealNode}
 
@@ -381,6 +394,12 @@ def report_credentials(node: Node, result: Credentials, requests: Requests) -> N
             )
     parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(result.cpu.items(), key=lambda x: -x[1]))
     print(f"[{node.kind}]   CPU seconds over those {result.took:.2f}s: {parts}", flush=True)
+    if isinstance(node, KubeletNode):
+        waits = node.throttled()
+        print(
+            f"[{node.kind}]   kubelet log, client-side throttling over 1 s (logged at most every "
+            f"10 s): {', '.join(waits) or 'none'}"
+        )
 
 
 # --- (b) CA prepare -> every trust file --------------------------------------------------------
