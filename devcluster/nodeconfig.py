@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,14 @@ def kubelet_config(
     port: int,
     ca_file: Path,
     max_pods: int | None = None,
+    sync_frequency: dt.timedelta | None = None,
 ) -> dict[str, Any]:
     """The KubeletConfiguration for a real node on this VM (issue 13 lists why each line).
-    `max_pods` raises the kubelet's own limit of 110 pods (benchmarks load one node with more)."""
+    `max_pods` raises the kubelet's own limit of 110 pods (benchmarks load one node with more).
+    `sync_frequency` shortens the kubelet's pod resync (default 1 min, plus up to half again of
+    jitter), which paces how soon a changed ClusterTrustBundle reaches a running pod's files."""
+    if sync_frequency is not None and sync_frequency < dt.timedelta(seconds=1):
+        raise ValueError(f"sync_frequency must be at least 1 s, got {sync_frequency}")
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -118,4 +124,9 @@ def kubelet_config(
         },
         "featureGates": feature_gates(kube_version),
         **({"maxPods": max_pods} if max_pods is not None else {}),
+        **(
+            {"syncFrequency": f"{int(sync_frequency.total_seconds())}s"}
+            if sync_frequency is not None
+            else {}
+        ),
     }

@@ -104,9 +104,15 @@ def start(
     progress: Progress = lambda _line: None,
     timeout: float = READY_TIMEOUT,
     max_pods: int | None = None,
+    sync_frequency: dt.timedelta | None = None,
 ) -> NodeState:
     """Start a kubelet for `node` on the devcluster under `root` and wait until the Node is
-    Ready. Idempotent while that kubelet runs. `max_pods` raises the kubelet's limit of 110."""
+    Ready. Idempotent while that kubelet runs. `max_pods` raises the kubelet's limit of 110;
+    `sync_frequency` (real nodes only: kubemark fixes its own at 10 s) shortens its pod resync."""
+    if hollow and sync_frequency is not None:
+        raise NodeError(
+            "a hollow kubelet resyncs pods every 10 s (kubemark's setting): no sync_frequency"
+        )
     paths = Paths(root.resolve())
     plane = cluster.running(paths)
     if plane is None:
@@ -124,11 +130,24 @@ def start(
     folder.mkdir(parents=True, exist_ok=True)
     kubeconfig = kube.node_kubeconfig(paths.root, node, create_node=False)
     deadline = time.monotonic() + timeout
-    start_one = hollow_kubelet.start if hollow else _start_real
     try:
-        state = start_one(
-            paths, node, plane, binary, kubeconfig, folder, progress, deadline, max_pods
-        )
+        if hollow:
+            state = hollow_kubelet.start(
+                paths, node, plane, binary, kubeconfig, folder, progress, deadline, max_pods
+            )
+        else:
+            state = _start_real(
+                paths,
+                node,
+                plane,
+                binary,
+                kubeconfig,
+                folder,
+                progress,
+                deadline,
+                max_pods,
+                sync_frequency,
+            )
     except BaseException:
         stop(paths.root, node)  # whatever part of it started
         raise
@@ -146,6 +165,7 @@ def _start_real(
     progress: Progress,
     deadline: float,
     max_pods: int | None = None,
+    sync_frequency: dt.timedelta | None = None,
 ) -> NodeState:
     # containerd's and the kubelet's sockets (containerd.sock.ttrpc, pod-resources/<n>, ...) must
     # fit a sockaddr_un (108 bytes): they and the kubelet's root live under /run, in a folder
@@ -211,6 +231,7 @@ def _start_real(
         port=port,
         ca_file=paths.pki / "ca.crt",
         max_pods=max_pods,
+        sync_frequency=sync_frequency,
     )
     (folder / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     log = folder / "kubelet.log"

@@ -5,6 +5,7 @@ Used by the pytest session fixture in tests/conftest.py and by the benchmarks.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import time
 from collections.abc import Callable
@@ -80,9 +81,20 @@ class DevCluster:
         kube.ensure_namespace(self.admin, name)
         return name
 
-    def kubelet(self, name: str, *, hollow: bool = False, timeout: float = 120.0) -> Kubelet:
-        """Start a kubelet for node `name` (real containers unless `hollow`); it is Ready."""
-        return Kubelet(self.root, nodes.start(self.root, name, hollow=hollow, timeout=timeout))
+    def kubelet(
+        self,
+        name: str,
+        *,
+        hollow: bool = False,
+        timeout: float = 120.0,
+        sync_frequency: dt.timedelta | None = None,
+    ) -> Kubelet:
+        """Start a kubelet for node `name` (real containers unless `hollow`); it is Ready.
+        `sync_frequency` shortens a real kubelet's pod resync (see `nodeconfig.kubelet_config`)."""
+        state = nodes.start(
+            self.root, name, hollow=hollow, timeout=timeout, sync_frequency=sync_frequency
+        )
+        return Kubelet(self.root, state)
 
     def pod(self, namespace: str, name: str, *, node: str, **kwargs: Any) -> Any:
         kube.ensure_node(self.admin, node)

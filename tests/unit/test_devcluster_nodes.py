@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import io
 import json
@@ -133,6 +134,23 @@ def test_a_real_node_takes_more_than_110_pods_only_when_asked(tmp_path: Path) ->
     }
     assert "maxPods" not in nodeconfig.kubelet_config(**common)
     assert nodeconfig.kubelet_config(**common, max_pods=250)["maxPods"] == 250
+
+
+def test_a_real_node_resyncs_pods_at_the_kubelets_default_unless_told(tmp_path: Path) -> None:
+    common: dict[str, Any] = {
+        "kube_version": "1.37",
+        "folder": tmp_path,
+        "socket": tmp_path / "c.sock",
+        "cgroup": "/podcert-devcluster-n",
+        "address": "192.0.2.2",
+        "port": 10250,
+        "ca_file": tmp_path / "ca.crt",
+    }
+    assert "syncFrequency" not in nodeconfig.kubelet_config(**common)
+    quick = nodeconfig.kubelet_config(**common, sync_frequency=dt.timedelta(seconds=10))
+    assert quick["syncFrequency"] == "10s"
+    with pytest.raises(ValueError, match="at least 1 s"):
+        nodeconfig.kubelet_config(**common, sync_frequency=dt.timedelta(milliseconds=500))
 
 
 @pytest.mark.parametrize(
