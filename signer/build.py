@@ -183,7 +183,7 @@ class Signer:
                 config.identity,
                 config.lease,
                 on_start=self.started_leading,
-                on_stop=self.controller.stopped_leading,
+                on_stop=self.stopped_leading,
             )
             elector.leading = self.leading
             runtime.spawn("leader", lambda: elector.run(stop), join=True)
@@ -213,11 +213,17 @@ class Signer:
 
     def started_leading(self) -> None:
         """Pick up every pending request, and look at the trust bundles and the CA schedule."""
+        self.metrics.leader.set(1)
         self.controller.started_leading()
         self.publisher.resync()
         self.rotator.wake()
 
+    def stopped_leading(self) -> None:
+        self.metrics.leader.set(0)
+        self.controller.stopped_leading()
+
     def on_ca_change(self) -> None:
+        self.metrics.observe_generations(g.state for g in self.cas.generations)
         bundle = self.cas.bundle
         if bundle is not None:
             self.metrics.ca_not_after.set(bundle.not_after.timestamp())
@@ -237,6 +243,7 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
     bundle = cas.bundle
     if bundle is not None:
         m.ca_not_after.set(bundle.not_after.timestamp())
+    m.observe_generations(g.state for g in cas.generations)
     trail = AuditTrail(
         audit,
         m,

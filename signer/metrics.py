@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import ThreadingHTTPServer
 from typing import Final, Literal, get_args
 
@@ -15,7 +15,7 @@ from prometheus_client import (
 )
 
 from podcert import health
-from signer import model
+from signer import model, rotation
 
 # Why a reconcile will be retried, as `podcert_signer_retries_total` labels it: closed types like
 # the Denied reasons, so a label mistyped anywhere fails the type check (and a dashboard's
@@ -116,6 +116,19 @@ class Metrics:
             "Audit log writes (entries, fsyncs, checkpoints) that failed.",
             registry=self.registry,
         )
+        self.ca_generations = Gauge(
+            "podcert_signer_ca_generations",
+            "CA generations in the CA Secret, by state (prepared, active, retired): an expiring "
+            "CA with no prepared successor is a rotation that did not happen.",
+            ["state"],
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "podcert_signer_leader",
+            "1 while this replica leads (issues, publishes trust bundles, rotates the CA); alert "
+            "when no replica does.",
+            registry=self.registry,
+        )
         self.audit_checkpoint = Gauge(
             "podcert_signer_audit_checkpoint",
             "Number of the newest audit log checkpoint written: `podcert audit "
@@ -126,6 +139,14 @@ class Metrics:
     def count_retry(self, reason: RetryLabel) -> None:
         """One reconcile that will be retried (the only way to count one: `reason` is checked)."""
         self._retries.labels(reason=reason).inc()
+
+    def observe_generations(self, states: Iterable[rotation.State]) -> None:
+        """The CA set's count by state, every state exported (zeros too, for the rules)."""
+        counts = dict.fromkeys(rotation.STATES, 0)
+        for state in states:
+            counts[state] += 1
+        for state, count in counts.items():
+            self.ca_generations.labels(state=state).set(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,220 @@
+"""Issue 16: the alerts and the dashboard that ship in manifests/monitoring/ say what they mean.
+
+Every expression is parsed by a real PromQL parser (`promql-parser`, Prometheus's grammar), every
+metric it names is one the signer or the shim exports (read from their registries, so a renamed
+metric fails here), and label values that are closed sets (outcomes, projection and CA states)
+are ones the code writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, get_args
+
+import promql_parser
+import pytest
+import yaml
+
+from kubelet_shim import metrics as shim_metrics
+from kubelet_shim.projection import ProjectionState
+from signer import metrics as signer_metrics
+from signer import model, rotation
+
+MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
+RULES = MONITORING / "prometheusrule.yaml"
+DASHBOARD = MONITORING / "podcert-dashboard.json"
+
+# The series each metric type is exposed as (prometheus_client's text format).
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count", "_created"),
+}
+# Labels whose values are closed types in the code: a typo here would match nothing, silently.
+CLOSED_VALUES: dict[tuple[str, str], frozenset[str]] = {
+    ("podcert_signer_requests_total", "outcome"): frozenset(get_args(model.Outcome)),
+    ("podcert_signer_issue_latency_seconds_bucket", "outcome"): frozenset(get_args(model.Outcome)),
+    ("podcert_shim_projections", "state"): frozenset(s.value for s in ProjectionState),
+    ("podcert_signer_ca_generations", "state"): frozenset(rotation.STATES),
+}
+
+
+def exported() -> dict[str, frozenset[str]]:
+    """Every series name the signer and the shim export, with the labels each carries."""
+    registries = [
+        signer_metrics.Metrics().registry,
+        shim_metrics.Metrics(lambda: [("x.dev/s", ProjectionState.FRESH)]).registry,
+    ]
+    # A labelled metric with no series yet shows no labels when collected: read its label names
+    # from the metric itself (prometheus_client keeps them in `_labelnames`).
+    collectors = [c for r in registries for c in list(r._collector_to_names)]
+    labels = {getattr(c, "_name", ""): tuple(getattr(c, "_labelnames", ())) for c in collectors}
+    out: dict[str, frozenset[str]] = {}
+    for registry in registries:
+        for family in registry.collect():
+            names = set(labels.get(family.name, ())) | {k for s in family.samples for k in s.labels}
+            for suffix in _SUFFIXES[family.type]:
+                extra = {"le"} if suffix == "_bucket" else set()
+                out[family.name + suffix] = frozenset(names | extra)
+    return out
+
+
+EXPORTED = exported()
+
+
+def selectors(expr: promql_parser.Expr) -> Iterator[promql_parser.VectorSelector]:
+    found: list[promql_parser.VectorSelector] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append(node)
+
+    promql_parser.walk(expr, visit)
+    yield from found
+
+
+def problems(text: str) -> list[str]:
+    """What is wrong with one expression: it does not parse, or names what nobody exports."""
+    try:
+        expr = promql_parser.parse(text)
+    except ValueError as err:
+        return [f"does not parse: {err}"]
+    out = []
+    used = list(selectors(expr))
+    if not used:
+        out.append("names no metric")
+    for selector in used:
+        name = selector.name
+        if name is None:
+            out.append("selects without a metric name")
+            continue
+        if name not in EXPORTED:
+            out.append(f"{name} is not exported by the signer or the shim")
+            continue
+        for matcher in selector.matchers.matchers:
+            if matcher.name not in EXPORTED[name]:
+                out.append(f"{name} has no label {matcher.name}")
+            closed = CLOSED_VALUES.get((name, matcher.name))
+            if closed is not None:
+                regex = matcher.op in (promql_parser.MatchOp.Re, promql_parser.MatchOp.NotRe)
+                values = matcher.value.split("|") if regex else [matcher.value]
+                out += [
+                    f"{name}{{{matcher.name}}} is never {v!r}" for v in values if v not in closed
+                ]
+    return out
+
+
+def rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["spec"]["groups"] for rule in group["rules"]]
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(where, PromQL) of every panel target, Grafana's interval variables given values as
+    Grafana would."""
+    board = json.loads(DASHBOARD.read_text())
+    out = []
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            expr = re.sub(r"\$__(rate_)?interval", "5m", target["expr"])
+            out.append((f"{panel['title']} / {target['refId']}", expr))
+    for var in board["templating"]["list"]:
+        if var["type"] == "query":
+            match = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["definition"])
+            assert match, f"variable {var['name']}: expected label_values(selector, label)"
+            out.append((f"variable {var['name']}", match.group(1)))
+    return out
+
+
+def test_the_exported_names_are_found() -> None:
+    """The collection above sees both components (the check is not vacuous)."""
+    assert "podcert_signer_requests_total" in EXPORTED
+    assert "podcert_signer_issue_latency_seconds_bucket" in EXPORTED
+    assert "podcert_shim_projections" in EXPORTED
+    assert {"signer", "outcome", "reason"} <= EXPORTED["podcert_signer_requests_total"]
+
+
+@pytest.mark.parametrize(
+    "text, wanted",
+    [
+        pytest.param("sum(rate(podcert_signer_requests_total[5m])", "does not parse", id="syntax"),
+        pytest.param("podcert_signer_request_total > 0", "not exported", id="misspelt metric"),
+        pytest.param('podcert_shim_projections{state="overdue"} > 0', "never", id="bad state"),
+        pytest.param('podcert_signer_leader{pod_name="x"}', "no label", id="unknown label"),
+    ],
+)
+def test_the_checker_refuses_what_it_should(text: str, wanted: str) -> None:
+    assert any(wanted in p for p in problems(text)), problems(text)
+
+
+def test_the_rules_cover_the_alerts_the_readme_promises() -> None:
+    names = {rule["alert"] for rule in rules()}
+    assert names == {
+        "PodcertNoLeader",
+        "PodcertDenialsRising",
+        "PodcertSignerRetrying",
+        "PodcertAuditLogUnwritable",
+        "PodcertCATooShort",
+        "PodcertCAExpiringWithoutSuccessor",
+        "PodcertIssueLatencyHigh",
+        "PodcertProjectionsOverdue",
+        "PodcertProjectionsExpired",
+        "PodcertProjectionsFailed",
+    }
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: r["alert"])
+def test_every_alert_parses_and_uses_exported_metrics(rule: dict[str, Any]) -> None:
+    assert problems(rule["expr"]) == []
+    assert rule["labels"]["severity"] in {"critical", "warning"}
+    assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    if "for" in rule:
+        promql_parser.parse_duration(rule["for"])
+
+
+def test_the_rule_object_is_a_prometheus_rule() -> None:
+    doc = yaml.safe_load(RULES.read_text())
+    assert (doc["apiVersion"], doc["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    groups = [g["name"] for g in doc["spec"]["groups"]]
+    assert len(groups) == len(set(groups))
+
+
+@pytest.mark.parametrize("where, expr", dashboard_queries(), ids=lambda v: str(v)[:60])
+def test_every_dashboard_query_parses_and_uses_exported_metrics(where: str, expr: str) -> None:
+    assert problems(expr) == [], where
+
+
+def test_the_dashboard_is_importable() -> None:
+    """What Grafana needs to import it: a uid, unique panel ids, a Prometheus data source
+    chosen by variable, every panel placed."""
+    board = json.loads(DASHBOARD.read_text())
+    assert board["uid"] and board["title"] and board["schemaVersion"] >= 36
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    names = {v["name"] for v in board["templating"]["list"]}
+    assert "datasource" in names
+    for panel in board["panels"]:
+        assert {"h", "w", "x", "y"} <= set(panel["gridPos"])
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}"
+            assert panel["targets"], panel["title"]
+    # Every metric the dashboard shows is one the alerts or the README name, and vice versa
+    # every alerting metric has a panel.
+    shown = {s.name for _, e in dashboard_queries() for s in selectors(promql_parser.parse(e))}
+    alerted = {s.name for r in rules() for s in selectors(promql_parser.parse(r["expr"]))}
+    assert alerted <= shown, alerted - shown
+
+
+def test_every_ca_state_is_exported_zeros_too() -> None:
+    """`podcert_signer_ca_generations{state="prepared"}` exists at 0, so the expiry alert's
+    `unless` has a series to compare with."""
+    m = signer_metrics.Metrics()
+    m.observe_generations(["active", "retired", "retired"])
+    text = m.render().decode()
+    assert 'podcert_signer_ca_generations{state="prepared"} 0.0' in text
+    assert 'podcert_signer_ca_generations{state="active"} 1.0' in text
+    assert 'podcert_signer_ca_generations{state="retired"} 2.0' in text
