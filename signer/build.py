@@ -13,6 +13,7 @@ piece does one job and learns of the others only through the callbacks wired her
 | `Rotator`                | applies the CA schedule's due step (leader only)               |
 | `Elector`                | the Lease; starts and stops leading                           |
 | `WebhookServer`          | the validating admission webhook (optional)                   |
+| `BundleServer`           | the SPIFFE bundle endpoint (optional)                         |
 | metrics server           | /metrics, /healthz, /readyz                                   |
 """
 
@@ -30,7 +31,7 @@ from podcert.discovery import Unserved
 from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
 from podcert.runtime import Runtime, retry_until
-from signer import auditlog, metrics, rotation
+from signer import auditlog, bundleendpoint, metrics, rotation
 from signer.audittrail import AuditTrail
 from signer.castore import CAStore
 from signer.controller import Controller, Settings, utcnow
@@ -72,6 +73,7 @@ class Config:
     webhook_host: str = "0.0.0.0"  # noqa: S104
     webhook_port: int = 0  # 0: no webhook
     webhook_dns_names: tuple[str, ...] = ()  # default: the Service's names in `namespace`
+    bundle_endpoint: bundleendpoint.Settings | None = None  # None: no SPIFFE bundle endpoint
 
     @property
     def trust_domain(self) -> str:
@@ -175,6 +177,15 @@ class Signer:
         runtime.start()
         if config.webhook_port:
             self._start_webhook()
+        if config.bundle_endpoint is not None:
+            bundleendpoint.start(
+                config.bundle_endpoint,
+                self.cas.issuing,
+                self.cas.spiffe_bundle,
+                config.trust_domain,
+                runtime,
+                utcnow,
+            )
         if config.leader_elect:
             elector = Elector(
                 self.kube.rest,

@@ -6,6 +6,9 @@ Secret holding their own CA (tls.crt, tls.key, ca.crt). Every replica watches th
 rotation step taken by the leader or by `podcert signer ca ...` reaches all of them within
 seconds, without a restart. Steps are written with the Secret's resourceVersion: two writers never
 silently overwrite each other. Key material is held in memory only, never logged.
+
+Each step also writes the SPIFFE bundle's sequence number into the Secret (`signer.spiffebundle`),
+so every replica's bundle endpoint serves the same, never-decreasing number.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from cryptography import x509
 
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
-from signer import ca, model, rotation
+from signer import ca, model, rotation, spiffebundle
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -48,6 +51,7 @@ class CAStore:
         self._lock = threading.Lock()
         self._generations: list[rotation.Generation] = []
         self._version = ""
+        self._sequence = 0
         self.error: str | None = None
         self._listeners: list[Callable[[], None]] = []
 
@@ -72,6 +76,11 @@ class CAStore:
     def trusted_roots(self) -> list[x509.Certificate]:
         return rotation.trusted_roots(self.generations)
 
+    def spiffe_bundle(self) -> tuple[list[x509.Certificate], int]:
+        """The trusted roots and the SPIFFE bundle's sequence number, read together."""
+        with self._lock:
+            return rotation.trusted_roots(self._generations), self._sequence
+
     def on_change(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
 
@@ -95,9 +104,9 @@ class CAStore:
                 return None
             now = self.clock()
             gens = rotation.apply([], rotation.Prepare(), now, self.settings, self._new_ca())
-            if self.kube.create_secret(
-                self.namespace, self.secret_name, rotation.to_secret(gens), MANAGED_LABEL
-            ):
+            data = rotation.to_secret(gens)
+            data[spiffebundle.SEQUENCE_KEY] = str(spiffebundle.initial_sequence(now)).encode()
+            if self.kube.create_secret(self.namespace, self.secret_name, data, MANAGED_LABEL):
                 log.info("created a new root and intermediate CA in Secret %s", self.ref)
             found = self.kube.read_secret(self.namespace, self.secret_name)
             if found is None:
@@ -111,9 +120,11 @@ class CAStore:
             self.error = f"CA Secret {self.ref}: {err}"
             log.error("cannot use the CA: %s", self.error)
             return None
+        sequence = _sequence(data, gens)
         with self._lock:
             changed = version != self._version
             self._generations, self._version, self.error = gens, version, None
+            self._sequence = sequence
         if changed:
             for listener in self._listeners:
                 listener()
@@ -161,10 +172,15 @@ class CAStore:
             )
         fresh = self._new_ca() if isinstance(step, rotation.Prepare) else None
         after = rotation.apply(gens, step, now, self.settings, fresh)
-        new_version = self.kube.replace_secret(
-            self.namespace, self.secret_name, rotation.to_secret(after), version, MANAGED_LABEL
+        written = rotation.to_secret(after)
+        sequence = spiffebundle.next_sequence(
+            _sequence(data, gens), rotation.trusted_roots(gens), rotation.trusted_roots(after), now
         )
-        self._adopt(rotation.to_secret(after), new_version)
+        written[spiffebundle.SEQUENCE_KEY] = str(sequence).encode()
+        new_version = self.kube.replace_secret(
+            self.namespace, self.secret_name, written, version, MANAGED_LABEL
+        )
+        self._adopt(written, new_version)
         log.info("CA rotation step %s applied: %s", type(step).__name__, describe(after))
         return after
 
@@ -173,6 +189,11 @@ class CAStore:
         if not gens or any(g.id == "operator" for g in gens):
             return None
         return rotation.ca_schedule(gens, self.clock(), self.settings)
+
+
+def _sequence(data: dict[str, bytes], generations: list[rotation.Generation]) -> int:
+    stored = spiffebundle.read_sequence(data)
+    return stored if stored is not None else spiffebundle.fallback_sequence(generations)
 
 
 def describe(generations: list[rotation.Generation]) -> str:

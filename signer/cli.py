@@ -14,7 +14,7 @@ from podcert import logs
 from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.rest import ApiError, Rest, load_client
-from signer import build, policy, rotation
+from signer import build, bundleendpoint, policy, rotation, spiffebundle
 from signer.ca import CAError
 from signer.castore import CAStore, describe
 from signer.controller import Settings, utcnow
@@ -214,6 +214,38 @@ def register(subparsers: Any) -> None:
         help="DNS name in the webhook's serving certificate (repeatable; default "
         "podcert-signer.<namespace>.svc and its cluster.local form)",
     )
+    p.add_argument(
+        "--bundle-endpoint-port",
+        type=int,
+        default=0,
+        help="serve the trust domain's SPIFFE bundle at / over HTTPS here (0: off)",
+    )
+    p.add_argument(
+        "--bundle-endpoint-host",
+        default="0.0.0.0",  # noqa: S104
+        help="address the bundle endpoint binds",
+    )
+    p.add_argument(
+        "--bundle-endpoint-cert",
+        type=Path,
+        default=None,
+        help="https_web profile: the endpoint's Web PKI certificate chain (PEM, with "
+        "--bundle-endpoint-key); without it https_spiffe: an SVID of the signer's own, "
+        "spiffe://<trust domain>/podcert/bundle-endpoint",
+    )
+    p.add_argument(
+        "--bundle-endpoint-key",
+        type=Path,
+        default=None,
+        help="https_web profile: the private key of --bundle-endpoint-cert (PEM)",
+    )
+    p.add_argument(
+        "--bundle-refresh-hint-seconds",
+        type=int,
+        default=int(spiffebundle.DEFAULT_REFRESH_HINT.total_seconds()),
+        help="spiffe_refresh_hint: how often consumers should poll the bundle (at most half "
+        "of --ca-overlap-seconds, so a new root reaches them before it signs)",
+    )
     p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")
     p.set_defaults(run=run)
     sub = p.add_subparsers(dest="signer_command", metavar="ca")
@@ -270,9 +302,17 @@ def _run_problem(args: argparse.Namespace) -> str | None:
     for flag, port in (
         ("--metrics-port", args.metrics_port),
         ("--webhook-port", args.webhook_port),
+        ("--bundle-endpoint-port", args.bundle_endpoint_port),
     ):
         if not 0 <= port <= MAX_PORT:
             return f"{flag} must be between 0 and {MAX_PORT}, got {port}"
+    if (args.bundle_endpoint_cert is None) != (args.bundle_endpoint_key is None):
+        return "--bundle-endpoint-cert and --bundle-endpoint-key go together (https_web)"
+    if not 1 <= args.bundle_refresh_hint_seconds <= max(1, args.ca_overlap_seconds / 2):
+        return (
+            "--bundle-refresh-hint-seconds must be between 1 and half of --ca-overlap-seconds, "
+            f"got {args.bundle_refresh_hint_seconds}"
+        )
     if args.audit_checkpoint_every < 1 or args.audit_checkpoint_interval <= 0:
         return "--audit-checkpoint-every must be at least 1 and --audit-checkpoint-interval above 0"
     if not args.lease_duration > args.renew_deadline > args.retry_period > 0:
@@ -401,4 +441,17 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         webhook_host=args.webhook_host,
         webhook_port=args.webhook_port,
         webhook_dns_names=tuple(args.webhook_dns_name),
+        bundle_endpoint=_bundle_endpoint(args),
+    )
+
+
+def _bundle_endpoint(args: argparse.Namespace) -> bundleendpoint.Settings | None:
+    if not args.bundle_endpoint_port:
+        return None
+    return bundleendpoint.Settings(
+        port=args.bundle_endpoint_port,
+        host=args.bundle_endpoint_host,
+        web_cert=args.bundle_endpoint_cert,
+        web_key=args.bundle_endpoint_key,
+        refresh_hint=dt.timedelta(seconds=args.bundle_refresh_hint_seconds),
     )
