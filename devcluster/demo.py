@@ -33,6 +33,7 @@ from devcluster.nodestate import NodeState
 from devcluster.stack import BUNDLE, TRUST, Stack, identity_volume, wait_for
 from podcert.api import keys
 from podcert.api.volumes import volume_dir
+from podcert.errors import ConfigError
 from podcert.rest import JSON, ApiError, Rest, path_of
 from signer import objects
 
@@ -63,6 +64,7 @@ def _spiffe(leaf: x509.Certificate) -> str:
 
 LAB = "lab"  # the wrong parties' target lives apart, so the audit of `shop` stays about shop
 KUBELET_NODE = "node-k"
+MAX_RATE = 1000.0  # the example client on one core
 # The container says what it sees of its credential, then waits to be stopped (a shell that
 # traps TERM, so deleting the pod takes no grace period).
 MOUNT = "/var/run/identity"
@@ -100,6 +102,8 @@ def _forge(stack: Stack, api: Any, pod: JSON, service_account: str) -> JSON:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 < args.rate <= MAX_RATE:
+        raise ConfigError(f"--rate must be above 0 and at most {MAX_RATE:g} requests/s")
     with tempfile.TemporaryDirectory(prefix="podcert-demo-") as tmp:
         work = (args.dir or Path(tmp)).resolve()
         root = work / "devcluster"

@@ -308,6 +308,7 @@ def _bad_flags(tmp_path: Path) -> list[tuple[str, list[str], int, tuple[str, ...
             ("no devcluster runs under",),
         ),
         ("demo --rate", ["demo", "--rate=fast"], 2, ("--rate", "'fast'")),
+        ("demo --rate 0", ["demo", "--rate=0"], 2, ("--rate must be above 0",)),
         ("no command", [], 2, ("COMMAND",)),
         ("unknown command", ["sigenr"], 2, ("'sigenr'",)),
     ]
