@@ -48,5 +48,7 @@ def setup(level: str = "INFO") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # The client libraries' own chatter (connection pool warnings) stays at warning.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    # urllib3 warns of each retry it makes inside one call; the caller's own retry line says
+    # what failed and when it tries again, once.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)

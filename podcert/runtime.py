@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Final, Generic, TypeVar
 
+from podcert.errors import one_line
 from podcert.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger("podcert.runtime")
@@ -367,7 +368,7 @@ def retry_until(
         try:
             return attempt()
         except transient as err:
-            logger.warning("%s (%s); retrying in %.1fs", what, err, delay)
+            logger.warning("%s (%s); retrying in %.1fs", what, one_line(str(err)), delay)
             if sleep(delay):
                 break
             delay = min(delay * 2, cap)

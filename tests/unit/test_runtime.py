@@ -368,3 +368,26 @@ def test_an_error_no_wait_can_fix_is_raised_at_once() -> None:
 
     with pytest.raises(PermissionError):
         retry_until(attempt, threading.Event(), transient=(Transient,), wait=lambda s: False)
+
+
+def test_a_retry_says_what_failed_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    nested = (
+        "HTTPSConnectionPool(host='127.0.0.1', port=6443): Max retries exceeded with url: "
+        "/api (Caused by NewConnectionError('<urllib3.connection.HTTPSConnection object at "
+        "0x7f>: Failed to establish a new connection: [Errno 111] Connection refused'))"
+    )
+    calls = iter([Transient(nested), "up"])
+
+    def attempt() -> str:
+        step = next(calls)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    with caplog.at_level(logging.WARNING):
+        assert retry_until(attempt, threading.Event(), transient=(Transient,), wait=lambda s: False)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        "API server not usable yet (cannot reach the API server at 127.0.0.1:6443 "
+        "([Errno 111] Connection refused)); retrying in 0.5s"
+    )
