@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trustme
+from aiohttp.test_utils import make_mocked_request
 from cryptography import x509
 
 from signer import bundleendpoint, ca, model
@@ -92,10 +93,12 @@ def test_missing_web_files_leave_nothing_to_serve_so_the_endpoint_does_not_start
 
 
 def serve(roots: list[x509.Certificate], sequence: int) -> Any:
+    """One GET / answered by the handler (TLS is the listener's business, not its)."""
+    identity = bundleendpoint.SpiffeIdentity(lambda: None, "td.test", Clock(T0))
     server = bundleendpoint.BundleServer(
-        bundleendpoint.Settings(port=0), identity=None, bundle=lambda: (roots, sequence)
-    )  # type: ignore[arg-type]  # the handler never touches TLS
-    return asyncio.run(server.handle(None))  # type: ignore[arg-type]
+        bundleendpoint.Settings(port=0), identity, lambda: (roots, sequence)
+    )
+    return asyncio.run(server.handle(make_mocked_request("GET", "/")))
 
 
 def test_before_a_ca_is_loaded_it_answers_503_rather_than_an_empty_bundle() -> None:
