@@ -32,9 +32,13 @@ DEFAULT_SIGNER = "podcert.dev/workload"
 
 
 def signer_rbac(
-    namespace: str, signer_names: Sequence[str], suffix: str = ""
+    namespace: str,
+    signer_names: Sequence[str],
+    suffix: str = "",
+    webhook_configuration: str | None = None,
 ) -> list[dict[str, Any]]:
-    """manifests/signer/rbac.yaml for another namespace, signer names and object-name suffix."""
+    """manifests/signer/rbac.yaml for another namespace, signer names, object-name suffix and
+    webhook configuration (the one whose caBundle the signer keeps)."""
     docs = [d for d in yaml.safe_load_all(SIGNER_RBAC.read_text()) if d]
     out: list[dict[str, Any]] = []
     for doc in docs:
@@ -50,6 +54,8 @@ def signer_rbac(
         for rule in doc.get("rules", []):
             if rule.get("resourceNames") == [DEFAULT_SIGNER]:
                 rule["resourceNames"] = list(signer_names)
+            if webhook_configuration and "validatingwebhookconfigurations" in rule["resources"]:
+                rule["resourceNames"] = [webhook_configuration]
         out.append(doc)
     return out
 
@@ -135,12 +141,16 @@ class Signer(Process):
 
 
 def install_signer_identity(
-    root: Path, namespace: str, signer_names: Sequence[str], suffix: str
+    root: Path,
+    namespace: str,
+    signer_names: Sequence[str],
+    suffix: str,
+    webhook_configuration: str | None = None,
 ) -> Path:
     """Namespace, ServiceAccount and least RBAC for a signer; returns its token kubeconfig."""
     with kube.admin_client(root) as api:
         kube.ensure_namespace(api, namespace)
-        kube.apply(api, signer_rbac(namespace, signer_names, suffix))
+        kube.apply(api, signer_rbac(namespace, signer_names, suffix, webhook_configuration))
     return kube.service_account_kubeconfig(root, namespace, "podcert-signer")
 
 
@@ -153,8 +163,14 @@ def signer(
     suffix: str = "",
     extra: Sequence[str] = (),
 ) -> Signer:
-    """Start `podcert signer` as its ServiceAccount (not yet waited for; call wait_ready)."""
-    kubeconfig = install_signer_identity(root, namespace, signer_names, suffix or namespace)
+    """Start `podcert signer` as its ServiceAccount (not yet waited for; call wait_ready).
+    Its RBAC follows its flags: `--webhook-configuration=NAME` in `extra` grants that object."""
+    configuration = next(
+        (a.partition("=")[2] for a in extra if a.startswith("--webhook-configuration=")), None
+    )
+    kubeconfig = install_signer_identity(
+        root, namespace, signer_names, suffix or namespace, configuration
+    )
     port = free_port()
     args = [
         "signer",

@@ -13,6 +13,7 @@ piece does one job and learns of the others only through the callbacks wired her
 | `Rotator`                | applies the CA schedule's due step (leader only)               |
 | `Elector`                | the Lease; starts and stops leading                           |
 | `WebhookServer`          | the validating admission webhook (optional)                   |
+| `CAInjector` (+ pool)    | its configuration's caBundle, equal to the roots (leader only) |
 | `BundleServer`           | the SPIFFE bundle endpoint (optional)                         |
 | metrics server           | /metrics, /healthz, /readyz                                   |
 """
@@ -33,6 +34,7 @@ from podcert.rest import ApiError, Rest, load_client
 from podcert.runtime import Runtime, retry_until
 from signer import auditlog, bundleendpoint, metrics, rotation
 from signer.audittrail import AuditTrail
+from signer.cainjector import CAInjector
 from signer.castore import CAStore
 from signer.controller import Controller, Settings, utcnow
 from signer.kube import SignerKube
@@ -73,6 +75,7 @@ class Config:
     webhook_host: str = "0.0.0.0"  # noqa: S104
     webhook_port: int = 0  # 0: no webhook
     webhook_dns_names: tuple[str, ...] = ()  # default: the Service's names in `namespace`
+    webhook_configuration: str = ""  # the ValidatingWebhookConfiguration whose caBundle we keep
     bundle_endpoint: bundleendpoint.Settings | None = None  # None: no SPIFFE bundle endpoint
 
     @property
@@ -144,6 +147,7 @@ class Signer:
     rotator: Rotator
     leading: threading.Event
     server: ThreadingHTTPServer | None = None
+    injector: CAInjector | None = None
 
     def start(self) -> None:
         config, runtime, stop = self.config, self.runtime, self.runtime.stopping
@@ -165,6 +169,9 @@ class Signer:
                 runtime.spawn(reflector.name, reflector.run)
             runtime.add_pool(self.publisher.pool())
         runtime.add_pool(self.controller.pool())
+        if self.injector is not None:
+            runtime.spawn(self.injector.reflector.name, self.injector.reflector.run)
+            runtime.add_pool(self.injector.pool())
         runtime.spawn("ca-rotation", self.rotator.run)
         runtime.on_stopping(self.rotator.wake)
         if self.audit is not None:
@@ -227,6 +234,8 @@ class Signer:
         self.metrics.leader.set(1)
         self.controller.started_leading()
         self.publisher.resync()
+        if self.injector is not None:
+            self.injector.resync()
         self.rotator.wake()
 
     def stopped_leading(self) -> None:
@@ -241,6 +250,8 @@ class Signer:
             # A (new) CA signs now: the audit certificate is re-keyed under it.
             self.trail.on_ca_change()
         self.publisher.resync()
+        if self.injector is not None:
+            self.injector.resync()
         self.rotator.wake()
 
 
@@ -293,5 +304,9 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
     signer = Signer(
         config, runtime, kube, cas, m, audit, trail, controller, publisher, rotator, leading
     )
+    if config.webhook_configuration:
+        signer.injector = CAInjector(
+            kube, config.webhook_configuration, cas.trusted_roots, leading.is_set, runtime.stopping
+        )
     cas.on_change(signer.on_ca_change)
     return signer

@@ -215,6 +215,13 @@ def register(subparsers: Any) -> None:
         "podcert-signer.<namespace>.svc and its cluster.local form)",
     )
     p.add_argument(
+        "--webhook-configuration",
+        default="",
+        metavar="NAME",
+        help="the ValidatingWebhookConfiguration whose caBundle the leader keeps equal to the "
+        "CA's roots (default: none)",
+    )
+    p.add_argument(
         "--bundle-endpoint-port",
         type=int,
         default=0,
@@ -306,6 +313,8 @@ def _run_problem(args: argparse.Namespace) -> str | None:
     ):
         if not 0 <= port <= MAX_PORT:
             return f"{flag} must be between 0 and {MAX_PORT}, got {port}"
+    if args.webhook_configuration and not is_dns_name(args.webhook_configuration):
+        return f"--webhook-configuration {args.webhook_configuration!r} is not an object name"
     if (args.bundle_endpoint_cert is None) != (args.bundle_endpoint_key is None):
         return "--bundle-endpoint-cert and --bundle-endpoint-key go together (https_web)"
     if not 1 <= args.bundle_refresh_hint_seconds <= max(1, args.ca_overlap_seconds / 2):
@@ -441,6 +450,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         webhook_host=args.webhook_host,
         webhook_port=args.webhook_port,
         webhook_dns_names=tuple(args.webhook_dns_name),
+        webhook_configuration=args.webhook_configuration,
         bundle_endpoint=_bundle_endpoint(args),
     )
 

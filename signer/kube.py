@@ -231,3 +231,32 @@ class SignerKube:
         }
         out = self.rest.request("PUT", path_of("v1", "secrets", namespace, name), body=body)
         return str(out["metadata"]["resourceVersion"])
+
+    # --- our own ValidatingWebhookConfiguration (its caBundle) -----------------------------
+
+    def _webhook_configs(self, name: str = "") -> str:
+        return path_of(
+            "admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", None, name
+        )
+
+    def list_webhook_configuration(self, name: str) -> tuple[list[JSON], str]:
+        """List one configuration by name (RBAC can then limit list/watch to that name)."""
+        body = self.rest.request(
+            "GET", self._webhook_configs(), query={"fieldSelector": f"metadata.name={name}"}
+        )
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_webhook_configuration(self, name: str, resource_version: str) -> Iterator[JSON]:
+        return self.rest.watch(
+            self._webhook_configs(), resource_version, fieldSelector=f"metadata.name={name}"
+        )
+
+    def replace_webhook_configuration(self, body: JSON) -> JSON:
+        """PUT the configuration as read and changed: its resourceVersion makes a concurrent
+        change (a `kubectl apply`) a 409, never a clobber."""
+        doc = {
+            **body,
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+        }
+        return self.rest.request("PUT", self._webhook_configs(body["metadata"]["name"]), body=doc)
