@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,27 @@ class Kubelet:
     def volume_dir(self, pod_uid: str, volume: str = "identity") -> Path:
         """Where the kubelet projects a pod's projected volume."""
         return self.root / "pods" / pod_uid / "volumes" / "kubernetes.io~projected" / volume
+
+    def containers(self, pod_uid: str) -> list[str]:
+        """The containers (the pod sandbox included) containerd holds for a pod: real nodes."""
+        if self.hollow:
+            raise ValueError(f"{self.name} is a hollow node: it runs no containers")
+        done = subprocess.run(
+            [
+                "ctr",
+                f"--address={self.state.containerd_socket}",
+                "--namespace=k8s.io",
+                "containers",
+                "list",
+                "--quiet",
+                f'labels."io.kubernetes.pod.uid"=={pod_uid}',
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        return done.stdout.split()
 
     def restart(self) -> None:
         """Restart only the kubelet (containers keep running; a hollow one gets a new root)."""
