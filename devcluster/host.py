@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -162,20 +163,52 @@ def make_cgroup(cgroup: str) -> None:
                     (folder / knob).write_text((hierarchy / knob).read_text())
 
 
+def _mount_points() -> list[str]:
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        return [line.split()[4].replace("\\040", " ") for line in lines]
+    return []
+
+
 def mounts_under(*folders: Path) -> list[str]:
     prefixes = [str(f) for f in folders]
-    found = []
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            point = line.split()[4].replace("\\040", " ")
-            if any(point == p or point.startswith(p + "/") for p in prefixes):
-                found.append(point)
-    return found
+    return [
+        point
+        for point in _mount_points()
+        if any(point == p or point.startswith(p + "/") for p in prefixes)
+    ]
+
+
+def _unmount(points: list[str]) -> None:
+    for point in sorted(set(points), key=lambda p: -len(p)):  # the deepest first
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
 def unmount_under(*folders: Path) -> None:
-    for point in sorted(set(mounts_under(*folders)), key=lambda p: -len(p)):
-        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    _unmount(mounts_under(*folders))
+
+
+# What a real node mounts: its short folder (the kubelet's root, its pods' volumes) and its
+# containerd's container root filesystems under the node's folder.
+RUN_DIR = Path("/run/podcert-node")  # each real node's is RUN_DIR-<hash of its folder>
+STALE_ROOTFS = re.compile(r"/nodes/[^/]+/containerd/state/io\.containerd\.runtime\.v2\.task/")
+
+
+def node_mounts(points: list[str]) -> list[str]:
+    """Of these mount points, those a real node of the devcluster made."""
+    prefix = f"{RUN_DIR}-"
+    return [p for p in points if p.startswith(prefix) or STALE_ROOTFS.search(p)]
+
+
+def clear_stale_node_mounts() -> list[str]:
+    """Unmount what a real node left behind when it was killed before its own clean-up (a test
+    run cut short): its kubelet root's volumes, its containers' root filesystems. Call it only
+    while no real node runs: there is room for one per machine, so any such mount is stale."""
+    stale = node_mounts(_mount_points())
+    _unmount(stale)
+    for folder in RUN_DIR.parent.glob(f"{RUN_DIR.name}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
 
 
 def node_ip() -> str:

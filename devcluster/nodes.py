@@ -62,7 +62,7 @@ FIXED_PATHS = (
     Path("/etc/cni"),
     Path("/opt/cni"),
 )
-SHORT_DIR = Path("/run/podcert-node")
+SHORT_DIR = host.RUN_DIR
 # Where a real node is recorded while it runs: there is room for one per machine.
 REAL_NODE_SLOT = Path("/run/podcert-devcluster-real-node")
 
@@ -167,6 +167,9 @@ def _start_real(
     max_pods: int | None = None,
     sync_frequency: dt.timedelta | None = None,
 ) -> NodeState:
+    stale = host.clear_stale_node_mounts()  # the slot is ours: nothing else of a node runs
+    if stale:
+        progress(f"unmounted {len(stale)} mounts a killed real node left behind")
     # containerd's and the kubelet's sockets (containerd.sock.ttrpc, pod-resources/<n>, ...) must
     # fit a sockaddr_un (108 bytes): they and the kubelet's root live under /run, in a folder
     # named after the node's, whatever that folder's depth.

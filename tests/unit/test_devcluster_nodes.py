@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devcluster import build, flags, hollow, identities, images, nodeconfig
+from devcluster import build, flags, hollow, host, identities, images, nodeconfig
 
 GATES = (
     "--feature-gates="
@@ -170,3 +170,16 @@ def test_a_hollow_kubelet_talks_to_the_api_server_as_a_real_kubelet_does(
     assert "--kube-api-qps=50" in args
     assert "--kube-api-burst=100" in args
     assert [a for a in args if a.startswith("--max-pods")] == expected
+
+
+def test_only_a_real_nodes_own_mounts_count_as_its_leftovers() -> None:
+    rootfs = "/t/dc/nodes/node-k/containerd/state/io.containerd.runtime.v2.task/k8s.io/a/rootfs"
+    points = [
+        "/",
+        "/run/podcert-node-0123456789ab/kubelet/pods/u/volumes/kubernetes.io~projected/identity",
+        rootfs,
+        "/run/podcert-nodes-not-ours",
+        "/var/lib/containers/storage/overlay/ab/merged",  # podman's, not a node's
+        "/run/netns/cni-1234",
+    ]
+    assert host.node_mounts(points) == [points[1], rootfs]
