@@ -44,6 +44,11 @@ class Cache(Generic[K, V]):
         with self._lock:
             return len(self._items)
 
+    @property
+    def synced(self) -> bool:
+        """Whether a full list has gone through (entries are trustworthy before, just missing)."""
+        return self.reflector.synced.is_set()
+
     def get(self, key: K) -> V | None:
         with self._lock:
             return self._items.get(key)

@@ -161,10 +161,13 @@ class Controller:
 
     def pool(self) -> WorkerPool[Key]:
         """The workers: only the leader settles requests (a standby keeps them in its store;
-        `started_leading` queues them again). They start once the fact caches hold a full
-        list, as controllers wait for their informers: otherwise every request of a start-up
-        backlog is read live, three GETs each, while the lists are still loading. After the
-        timeout they start anyway; live reads keep every decision correct, only slower."""
+        `started_leading` queues them again). They start once the node and ServiceAccount
+        caches hold a full list, as controllers wait for their informers: otherwise every
+        request of a start-up backlog is read live, three GETs each, while the lists are still
+        loading. After the timeout they start anyway; live reads keep every decision correct,
+        only slower. The pod cache is not waited for: it is the cluster's largest list (150,000
+        pods take seconds), and while it loads a request's pod is read live, one GET, so a
+        signer starting on a large cluster issues as soon as the small lists are in."""
         return WorkerPool(
             "worker",
             self.queue,
@@ -175,7 +178,10 @@ class Controller:
             on_retry=self._count_retry,
             after_each=self._gauge_depth,
             context=_ctx,
-            waits_for=[Synced(c.reflector.name, c.reflector.synced) for c in self.fact_caches],
+            waits_for=[
+                Synced(c.reflector.name, c.reflector.synced)
+                for c in (self.nodes, self.service_accounts)
+            ],
             sync_timeout=self.settings.facts_sync_timeout,
             sync_timeout_note="settling requests with live reads until it does",
             logger=log,
@@ -334,6 +340,10 @@ class Controller:
         (missing, or any mismatch) read live, so that no request is denied on a cache that
         lags behind the API server."""
         pod = self.pods.get((request.namespace, request.pod_name))
+        if pod is None and not self.pods.synced:
+            # The pods are still being listed (the workers do not wait for them): this one live.
+            pod_obj = self.kube.get_pod(request.namespace, request.pod_name)
+            pod = objects.pod_from(pod_obj) if pod_obj else None
         node = self.nodes.get(request.node_name)
         sa = self.service_accounts.get((request.namespace, request.service_account_name))
         if binding_problem(request, model.Facts(pod, node, sa)) is not None:

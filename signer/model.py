@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, get_args
 
+import msgspec
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.types import (
     CertificateIssuerPrivateKeyTypes,
@@ -92,8 +93,13 @@ class Request:
     created: dt.datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)  # slots: the signer caches one per pod of the cluster
-class Pod:
+# The facts below are cached for every pod, node and ServiceAccount of the cluster (150,000 pods
+# and more): msgspec Structs, as small as slotted classes and, with gc=False, never traversed by
+# the cyclic garbage collector (whose full passes over as many dataclasses held the interpreter
+# lock for 0.1-0.4 s). They hold only strings, a bool and a read-only mapping: no cycles.
+
+
+class Pod(msgspec.Struct, frozen=True, gc=False):
     namespace: str
     name: str
     uid: str
@@ -101,17 +107,15 @@ class Pod:
     service_account_name: str
     phase: str = "Pending"
     deleting: bool = False
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = msgspec.field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(msgspec.Struct, frozen=True, gc=False):
     name: str
     uid: str
 
 
-@dataclass(frozen=True, slots=True)
-class ServiceAccount:
+class ServiceAccount(msgspec.Struct, frozen=True, gc=False):
     namespace: str
     name: str
     uid: str

@@ -8,6 +8,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
+import msgspec
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from podcert.api import keys
@@ -64,7 +65,7 @@ def make_facts(**changes: Any) -> model.Facts:
 def pod(**changes: Any) -> model.Pod:
     facts_pod = make_facts().pod
     assert facts_pod is not None
-    return dataclasses.replace(facts_pod, **changes)
+    return msgspec.structs.replace(facts_pod, **changes)
 
 
 def policy_with(**changes: Any) -> policy.SignerPolicy:

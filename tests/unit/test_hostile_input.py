@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Final, get_args
 
 import jwt
+import msgspec
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -344,7 +345,7 @@ def facts_for(draw: st.DrawFn, request: model.Request) -> model.Facts:
         "pod": st.one_of(
             st.none(),
             st.builds(
-                dataclasses.replace,
+                msgspec.structs.replace,
                 st.just(pod),
                 uid=st.sampled_from([request.pod_uid, "other-uid"]),
                 node_name=st.sampled_from([request.node_name, "node-z"]),

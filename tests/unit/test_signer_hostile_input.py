@@ -13,6 +13,7 @@ import datetime as dt
 import os
 from typing import Any
 
+import msgspec
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -193,7 +194,7 @@ ODD_FACTS: dict[str, st.SearchStrategy[Any]] = {
     "pod": st.one_of(
         st.none(),
         st.builds(
-            dataclasses.replace,
+            msgspec.structs.replace,
             st.just(BASE_FACTS.pod),
             uid=st.sampled_from(["pod-uid-1", "pod-uid-2", ""]),
             node_name=st.sampled_from(["node-a", "node-b"]),

@@ -76,7 +76,9 @@ def test_no_binding_problem_iff_decide_passes_its_binding_checks(found: model.Fa
 
 
 class Cached:
-    """A cache holding one value, whatever the key."""
+    """A cache holding one value, whatever the key, after its full list."""
+
+    synced = True
 
     def __init__(self, value: Any) -> None:
         self.value = value
