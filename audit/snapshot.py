@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -192,16 +193,26 @@ def read_cluster(
 
     selector = {"fieldSelector": f"spec.nodeName={node_name}"} if node_name else {}
     pcr_version, ctb_version = certificates_versions(rest)
-    pods: list[dict[str, Any]] = []
-    requests: list[dict[str, Any]] = []
-    listed = 0
-    for namespace in namespaces or (None,):
+
+    def pods_of(namespace: str | None) -> tuple[list[dict[str, Any]], int]:
         items, _ = rest.list(path_of("v1", "pods", namespace), _PodShape, query=selector)
+        kept, listed = [], 0
         for pod in items:
             listed += 1
             trimmed = _trim_pod(pod)
             if trimmed is not None:
-                pods.append(trimmed)
+                kept.append(trimmed)
+        return kept, listed
+
+    # One list request is served by one API server thread, a page at a time: 150,000 pods took
+    # 11-22 s that way here, 5 s as one list per namespace, _LISTS at once.
+    scopes: Sequence[str | None] = namespaces or _namespaces(rest) or (None,)
+    with ThreadPoolExecutor(_LISTS) as pool:
+        found = list(pool.map(pods_of, scopes))
+    pods = [pod for kept, _ in found for pod in kept]
+    listed = sum(count for _, count in found)
+    requests: list[dict[str, Any]] = []
+    for namespace in namespaces or (None,):
         path = path_of(group_version(pcr_version), "podcertificaterequests", namespace)
         requests += [_trim_request(r) for r in rest.list(path, query=selector)[0]]
     bundles: Iterable[dict[str, Any]] = ()
@@ -217,6 +228,27 @@ def read_cluster(
         if ctb.get("spec", {}).get("signerName")  # unlinked bundles vouch for no signer
     )
     return ClusterObjects(tuple(pods), tuple(requests), trust, listed)
+
+
+_LISTS: Final = 4  # pod lists in flight at once
+
+
+class _Named(msgspec.Struct, frozen=True):
+    metadata: _Meta
+
+
+def _namespaces(rest: Rest) -> tuple[str, ...]:
+    """Every namespace's name; () when the auditor may not list them (pods are then listed in
+    one request across namespaces)."""
+    from podcert.rest import ApiError
+
+    try:
+        items, _ = rest.list("/api/v1/namespaces", _Named)
+        return tuple(sorted(n.metadata.name for n in items if n.metadata.name))
+    except ApiError as err:
+        if err.status == 403:
+            return ()
+        raise
 
 
 class _Meta(msgspec.Struct, frozen=True):
