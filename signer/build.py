@@ -15,6 +15,7 @@ piece does one job and learns of the others only through the callbacks wired her
 | `WebhookServer`          | the validating admission webhook (optional)                   |
 | `CAInjector` (+ pool)    | its configuration's caBundle, equal to the roots (leader only) |
 | `BundleServer`           | the SPIFFE bundle endpoint (optional)                         |
+| `Federator` (+ pool)     | federated trust domains' bundles, polled and published (leader) |
 | metrics server           | /metrics, /healthz, /readyz                                   |
 """
 
@@ -37,6 +38,7 @@ from signer.audittrail import AuditTrail
 from signer.cainjector import CAInjector
 from signer.castore import CAStore
 from signer.controller import Controller, Settings, utcnow
+from signer.federator import Federator, load_bootstraps
 from signer.kube import SignerKube
 from signer.leader import Elector, LeaseSettings
 from signer.policy import Policy
@@ -148,6 +150,7 @@ class Signer:
     leading: threading.Event
     server: ThreadingHTTPServer | None = None
     injector: CAInjector | None = None
+    federator: Federator | None = None
 
     def start(self) -> None:
         config, runtime, stop = self.config, self.runtime, self.runtime.stopping
@@ -193,6 +196,8 @@ class Signer:
                 runtime,
                 utcnow,
             )
+        if self.federator is not None:
+            self.federator.start(runtime)
         if config.leader_elect:
             elector = Elector(
                 self.kube.rest,
@@ -236,6 +241,8 @@ class Signer:
         self.publisher.resync()
         if self.injector is not None:
             self.injector.resync()
+        if self.federator is not None:
+            self.federator.resync()
         self.rotator.wake()
 
     def stopped_leading(self) -> None:
@@ -307,6 +314,14 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
     if config.webhook_configuration:
         signer.injector = CAInjector(
             kube, config.webhook_configuration, cas.trusted_roots, leading.is_set, runtime.stopping
+        )
+    federated = config.policy.federation
+    if federated is not None and federated.domains:
+        bootstraps = load_bootstraps(federated, utcnow())
+        if isinstance(bootstraps, str):  # checked at start-up; a file changed since
+            raise ValueError(bootstraps)
+        signer.federator = Federator(
+            kube, federated, bootstraps, leading.is_set, runtime.stopping, utcnow
         )
     cas.on_change(signer.on_ca_change)
     return signer

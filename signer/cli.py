@@ -14,7 +14,7 @@ from podcert import logs
 from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.rest import ApiError, Rest, load_client
-from signer import build, bundleendpoint, policy, rotation, spiffebundle
+from signer import build, bundleendpoint, federator, policy, rotation, spiffebundle
 from signer.ca import CAError
 from signer.castore import CAStore, describe
 from signer.controller import Settings, utcnow
@@ -423,6 +423,10 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         )
     except policy.PolicyError as err:
         return f"invalid policy: {err}"
+    if pol.federation is not None:  # the bootstrap bundles are read now, so a bad one stops us
+        bootstraps = federator.load_bootstraps(pol.federation, utcnow())
+        if isinstance(bootstraps, str):
+            return f"invalid policy: {bootstraps}"
     return build.Config(
         signer_names=tuple(args.signer_names),
         policy=pol,

@@ -26,6 +26,8 @@ File shape (every key optional unless marked; unknown keys are errors)::
             burst: 100                    # required; requests at once after a quiet spell,
                                           #   1..100000
 
+    federation: ...                       # other SPIFFE trust domains: see signer.federation
+
 A request is allowed when any rule matches both its namespace and its service account;
 `allow: []` denies everything. Signers that are served but not listed get every default.
 
@@ -64,6 +66,7 @@ from podcert.api.lifetimes import (
 )
 from podcert.api.names import is_dns_name
 from podcert.ratelimit import Rate
+from signer import federation as federation_
 
 DEFAULT_MAX_LIFETIME: Final = dt.timedelta(seconds=DEFAULT_MAX_EXPIRATION_SECONDS)
 DEFAULT_CLUSTER_DOMAIN: Final = "cluster.local"
@@ -117,6 +120,7 @@ class SignerPolicy:
 @dataclass(frozen=True)
 class Policy:
     signers: Mapping[str, SignerPolicy]
+    federation: federation_.Federation | None = None  # None: no federated trust domains
 
     def for_signer(self, signer_name: str) -> SignerPolicy:
         return self.signers[signer_name]
@@ -159,9 +163,10 @@ def load_policy(text: str, source: str, served: Sequence[str], default_trust_dom
     except RecursionError as exc:  # PyYAML composes recursively
         raise PolicyError(f"{source}: not valid YAML: nested too deeply") from exc
     signers: dict[str, SignerPolicy] = {}
+    federated = None
     if root is not None:  # an empty file is the default policy
         reader = _Reader(source)
-        top = reader.mapping(root, "", {"signers"})
+        top = reader.mapping(root, "", {"signers", "federation"})
         if "signers" in top:
             _, value = top["signers"]
             for index, item in enumerate(reader.sequence(value, "signers")):
@@ -171,9 +176,12 @@ def load_policy(text: str, source: str, served: Sequence[str], default_trust_dom
                         item, f"signers[{index}].name", f"{signer.name!r} is listed twice"
                     )
                 signers[signer.name] = signer
+        if "federation" in top:
+            own = {s.trust_domain for s in signers.values()} | {default_trust_domain}
+            federated = federation_.read_section(reader, top["federation"][1], served, own)
     for name in served:
         signers.setdefault(name, SignerPolicy(name=name, trust_domain=default_trust_domain))
-    return Policy(types.MappingProxyType(signers))
+    return Policy(types.MappingProxyType(signers), federated)
 
 
 def load_policy_file(path: Path, served: Sequence[str], default_trust_domain: str) -> Policy:

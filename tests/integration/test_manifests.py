@@ -170,6 +170,8 @@ def can(rest: Rest, verb: str, group: str, resource: str, **attrs: str) -> bool:
 ALLOWED = [
     ("sign", "certificates.k8s.io", "signers", {"name": "podcert.dev/workload"}),
     ("attest", "certificates.k8s.io", "signers", {"name": "podcert.dev/workload"}),
+    # Federation: federated trust domains' roots, in bundles linked to a signer name of their own.
+    ("attest", "certificates.k8s.io", "signers", {"name": "podcert.dev/federated"}),
     ("watch", "certificates.k8s.io", "podcertificaterequests", {}),
     (
         "update",
@@ -192,6 +194,7 @@ ALLOWED = [
 ]
 DENIED = [
     ("sign", "certificates.k8s.io", "signers", {"name": "other.example.com/signer"}),
+    ("sign", "certificates.k8s.io", "signers", {"name": "podcert.dev/federated"}),
     ("sign", "certificates.k8s.io", "signers", {"name": "kubernetes.io/kube-apiserver-client"}),
     ("get", "", "secrets", {"namespace": "podcert-system", "name": "someone-elses"}),
     ("get", "", "secrets", {"namespace": "shop", "name": "podcert-ca"}),

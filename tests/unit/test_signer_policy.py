@@ -112,7 +112,7 @@ def signer_yaml(body: str) -> str:
     [
         pytest.param(
             "signer: []\n",
-            "policy.yaml:1: signer: unknown key; expected one of signers",
+            "policy.yaml:1: signer: unknown key; expected one of federation, signers",
             id="unknown top-level key",
         ),
         pytest.param("- a\n", "policy.yaml:1: (top level): expected a mapping", id="top is a list"),
