@@ -9,7 +9,7 @@ services and the signer policy reuse the same factories. Pure: no I/O, no clock.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bundles.formats import BundleError, load_certificate
@@ -125,6 +125,37 @@ def authorize_peer_certificate(der: bytes | None, authorizer: Authorizer) -> Ver
     except CertificateIdError as exc:
         return Verdict(False, f"The peer certificate carries no usable SPIFFE ID: {_clause(exc)}.")
     return authorizer(peer)
+
+
+def authorize_peer_chain(
+    chain: Sequence[bytes] | None, federated: Mapping[bytes, str], authorizer: Authorizer
+) -> Verdict:
+    """Authorize a peer by the chain TLS verified (DER, leaf first, trust anchor last).
+
+    `federated` maps each root of a federated trust domain (DER) to that trust domain: such a
+    root vouches for IDs of its own trust domain only (SPIFFE federation), so a peer whose
+    chain ends there must hold an ID in that domain. A chain ending at one of our own roots is
+    judged by `authorizer` alone, as `authorize_peer_certificate` judges it.
+    """
+    if not chain:
+        return Verdict(False, "The peer presented no certificate, or TLS verified no chain.")
+    verdict = authorize_peer_certificate(chain[0], allow_all)
+    if not verdict:
+        return verdict
+    peer = spiffe_id_of(load_certificate(chain[0]))
+    anchor = federated.get(chain[-1])
+    if anchor is not None and not peer.member_of(anchor):
+        return Verdict(
+            False,
+            f"{peer} chains to a root of federated trust domain {anchor}, which vouches "
+            "for its own IDs only.",
+        )
+    return authorizer(peer)
+
+
+def allow_all(peer: SpiffeId) -> Verdict:
+    """Any peer with a valid SPIFFE ID (for composing checks; never a policy on its own)."""
+    return Verdict(True, f"{peer} has a valid SPIFFE ID.")
 
 
 def _clause(text: object) -> str:

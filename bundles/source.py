@@ -24,15 +24,17 @@ import secrets
 import ssl
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from cryptography.hazmat.primitives import serialization
 
+from bundles.authz import Authorizer, Verdict, authorize_peer_certificate, authorize_peer_chain
 from bundles.formats import (
     MAX_BUNDLE_BYTES,
+    BundleError,
     Credential,
     TrustBundle,
     describe,
@@ -74,6 +76,7 @@ class _Material:
     trust_bundle: TrustBundle
     server: ssl.SSLContext
     client: ssl.SSLContext
+    federated: Mapping[bytes, str]  # a federated root (DER) -> its trust domain
 
 
 class TLSSource:
@@ -90,11 +93,17 @@ class TLSSource:
         credential: StrPath | tuple[StrPath, StrPath],
         trust_bundle: StrPath,
         *,
+        federated: Mapping[str, StrPath] | None = None,
         clock: Clock | None = None,
     ) -> None:
         self._split = isinstance(credential, tuple)
         credential_paths = credential if isinstance(credential, tuple) else (credential,)
-        self._paths = tuple(Path(p) for p in (*credential_paths, trust_bundle))
+        # Federated trust domains' bundles (trust domain -> file): trusted for that domain's
+        # IDs only, which `authorize` enforces after each handshake.
+        self._federated = tuple(sorted((federated or {}).items()))
+        federated_paths = tuple(path for _, path in self._federated)
+        self._paths = tuple(Path(p) for p in (*credential_paths, trust_bundle, *federated_paths))
+        self._anchors: Mapping[bytes, str] = {}
         self._clock = clock or _utc_now
         self._lock = threading.Lock()
         self._subscribers: list[Subscriber] = []
@@ -130,6 +139,18 @@ class TLSSource:
     def last_error(self) -> Exception | None:
         """Why the latest refresh rejected what it read; None once the files are good again."""
         return self._last_error
+
+    def authorize(
+        self, ssl_object: ssl.SSLObject | ssl.SSLSocket | None, authorizer: Authorizer
+    ) -> Verdict:
+        """Who the peer of a finished handshake is, and whether `authorizer` lets it in; a
+        peer vouched for by a federated trust domain's root must be of that trust domain."""
+        anchors = self._anchors or self._material.federated
+        if ssl_object is None:
+            return Verdict(False, "The connection is not TLS.")
+        if not self._federated:  # only our own roots: the leaf tells all
+            return authorize_peer_certificate(ssl_object.getpeercert(binary_form=True), authorizer)
+        return authorize_peer_chain(verified_chain(ssl_object), anchors, authorizer)
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(credential)` after each successful swap; returns an unsubscribe function.
@@ -182,10 +203,26 @@ class TLSSource:
             credential = load_credential_files(contents[0], contents[1])
         else:
             credential = load_credential(contents[0])
-        trust_bundle = load_trust_bundle(contents[-1])
+        first_federated = len(contents) - len(self._federated)
+        trust_bundle = load_trust_bundle(contents[first_federated - 1])
         verify_chain(credential, trust_bundle, self._clock())
-        server, client = build_contexts(credential, trust_bundle)
-        return _Material(digests, credential, trust_bundle, server, client)
+        own = {r.public_bytes(serialization.Encoding.DER) for r in trust_bundle.roots}
+        federated: dict[bytes, str] = {}
+        everything = list(trust_bundle.roots)
+        for (trust_domain, path), data in zip(
+            self._federated, contents[first_federated:], strict=True
+        ):
+            try:
+                roots = load_trust_bundle(data).roots
+            except ValueError as exc:
+                raise BundleError(f"federated trust bundle {path} ({trust_domain}): {exc}") from exc
+            for root in roots:
+                der = root.public_bytes(serialization.Encoding.DER)
+                if der not in own and der not in federated:  # our own roots stay ours
+                    federated[der] = trust_domain
+                    everything.append(root)
+        server, client = build_contexts(credential, TrustBundle(tuple(everything)))
+        return _Material(digests, credential, trust_bundle, server, client, federated)
 
     def _reload(self) -> _Material | None:
         """Swap in new material if the files changed and are valid; the new material or None."""
@@ -209,6 +246,8 @@ class TLSSource:
                 log.exception("keeping the previous TLS material after an unexpected error")
                 self._last_error = exc
                 return None
+            # Connections made with the previous material are still authorized against it.
+            self._anchors = {**self._material.federated, **material.federated}
             self._material = material  # one assignment: readers see old or new, never a mix
             self._last_error = None
         log.info(
@@ -291,6 +330,19 @@ class _Halt:
 
     def set(self) -> None:
         self._own = True
+
+
+def verified_chain(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> list[bytes] | None:
+    """The chain TLS verified for the peer (DER, leaf first, trust anchor last), or None.
+    Public from Python 3.13; before it, the same method of the `_ssl` object underneath."""
+    getter = getattr(ssl_object, "get_verified_chain", None)
+    if getter is None:
+        getter = getattr(getattr(ssl_object, "_sslobj", None), "get_verified_chain", None)
+    if getter is None:
+        return None
+    chain = getter()
+    # 3.13 gives DER bytes; 3.10-3.12 `_ssl.Certificate`s (2 is `_ssl.ENCODING_DER`).
+    return [c if isinstance(c, bytes) else bytes(c.public_bytes(2)) for c in chain or ()]
 
 
 def _read_capped(path: Path) -> bytes:

@@ -23,6 +23,7 @@ from cryptography import x509
 
 from bundles.authz import Authorizer, allow_any_of, allow_ids, allow_trust_domain, allow_workloads
 from bundles.source import StrPath
+from bundles.spiffe import parse_trust_domain
 
 
 def add_credential_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,15 @@ def add_credential_arguments(parser: argparse.ArgumentParser) -> None:
     files.add_argument("--key", type=Path, help="key file (with --certificate-chain)")
     files.add_argument("--certificate-chain", type=Path, help="chain file (with --key)")
     files.add_argument("--trust-bundle", type=Path, required=True, help="trust anchors (PEM)")
+    files.add_argument(
+        "--federated-trust-bundle",
+        dest="federated",
+        action="append",
+        default=[],
+        metavar="TRUST_DOMAIN=PATH",
+        help="a federated trust domain's roots (PEM, e.g. its projected ClusterTrustBundle), "
+        "trusted for that trust domain's IDs only (repeatable)",
+    )
     files.add_argument(
         "--reload-interval",
         type=float,
@@ -53,6 +63,21 @@ def credential_paths(
         pair: tuple[StrPath, StrPath] = (args.key, args.certificate_chain)
         return pair
     parser.error("give either --credential-bundle, or --key with --certificate-chain")
+
+
+def federated_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Path]:
+    """`--federated-trust-bundle` as TLSSource takes it; a usage error for a bad one."""
+    out: dict[str, Path] = {}
+    for item in args.federated:
+        trust_domain, equals, path = item.partition("=")
+        try:
+            trust_domain = parse_trust_domain(trust_domain)
+        except ValueError as exc:
+            parser.error(f"--federated-trust-bundle {item!r}: {exc}")
+        if not equals or not path or trust_domain in out:
+            parser.error(f"--federated-trust-bundle {item!r} is not a new TRUST_DOMAIN=PATH")
+        out[trust_domain] = Path(path)
+    return out
 
 
 def add_peer_arguments(parser: argparse.ArgumentParser, prefix: str, who: str) -> None:

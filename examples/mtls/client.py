@@ -31,13 +31,14 @@ import aiohttp
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.tracing import Trace
 
-from bundles.authz import Authorizer, authorize_peer_certificate
+from bundles.authz import Authorizer
 from bundles.source import SourceError, TLSSource
 from examples.mtls import (
     add_credential_arguments,
     add_peer_arguments,
     authorizer_from,
     credential_paths,
+    federated_paths,
     setup_logging,
     stop_on_signals,
 )
@@ -56,9 +57,10 @@ class _AuthorizingConnector(aiohttp.TCPConnector):
     override; the check runs after the TLS handshake and before the connection is used.
     """
 
-    def __init__(self, authorizer: Authorizer, **kwargs: Any) -> None:
+    def __init__(self, authorizer: Authorizer, source: TLSSource, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._authorizer = authorizer
+        self._source = source
 
     async def _create_connection(  # the signature is aiohttp's, `timeout` included
         self,
@@ -69,8 +71,7 @@ class _AuthorizingConnector(aiohttp.TCPConnector):
         protocol = await super()._create_connection(req, traces, timeout)
         transport = protocol.transport
         ssl_object = transport.get_extra_info("ssl_object") if transport else None
-        der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
-        verdict = authorize_peer_certificate(der, self._authorizer)
+        verdict = self._source.authorize(ssl_object, self._authorizer)
         if not verdict:
             if transport is not None:
                 transport.close()
@@ -95,7 +96,7 @@ class IdentityClient:
 
     async def __aenter__(self) -> IdentityClient:
         # Idle connections are dropped soon, so connections made with old material age out.
-        connector = _AuthorizingConnector(self._authorizer, keepalive_timeout=5)
+        connector = _AuthorizingConnector(self._authorizer, self.source, keepalive_timeout=5)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=10)
         )
@@ -193,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rate must be positive")
     setup_logging(args.log_level)
     try:
-        source = TLSSource(credential, args.trust_bundle)
+        source = TLSSource(credential, args.trust_bundle, federated=federated_paths(parser, args))
     except SourceError as exc:
         log.error("%s", exc)
         return 1

@@ -33,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bundles.authz import Authorizer, authorize_peer_certificate
+from bundles.authz import Authorizer
 from bundles.formats import BundleError, load_certificate
 from bundles.source import SourceError, TLSSource
 from bundles.spiffe import CertificateIdError, spiffe_id_of
@@ -42,6 +42,7 @@ from examples.mtls import (
     add_peer_arguments,
     authorizer_from,
     credential_paths,
+    federated_paths,
     serial_of,
     setup_logging,
     stop_on_signals,
@@ -102,7 +103,7 @@ class IdentityServer:
         transport = request.transport
         ssl_object = transport.get_extra_info("ssl_object") if transport else None
         der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
-        verdict = authorize_peer_certificate(der, self.authorizer)
+        verdict = self.source.authorize(ssl_object, self.authorizer)
         if der is None or not verdict:
             self.refused += 1
             log.warning("refused client %s: %s", request.remote, verdict.reason)
@@ -181,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     authorizer = authorizer_from(parser, args)
     setup_logging(args.log_level)
     try:
-        source = TLSSource(credential, args.trust_bundle)
+        source = TLSSource(credential, args.trust_bundle, federated=federated_paths(parser, args))
     except SourceError as exc:
         log.error("%s", exc)
         return 1

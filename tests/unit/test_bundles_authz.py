@@ -17,6 +17,7 @@ from bundles.authz import (
     allow_trust_domain,
     allow_workloads,
     authorize_peer_certificate,
+    authorize_peer_chain,
 )
 from bundles.spiffe import SpiffeId, SpiffeIdError
 from tests.unit.test_bundles_formats import WORKLOAD, Authority
@@ -181,3 +182,28 @@ def test_corrupted_peer_certificates_give_a_verdict_never_an_exception(
         data[position] = value
     verdict = authorize_peer_certificate(bytes(data), allow_trust_domain("cluster.local"))
     assert isinstance(verdict, Verdict)
+
+
+# --- federated roots (issue 17) ---------------------------------------------------------------
+
+
+def test_a_federated_root_vouches_only_for_its_own_trust_domain(ca: Authority) -> None:
+    """A chain TLS verified ends at a root: one of a federated trust domain's may certify only
+    that domain's IDs; one of ours leaves the peer to the authorizer alone."""
+    theirs = Authority("partner root")
+    ours_der, theirs_der = (a.cert.public_bytes(serialization.Encoding.DER) for a in (ca, theirs))
+    federated = {theirs_der: "partner.example"}
+    foreign_ok = [_der(theirs, str(FOREIGN)), theirs_der]
+    foreign_lying = [_der(theirs, WORKLOAD), theirs_der]
+    ours_ok = [_der(ca, WORKLOAD), ours_der]
+    assert authorize_peer_chain(foreign_ok, federated, allow_ids([FOREIGN]))
+    lying = authorize_peer_chain(foreign_lying, federated, allow_ids([WORKLOAD]))
+    assert not lying
+    assert lying.reason == (
+        f"{WORKLOAD} chains to a root of federated trust domain partner.example, which "
+        "vouches for its own IDs only."
+    )
+    assert authorize_peer_chain(ours_ok, federated, allow_ids([WORKLOAD]))
+    assert not authorize_peer_chain(ours_ok, federated, allow_ids([FOREIGN]))
+    assert not authorize_peer_chain(None, federated, allow_ids([FOREIGN]))
+    assert not authorize_peer_chain([b"junk", theirs_der], federated, allow_ids([FOREIGN]))

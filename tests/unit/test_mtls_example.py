@@ -259,6 +259,40 @@ def test_a_client_certificate_from_an_untrusted_ca_fails_the_handshake(
     run(scenario)
 
 
+def test_a_federated_trust_domains_root_vouches_for_its_own_ids_only(
+    storage: AtomicDirStorage, ca1: ca.CABundle, pods: tuple[Pod, Pod], tmp_path: Path
+) -> None:
+    """Issue 17: the server trusts partner.test's root as partner.test's bundle. A partner
+    workload gets in; a certificate from that root claiming one of our IDs does not, though
+    TLS verified it."""
+    server_pod, _ = pods
+    partner_ca = new_ca("partner")
+    federated = tmp_path / "federated-partner.pem"
+    federated.write_bytes(pem(partner_ca.root))
+    partner = Pod(storage, "uid-partner", "spiffe://partner.test/ns/shop/sa/web")
+    partner.issue(partner_ca, [partner_ca.root, ca1.root])
+    liar = Pod(storage, "uid-liar", CLIENT_ID)
+    liar.issue(partner_ca, [partner_ca.root, ca1.root])
+
+    async def scenario() -> None:
+        source = TLSSource(
+            server_pod.bundle, server_pod.trust, federated={"partner.test": federated}
+        )
+        server = IdentityServer(source, allow_workloads("shop", "web"))
+        port = await server.start("127.0.0.1", 0)
+        url = f"https://127.0.0.1:{port}/"
+        try:
+            for pod, allowed in ((partner, True), (liar, False)):
+                async with IdentityClient(pod.source(), allow_ids([SERVER_ID]), url) as client:
+                    answer = await client.request()
+                assert (answer is not None) is allowed, client.errors
+            assert (server.served, server.refused) == (1, 1)
+        finally:
+            await server.stop()
+
+    run(scenario)
+
+
 def test_the_client_refuses_a_server_with_another_id_before_sending_anything(
     pods: tuple[Pod, Pod],
 ) -> None:
