@@ -85,15 +85,17 @@ class GoSpiffe:
     def verify(self, files: Files) -> dict[str, Any]:
         return self.run("verify", **files.args())
 
-    def client(self, files: Files, url: str, **peer: str) -> dict[str, Any]:
-        """`peer`: server_id=... (AuthorizeID) or server_trust_domain=... (AuthorizeMemberOf)."""
-        return self.run("client", **files.args(), url=url, requests=3, **peer)
+    def client(self, files: Files | None, url: str, **peer: str) -> dict[str, Any]:
+        """`peer`: server_id=... (AuthorizeID) or server_trust_domain=... (AuthorizeMemberOf);
+        without files, workload_api=... (the SVID and bundles from a Workload API)."""
+        return self.run("client", **(files.args() if files else {}), url=url, requests=3, **peer)
 
     @contextmanager
-    def serve(self, files: Files, **peer: str) -> Iterator[GoServer]:
-        """`peer`: client_id=... (AuthorizeID) or client_trust_domain=... (AuthorizeMemberOf)."""
+    def serve(self, files: Files | None, **peer: str) -> Iterator[GoServer]:
+        """`peer`: client_id=... (AuthorizeID) or client_trust_domain=... (AuthorizeMemberOf);
+        without files, workload_api=... (the SVID and bundles from a Workload API)."""
         proc = subprocess.Popen(
-            [str(self.binary), "serve", *flags(**files.args(), **peer)],
+            [str(self.binary), "serve", *flags(**(files.args() if files else {}), **peer)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -11,6 +11,13 @@
 //	              example server; files are read again on every handshake, so it rotates
 //	fetch-bundle  federation.FetchBundle from a SPIFFE bundle endpoint (https_spiffe or
 //	              https_web) and print what go-spiffe parsed
+//	workload      fetch the X509 context from a SPIFFE Workload API (SPIRE's agent) with
+//	              workloadapi and print the SVID's ID and every trust domain's roots
+//
+// client and serve take their SVID and bundles from files, or with --workload-api from a
+// Workload API (workloadapi.X509Source, which follows SVID and bundle rotation, federated
+// trust domains' bundles included). client --duration keeps calling (a new connection per
+// request) until the time is up or SIGTERM, counting failures instead of stopping at one.
 //
 // Every subcommand prints one JSON object on stdout (serve: one when listening, one on exit)
 // and exits 1 with the reason on stderr when go-spiffe refuses something.
@@ -40,6 +47,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
 )
 
 func main() {
@@ -51,6 +59,7 @@ func main() {
 		"client":       client,
 		"serve":        serve,
 		"fetch-bundle": fetchBundle,
+		"workload":     workload,
 	}
 	run, ok := commands[os.Args[1]]
 	if !ok {
@@ -95,7 +104,7 @@ func (f *files) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundl
 }
 
 type credentialFlags struct {
-	credential, trust, trustDomain *string
+	credential, trust, trustDomain, workloadAPI *string
 }
 
 func addCredentialFlags(fs *flag.FlagSet) credentialFlags {
@@ -103,7 +112,31 @@ func addCredentialFlags(fs *flag.FlagSet) credentialFlags {
 		credential:  fs.String("credential-bundle", "", "projected credential bundle (key, then chain)"),
 		trust:       fs.String("trust-bundle", "", "projected trust bundle (PEM roots)"),
 		trustDomain: fs.String("trust-domain", "", "the trust bundle's trust domain (default: the SVID's)"),
+		workloadAPI: fs.String("workload-api", "", "instead of files: a Workload API socket, unix:///path"),
 	}
+}
+
+// sources are where the SVID and the bundles come from: files, or a Workload API.
+type sources interface {
+	x509svid.Source
+	x509bundle.Source
+}
+
+// sources opens the files, or the Workload API (waiting for its first X509 context); close
+// releases the Workload API's stream.
+func (c credentialFlags) sources(ctx context.Context) (sources, func(), error) {
+	if *c.workloadAPI == "" {
+		f, _, err := c.open()
+		return f, func() {}, err
+	}
+	if *c.credential != "" || *c.trust != "" {
+		return nil, nil, errors.New("--workload-api or the files, not both")
+	}
+	source, err := workloadapi.NewX509Source(ctx, workloadapi.WithClientOptions(workloadapi.WithAddr(*c.workloadAPI)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("workload API %s: %w", *c.workloadAPI, err)
+	}
+	return source, func() { _ = source.Close() }, nil
 }
 
 // open checks the files once with go-spiffe and returns them as sources.
@@ -185,40 +218,60 @@ func client(args []string) error {
 	url := fs.String("url", "", "e.g. https://127.0.0.1:8443/")
 	serverID := fs.String("server-id", "", "authorize the server with AuthorizeID")
 	serverTD := fs.String("server-trust-domain", "", "authorize the server with AuthorizeMemberOf")
-	requests := fs.Int("requests", 3, "requests to send")
+	requests := fs.Int("requests", 3, "requests to send (without --duration)")
+	duration := fs.Duration("duration", 0, "keep calling this long (or until SIGTERM), counting failures")
+	interval := fs.Duration("interval", 100*time.Millisecond, "with --duration: time between requests")
 	_ = fs.Parse(args)
-	f, _, err := creds.open()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	src, closeSource, err := creds.sources(ctx)
+	cancel()
 	if err != nil {
 		return err
 	}
+	defer closeSource()
 	authz, err := authorizer(*serverID, *serverTD)
 	if err != nil {
 		return err
 	}
-	transport := &http.Transport{TLSClientConfig: tlsconfig.MTLSClientConfig(f, f, authz)}
+	// With --duration every request makes a new connection, so each one is a new handshake
+	// with the material current at that moment (rotations are seen at once).
+	transport := &http.Transport{
+		TLSClientConfig:   tlsconfig.MTLSClientConfig(src, src, authz),
+		DisableKeepAlives: *duration > 0,
+	}
 	defer transport.CloseIdleConnections()
 	httpClient := &http.Client{Transport: transport, Timeout: 10 * time.Second}
-	answers := []map[string]any{}
-	var server *x509.Certificate
-	for range *requests {
+	call := func() (map[string]any, *x509.Certificate, error) {
 		resp, err := httpClient.Get(*url)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
 		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s answered %d: %s", *url, resp.StatusCode, body)
+			return nil, nil, fmt.Errorf("%s answered %d: %s", *url, resp.StatusCode, body)
 		}
 		answer := map[string]any{}
 		if err := json.Unmarshal(body, &answer); err != nil {
-			return fmt.Errorf("%s answered no JSON object: %w", *url, err)
+			return nil, nil, fmt.Errorf("%s answered no JSON object: %w", *url, err)
+		}
+		return answer, resp.TLS.PeerCertificates[0], nil
+	}
+	if *duration > 0 {
+		return callFor(call, *duration, *interval)
+	}
+	answers := []map[string]any{}
+	var server *x509.Certificate
+	for range *requests {
+		answer, peer, err := call()
+		if err != nil {
+			return err
 		}
 		answers = append(answers, answer)
-		server = resp.TLS.PeerCertificates[0]
+		server = peer
 	}
 	out := map[string]any{"ok": len(answers), "answers": answers}
 	if server != nil {
@@ -229,6 +282,49 @@ func client(args []string) error {
 		out["server_id"], out["server_serial"] = serverID.String(), serial(server)
 	}
 	emit(out)
+	return nil
+}
+
+// callFor calls until `duration` is over or SIGTERM comes, and prints the counts: ok, failed
+// (with each distinct error), and the server serials and caller serials seen, in order.
+func callFor(call func() (map[string]any, *x509.Certificate, error), duration, interval time.Duration) error {
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	deadline := time.After(duration)
+	ok, failed := 0, 0
+	errs := map[string]int{}
+	serverSerials, callerSerials := []string{}, []string{}
+	seen := map[string]bool{}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		answer, server, err := call()
+		if err != nil {
+			failed++
+			errs[err.Error()]++
+		} else {
+			ok++
+			if s := serial(server); !seen["s"+s] {
+				seen["s"+s] = true
+				serverSerials = append(serverSerials, s)
+			}
+			if s, _ := answer["caller_serial"].(string); !seen["c"+s] {
+				seen["c"+s] = true
+				callerSerials = append(callerSerials, s)
+			}
+		}
+		select {
+		case <-stop:
+		case <-deadline:
+		case <-tick.C:
+			continue
+		}
+		break
+	}
+	emit(map[string]any{
+		"ok": ok, "failed": failed, "errors": errs,
+		"server_serials": serverSerials, "caller_serials": callerSerials,
+	})
 	return nil
 }
 
@@ -281,16 +377,19 @@ func serve(args []string) error {
 	clientID := fs.String("client-id", "", "authorize clients with AuthorizeID")
 	clientTD := fs.String("client-trust-domain", "", "authorize clients with AuthorizeMemberOf")
 	_ = fs.Parse(args)
-	f, _, err := creds.open()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	src, closeSource, err := creds.sources(ctx)
+	cancel()
 	if err != nil {
 		return err
 	}
+	defer closeSource()
 	authz, err := authorizer(*clientID, *clientTD)
 	if err != nil {
 		return err
 	}
 	handler := &identityServer{callers: map[string]int{}}
-	config := tlsconfig.MTLSServerConfig(f, f, authz)
+	config := tlsconfig.MTLSServerConfig(src, src, authz)
 	getCertificate := config.GetCertificate
 	config.GetCertificate = func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		cert, err := getCertificate(hello)
@@ -326,9 +425,9 @@ func serve(args []string) error {
 	case err := <-done:
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = server.Shutdown(ctx)
+	shutdown, cancelShutdown := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancelShutdown()
+	_ = server.Shutdown(shutdown)
 	handler.mu.Lock()
 	defer handler.mu.Unlock()
 	callers := []string{}
@@ -398,5 +497,32 @@ func fetchBundle(args []string) error {
 	}
 	out["x509_authorities"] = authorities
 	emit(out)
+	return nil
+}
+
+func workload(args []string) error {
+	fs := flag.NewFlagSet("workload", flag.ExitOnError)
+	socket := fs.String("workload-api", "", "the Workload API socket, unix:///path")
+	_ = fs.Parse(args)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	x509Context, err := workloadapi.FetchX509Context(ctx, workloadapi.WithAddr(*socket))
+	if err != nil {
+		return fmt.Errorf("workload API %s: %w", *socket, err)
+	}
+	svid := x509Context.DefaultSVID()
+	bundles := map[string][]string{}
+	for _, bundle := range x509Context.Bundles.Bundles() {
+		roots := []string{}
+		for _, root := range bundle.X509Authorities() {
+			roots = append(roots, base64.StdEncoding.EncodeToString(root.Raw))
+		}
+		bundles[bundle.TrustDomain().String()] = roots
+	}
+	emit(map[string]any{
+		"spiffe_id": svid.ID.String(),
+		"serial":    serial(svid.Certificates[0]),
+		"bundles":   bundles,
+	})
 	return nil
 }
