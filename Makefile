@@ -39,10 +39,11 @@ lint: $(VENV)/.installed
 # Install what a real node needs from Debian (apt-get, only when something is missing), then build
 # (once, cached outside the repo) the devcluster's binaries, showing progress: the whole cluster
 # with both kubelets for each minor, 1.37 first (1.35 reuses much of 1.36's Go build cache), and
-# the tests' own Go programs (tests/interop: go-spiffe's conformance checker).
+# the tests' own Go programs (tests/interop: go-spiffe's conformance checker, SPIRE's server and
+# agent for the federation tests).
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps
-	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop
+	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 define PYTEST

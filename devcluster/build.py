@@ -10,7 +10,7 @@ envtest convention), those are used and nothing is built.
 
 The tests' own Go programs (tests/interop/<name>: each a module with its go.mod and go.sum, e.g.
 the go-spiffe conformance checker) are built here too, into the same cache, keyed by their
-sources' hash so an edit rebuilds them.
+sources' hash so an edit rebuilds them (SPIRE's server and agent: `devcluster.spire`).
 """
 
 from __future__ import annotations
@@ -197,12 +197,12 @@ def wrapper_go_mod(component: Component, upstream_go_mod: str) -> str:
     )
 
 
-def _go_env() -> dict[str, str]:
+def _go_env(*, cgo: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     # A module that needs a newer Go than the machine's gets it through the same module proxy.
     env["GOTOOLCHAIN"] = "auto"
     env.setdefault("GOFLAGS", "-buildvcs=false")
-    env["CGO_ENABLED"] = "0"
+    env["CGO_ENABLED"] = "1" if cgo else "0"
     return env
 
 
@@ -213,6 +213,7 @@ def _run_go(
     progress: Progress,
     *,
     every: int = 1,
+    cgo: bool = False,
 ) -> str:
     """Run go, relaying its output; with `every` > 1 only each every-th line (`go build -v`
     names each package it compiles: thousands of lines, a count is progress enough)."""
@@ -226,7 +227,7 @@ def _run_go(
     proc = subprocess.Popen(
         [go, *args],
         cwd=cwd,
-        env=_go_env(),
+        env=_go_env(cgo=cgo),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

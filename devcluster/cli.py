@@ -1,4 +1,4 @@
-"""`podcert devcluster up | down | status | kubelet | node-kubeconfig | build | deps`."""
+"""`podcert devcluster up | down | status | kubelet | node-kubeconfig | build | deps | image`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from devcluster import build, cluster, host, kube, nodes, nodestate
+from devcluster import build, cluster, host, imagebuild, kube, nodes, nodestate
 from devcluster.identities import Paths
+from devcluster.spire import ensure_spire
 from devcluster.supervise import ClusterError, NodeError
 
 DEFAULT_DIR = Path(".devcluster")
@@ -97,6 +98,10 @@ def _build(args: argparse.Namespace) -> int:
         if args.interop:
             for name in build.INTEROP_PROGRAMS:
                 print(build.ensure_interop(name, _say))
+        if args.spire:
+            spire = ensure_spire(_say)
+            print(spire.server)
+            print(spire.agent)
     except build.BuildError as err:
         _say(str(err))
         return 1
@@ -194,6 +199,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="also the tests' own Go programs (tests/interop: the go-spiffe checker)",
     )
+    b.add_argument(
+        "--spire",
+        action="store_true",
+        help="also SPIRE's server and agent (tests/interop/spire), for the federation tests",
+    )
     b.set_defaults(run=_build)
     d = sub.add_parser("deps", help="apt-get install what a real node needs (only what is missing)")
     d.set_defaults(run=_deps)
+    imagebuild.register(sub)
