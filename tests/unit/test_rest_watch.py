@@ -18,6 +18,8 @@ from podcert.rest import ApiError, Gone, Rest
 
 
 class _Raw:
+    status = 200
+
     def __init__(self, chunks: list[bytes], error: Exception | None) -> None:
         self.chunks, self.error = chunks, error
         self.released = False
@@ -31,24 +33,35 @@ class _Raw:
         self.released = True
 
 
-class _Response:
-    status = 200
+class _Configuration:
+    host = "https://127.0.0.1"
 
-    def __init__(self, raw: _Raw) -> None:
-        self.response = raw
+    def auth_settings(self) -> dict[str, Any]:
+        return {}
 
 
-class _Api:
-    user_agent = "test"
-
+class _Pool:
     def __init__(self, raw: _Raw) -> None:
         self.raw = raw
 
-    def param_serialize(self, **_: Any) -> tuple[Any, ...]:
-        return ("GET", "https://127.0.0.1/api/v1/pods", {}, None, [])
+    def request(self, *_: Any, **__: Any) -> _Raw:
+        return self.raw
 
-    def call_api(self, *_: Any, **__: Any) -> _Response:
-        return _Response(self.raw)
+
+class _RestClient:
+    def __init__(self, raw: _Raw) -> None:
+        self.pool_manager = _Pool(raw)
+
+
+class _Api:
+    """The seam Rest uses of the client: its configuration and its urllib3 pool."""
+
+    user_agent = "test"
+    default_headers: dict[str, str] = {}  # noqa: RUF012 (never mutated)
+
+    def __init__(self, raw: _Raw) -> None:
+        self.configuration = _Configuration()
+        self.rest_client = _RestClient(raw)
 
 
 def _event(kind: str, obj: dict[str, Any]) -> bytes:
