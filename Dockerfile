@@ -1,10 +1,23 @@
 # One image for every podcert subcommand that runs in a cluster: signer, shim, audit. The
 # development tools (devcluster, the demo), the example workloads, benches and tests are not
 # copied, so the wheel built here holds only podcert, signer, kubelet_shim, audit and bundles
-# (pyproject's package list finds only what is present). Issue 16 builds and runs it for real.
+# (pyproject's package list finds only what is present). `podcert devcluster image` builds it
+# on this machine and checks the result (devcluster/imagebuild.py).
+#
+# The final image takes only installed files from the stages before it (`pip install --root`
+# into a folder, then COPY --from): no wheel, lock or pip cache reaches any of its layers, and
+# COPY --from is cached by content (a RUN --mount from a stage is not, in buildah 1.28: it would
+# reuse a layer holding an older podcert).
+
+# The dependencies from the runtime lock (hashes checked): rebuilt only when the lock changes.
+FROM python:3.11-slim AS deps
+COPY locks/runtime.txt /tmp/
+RUN pip install --no-cache-dir --require-hashes --root=/install -r /tmp/runtime.txt
+
+# podcert's own wheel, built by pip and the build backend at their locked versions, then
+# installed with nothing left to resolve.
 FROM python:3.11-slim AS build
 WORKDIR /src
-# pip and the build backend at their locked versions, so the wheel is built with nothing resolved.
 COPY locks/build.txt ./locks/
 RUN pip install --no-cache-dir --require-hashes -r locks/build.txt
 COPY pyproject.toml README.md ./
@@ -13,16 +26,17 @@ COPY signer ./signer
 COPY kubelet_shim ./kubelet_shim
 COPY audit ./audit
 COPY bundles ./bundles
-RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels . \
+    && pip install --no-cache-dir --no-deps --root=/install /wheels/podcert-*.whl
 
 FROM python:3.11-slim
-RUN useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin podcert
-# The dependencies from the runtime lock (hashes checked), then podcert's own wheel with nothing
-# left to resolve; bind mounts, so neither the lock nor the wheels become a layer.
-RUN --mount=type=bind,source=locks/runtime.txt,target=/tmp/runtime.txt \
-    --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --require-hashes -r /tmp/runtime.txt \
-    && pip install --no-cache-dir --no-deps /wheels/*.whl
+# One uid and one gid, both named: `USER 65532:65532` then runs as podcert:podcert (useradd
+# --user-group alone would pick the next free gid, 1000, leaving 65532 without a name).
+RUN groupadd --gid 65532 podcert \
+    && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin podcert
+COPY --from=deps /install/usr/local /usr/local
+COPY --from=build /install/usr/local /usr/local
 USER 65532:65532
 ENTRYPOINT ["podcert"]
 CMD ["--help"]

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint unit integration controlplane lock clean
+.PHONY: demo test lint unit integration controlplane image lock clean
 
 # Exactly the locked versions, every file checked against its hash, then podcert itself with
 # nothing left to resolve (locks/README.md says what each lock holds).
@@ -44,6 +44,12 @@ lint: $(VENV)/.installed
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps
 	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire
+
+# Build podcert's image and the example pair's with podman from the Dockerfiles, then check them
+# (devcluster/imagebuild.py). Installs podman and debootstrap from Debian when missing (as root)
+# and makes the base image once; later builds are cached. The test command builds it too.
+image: $(VENV)/.installed
+	$(BIN)/podcert devcluster image
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 define PYTEST

@@ -63,24 +63,31 @@ def install_packages(progress: Progress = lambda _line: None) -> list[str]:
     """apt-get install what a real node lacks (nothing at all when nothing is missing); returns
     the packages installed. Needs root, and a machine that reaches Debian's archive."""
     missing = missing_packages()
-    if not missing:
-        return []
+    if missing:
+        apt_install(missing, progress, purpose="a real node")
+    return missing
+
+
+def apt_install(
+    packages: list[str], progress: Progress = lambda _line: None, *, purpose: str = "this"
+) -> None:
+    """apt-get update, then install `packages` without their recommendations. Needs root, and a
+    machine that reaches Debian's archive."""
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise NodeError(
-            f"a real node needs {', '.join(missing)}: install them (apt-get install "
-            f"{' '.join(missing)}) or run this as root on Debian"
+            f"{purpose} needs {', '.join(packages)}: install them (apt-get install "
+            f"{' '.join(packages)}) or run this as root on Debian"
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for args in (
         ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
     ):
         progress("$ " + " ".join(args))
         done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
             raise NodeError(f"`{' '.join(args)}` failed:\n{tail}")
-    return missing
 
 
 def v1_hierarchies() -> list[Path]:
