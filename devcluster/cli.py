@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from devcluster import build, cluster, host, imagebuild, kube, nodes, nodestate
+from devcluster import build, cluster, host, imagebuild, kube, nodes, nodestate, tools
 from devcluster.identities import Paths
 from devcluster.spire import ensure_spire
 from devcluster.supervise import ClusterError, NodeError
@@ -102,6 +102,8 @@ def _build(args: argparse.Namespace) -> int:
             spire = ensure_spire(_say)
             print(spire.server)
             print(spire.agent)
+        if args.helm:
+            print(tools.ensure_helm(_say))
     except build.BuildError as err:
         _say(str(err))
         return 1
@@ -203,6 +205,9 @@ def register(subparsers: Any) -> None:
         "--spire",
         action="store_true",
         help="also SPIRE's server and agent (tests/interop/spire), for the federation tests",
+    )
+    b.add_argument(
+        "--helm", action="store_true", help="also helm, to lint and render charts/podcert"
     )
     b.set_defaults(run=_build)
     d = sub.add_parser("deps", help="apt-get install what a real node needs (only what is missing)")
