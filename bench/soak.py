@@ -66,6 +66,7 @@ class Watcher:
         self.fleet = fleet
         self.certificates: dict[str, set[str]] = defaultdict(set)  # request uid -> leaf serials
         self.rss: dict[str, list[tuple[float, float]]] = defaultdict(list)  # process -> samples
+        self.holders: list[str] = []  # the lease holders, in the order they held it
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="watcher", daemon=True)
 
@@ -82,6 +83,9 @@ class Watcher:
                 serial = leaf_serial(item)
                 if serial:
                     self.certificates[item["metadata"]["uid"]].add(serial)
+        holder = self.fleet.leader()
+        if holder and (not self.holders or self.holders[-1] != holder):
+            self.holders.append(holder)
         now = time.monotonic()
         for name, proc in self._processes():
             if proc is not None and proc.poll() is None:
@@ -329,6 +333,7 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "kubelet": "real" if fleet.kubelet_is_real else f"hollow ({fleet.kubelet_reason})",
         "faults": dict(faults_by_kind),
         "ca_rotations": faults.rotations_done,
+        "leaders": watcher.holders,
         "proofs": proofs,
         "ok": all(p["ok"] for p in proofs.values()),
         "log": log,

@@ -50,6 +50,7 @@ class Faults:
     pending: list[Restart] = field(default_factory=list)
     campaign: CaRotation | None = None
     rotations_done: list[dict[str, float]] = field(default_factory=list)
+    restarts: int = 0
 
     def run(self, name: str) -> str:
         return {
@@ -70,11 +71,21 @@ class Faults:
 
     def kill_leader(self) -> str:
         leader = self.fleet.leader()
-        for i, proc in enumerate(self.fleet.signers):
-            if leader == f"replica-{i}" and proc.running:
+        for proc in self.fleet.signers:
+            identity = _identity(proc.args)
+            if leader == identity and proc.running:
                 proc.kill()
-                self._restart_later(f"replica-{i}", proc.start, 2.0)
-                return f"SIGKILL replica-{i} (the leader)"
+                # It comes back as a new pod would: under a new name, so the lease must pass
+                # to the other replica (or wait out its duration), not resume under the old one.
+                self.restarts += 1
+                proc.args = [
+                    f"--identity={identity.split('.')[0]}.{self.restarts}"
+                    if a.startswith("--identity=")
+                    else a
+                    for a in proc.args
+                ]
+                self._restart_later(identity, proc.start, 2.0)
+                return f"SIGKILL {identity} (the leader)"
         return f"no running leader to kill (lease holder {leader})"
 
     def kill_shim(self) -> str:
@@ -245,6 +256,10 @@ def _leaf_under_new_root(pod: Pod, old: set[bytes]) -> bool:
     top = credential.chain[-1] if credential.chain else credential.leaf
     roots = [r for r in trust_roots(pod) if r.tbs_certificate_bytes not in old]
     return any(top.issuer == r.subject for r in roots)
+
+
+def _identity(args: list[str]) -> str:
+    return next(a.split("=", 1)[1] for a in args if a.startswith("--identity="))
 
 
 def _ignore(_: object) -> None:
