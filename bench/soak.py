@@ -45,8 +45,9 @@ from typing import Any
 from cryptography import x509
 
 from bench.soak_faults import FAULTS, Faults
-from bench.soak_fleet import KUBELET_NODE, NAMESPACE, SIGNER, Fleet, read_credential, wait_for
+from bench.soak_fleet import KUBELET_NODE, NAMESPACE, SIGNER, Fleet, read_credential
 from devcluster import cluster
+from devcluster.stack import wait_for
 from podcert.api.requests import outcome
 from podcert.auditlog import iter_entries
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.soak_fleet import NAMESPACE, Fleet, Pod, read_credential, trust_roots
+from bench.soak_fleet import Fleet, Pod, read_credential, trust_roots
 from devcluster import cluster, nodes
 from devcluster.cluster import State
 from devcluster.identities import Paths
@@ -154,17 +154,8 @@ class Faults:
     # --- operators -------------------------------------------------------------------------
 
     def rotate_service_account(self) -> str:
-        accounts = sorted(
-            {p.service_account for p in self.fleet.pods if p.node in self.fleet.shims}
-        )
-        account = self.rng.choice(accounts)
-        self.fleet.podcert(
-            "shim",
-            "rotate",
-            f"--kubeconfig={self.fleet.admin_kubeconfig}",
-            f"--namespace={NAMESPACE}",
-            f"--service-account={account}",
-        )
+        account = self.rng.choice(self.fleet.shim_accounts())
+        self.fleet.rotate(account)
         return f"podcert shim rotate --service-account {account}"
 
     def start_ca_rotation(self) -> str:
@@ -214,13 +205,7 @@ class CaRotation:
         if self.step == "rekey":
             accounts = self.fleet.shim_accounts()
             for account in accounts:
-                self.fleet.podcert(
-                    "shim",
-                    "rotate",
-                    f"--kubeconfig={self.fleet.admin_kubeconfig}",
-                    f"--namespace={NAMESPACE}",
-                    f"--service-account={account}",
-                )
+                self.fleet.rotate(account)
             said = f"re-key: shim rotate for {len(accounts)} accounts"
             if self.fleet.kubelet is not None:
                 said += "; " + self.faults.restart_kubelet()

@@ -25,6 +25,7 @@ from bundles import formats
 from devcluster import images, kube, nodes, processes
 from devcluster.identities import Paths
 from devcluster.nodestate import NodeState
+from devcluster.stack import listening, wait_for
 from devcluster.supervise import free_port
 from podcert.api.volumes import volume_dir
 from podcert.rest import JSON, ApiError, Rest, path_of
@@ -213,7 +214,7 @@ class Fleet:
             log=self.work / f"pair-{i}-server.log",
             module="examples.mtls.server",
         ).start()
-        wait_for(lambda: _listening(port), 30, f"pair {i}'s server")
+        wait_for(lambda: listening(port), 30, f"pair {i}'s server")
         client = processes.Process(
             args=[
                 f"--credential-bundle={client_pod.bundle}",
@@ -278,6 +279,16 @@ class Fleet:
                 raise RuntimeError(f"podcert {' '.join(args[:3])}: {done.stderr.strip()[-400:]}")
             time.sleep(1.0)
 
+    def rotate(self, account: str) -> None:
+        """Re-key every pod of `account` on the shims' nodes, as an operator does."""
+        self.podcert(
+            "shim",
+            "rotate",
+            f"--kubeconfig={self.admin_kubeconfig}",
+            f"--namespace={NAMESPACE}",
+            f"--service-account={account}",
+        )
+
     def ca(self, action: str, *flags: str) -> str:
         return self.podcert(
             "signer",
@@ -312,22 +323,3 @@ def trust_roots(pod: Pod) -> list[x509.Certificate]:
         return x509.load_pem_x509_certificates(pod.trust.read_bytes())
     except (OSError, ValueError):
         return []
-
-
-def wait_for(probe: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0

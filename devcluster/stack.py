@@ -141,7 +141,7 @@ class Stack:
             module="examples.mtls.server",
         ).start()
         self.pair["server"] = server
-        wait_for(lambda: _listening(self.port), 15, "the example server")
+        wait_for(lambda: listening(self.port), 15, "the example server")
         self.pair["client"] = processes.Process(
             args=[
                 *files["web"],
@@ -227,7 +227,8 @@ class Stack:
                 proc.stop()
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
+    """Something accepts connections on the loopback `port`."""
     with socket.socket() as sock:
         sock.settimeout(0.2)
         return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from devcluster import processes
+from devcluster.stack import listening
 from devcluster.supervise import free_port
 from devcluster.testing import eventually
 
@@ -168,13 +168,7 @@ def python_server(files: Files, log: Path, **peer: str) -> Iterator[str]:
         module="examples.mtls.server",
     ).start()
     try:
-        eventually(lambda: _listening(port), timeout=15, what="the Python example server")
+        eventually(lambda: listening(port), timeout=15, what="the Python example server")
         yield f"https://127.0.0.1:{port}/"
     finally:
         proc.stop()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
