@@ -12,9 +12,8 @@ the edge, with the two authentication profiles of the SPIFFE Trust Domain and Bu
 - `https_web`: the operator's Web PKI certificate and key files; read again (by content, at
   most every `WEB_RELOAD_INTERVAL` seconds) so a renewed certificate is served without a restart.
 
-Every handshake picks the current certificate (the listening context's `sni_callback`, called
-with or without SNI). The key of the endpoint's SVID lives in memory; it touches the disk only in
-a private temporary folder, mode 0600, for the moment `ssl` needs a path.
+Every handshake picks the current certificate (`signer.serving`, which also issues the SVID and
+keeps its key in memory).
 """
 
 from __future__ import annotations
@@ -24,20 +23,17 @@ import datetime as dt
 import hashlib
 import logging
 import ssl
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from aiohttp import web
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from podcert.runtime import Runtime
-from signer import certs, model, spiffebundle
+from signer import model, serving, spiffebundle
 
 log = logging.getLogger("podcert.signer.bundle")
 
@@ -68,21 +64,9 @@ def endpoint_id(trust_domain: str) -> str:
     return f"spiffe://{trust_domain}{ENDPOINT_PATH}"
 
 
-def _context(pem: bytes) -> ssl.SSLContext:
-    """A server context from a key and chain in PEM (ssl wants a path: a private one)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    with tempfile.TemporaryDirectory(prefix="podcert-bundle-") as tmp:
-        path = Path(tmp) / "serving.pem"
-        path.touch(mode=0o600)
-        path.write_bytes(pem)
-        context.load_cert_chain(str(path))
-    return context
-
-
-class SpiffeIdentity:
-    """https_spiffe: the endpoint's X509-SVID from the active CA, issued when first asked for,
-    again past half its life, and again when the active CA changes."""
+class SpiffeIdentity(serving.OwnCert):
+    """https_spiffe: the endpoint's X509-SVID from the active CA (consumers check the SPIFFE ID,
+    not a host name)."""
 
     def __init__(
         self,
@@ -91,45 +75,8 @@ class SpiffeIdentity:
         clock: Callable[[], dt.datetime],
         lifetime: dt.timedelta = SVID_LIFETIME,
     ) -> None:
-        self.issuing, self.spiffe_id = issuing, endpoint_id(trust_domain)
-        self.clock, self.lifetime = clock, lifetime
-        self._lock = threading.Lock()
-        self._context: ssl.SSLContext | None = None
-        self._renew_at: dt.datetime | None = None
-        self._issuer = b""
-
-    def _issue(self, issuer: model.IssuingCA) -> tuple[ssl.SSLContext, dt.datetime]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        not_before = certs.truncate_to_second(self.clock() - dt.timedelta(minutes=1))
-        not_after = certs.truncate_to_second(min(issuer.not_after, not_before + self.lifetime))
-        plan = model.LeafPlan(
-            public_key=key.public_key(),
-            spiffe_id=self.spiffe_id,
-            dns_names=(),  # consumers check the SPIFFE ID, not a host name
-            not_before=not_before,
-            not_after=not_after,
-            begin_refresh_at=not_before + (not_after - not_before) / 2,
-        )
-        chain = certs.sign_leaf(plan, issuer, certs.random_serial())
-        key_pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        return _context(key_pem + chain.encode()), plan.begin_refresh_at
-
-    def current(self) -> ssl.SSLContext | None:
-        issuer = self.issuing()
-        if issuer is None:
-            return None
-        fingerprint = issuer.certificate.fingerprint(hashes.SHA256())
-        with self._lock:
-            due = self._renew_at is None or self.clock() >= self._renew_at
-            if self._context is None or due or fingerprint != self._issuer:
-                self._context, self._renew_at = self._issue(issuer)
-                self._issuer = fingerprint
-                log.info("issued the bundle endpoint's SVID %s", self.spiffe_id)
-            return self._context
+        spiffe_id = endpoint_id(trust_domain)
+        super().__init__(issuing, spiffe_id, (), clock, lifetime, what="the bundle endpoint's SVID")
 
 
 class WebIdentity:
@@ -159,7 +106,7 @@ class WebIdentity:
                 key, chain = self.key.read_bytes(), self.cert.read_bytes()
                 digest = hashlib.sha256(key + b"\0" + chain).digest()
                 if digest != self._digest:
-                    self._context = _context(key.rstrip() + b"\n" + chain)
+                    self._context = serving.server_context(key.rstrip() + b"\n" + chain)
                     self._digest = digest
                     log.info("loaded the bundle endpoint's Web PKI certificate %s", self.cert)
             except (OSError, ssl.SSLError) as err:
@@ -178,19 +125,7 @@ Identity = SpiffeIdentity | WebIdentity
 
 
 def listener_context(identity: Identity) -> ssl.SSLContext:
-    """The context the socket listens with: it only hands each handshake to the current one."""
-    if identity.current() is None:
-        raise RuntimeError("the bundle endpoint has no certificate to serve with")
-    dispatcher = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    dispatcher.minimum_version = ssl.TLSVersion.TLSv1_2
-
-    def pick(sock: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: Any) -> None:
-        context = identity.current()
-        if context is not None:
-            sock.context = context
-
-    dispatcher.sni_callback = pick
-    return dispatcher
+    return serving.listener_context(identity.current, "the bundle endpoint")
 
 
 class BundleServer:

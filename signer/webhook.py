@@ -14,18 +14,14 @@ import asyncio
 import datetime as dt
 import logging
 import ssl
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from podcert.rest import ApiError
-from signer import admission, certs, model
+from signer import admission, model, serving
 from signer.admission import MAX_BODY_BYTES, MalformedReview, Verdict
 from signer.policy import Policy
 
@@ -34,8 +30,8 @@ log = logging.getLogger("podcert.signer.webhook")
 PATH = "/validate-podcertificaterequests"
 
 
-class ServingCert:
-    """The webhook's TLS identity, issued by the active CA; swapped per handshake."""
+class ServingCert(serving.OwnCert):
+    """The webhook's TLS identity: DNS names for the API server to dial, from the active CA."""
 
     def __init__(
         self,
@@ -45,70 +41,17 @@ class ServingCert:
         clock: Callable[[], dt.datetime],
         lifetime: dt.timedelta = dt.timedelta(days=7),
     ) -> None:
-        self.issuing, self.dns_names = issuing, tuple(dns_names)
-        self.trust_domain, self.clock, self.lifetime = trust_domain, clock, lifetime
-        self._lock = threading.Lock()
-        self._context: ssl.SSLContext | None = None
-        self._renew_at: dt.datetime | None = None
-        self._issuer: bytes = b""
-
-    def _issue(self, issuer: model.IssuingCA) -> ssl.SSLContext:
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = self.clock()
-        not_before = certs.truncate_to_second(now - dt.timedelta(minutes=1))
-        not_after = certs.truncate_to_second(min(issuer.not_after, not_before + self.lifetime))
-        plan = model.LeafPlan(
-            public_key=key.public_key(),
-            spiffe_id=f"spiffe://{self.trust_domain}/podcert/webhook",
-            dns_names=self.dns_names,
-            not_before=not_before,
-            not_after=not_after,
-            begin_refresh_at=not_before + (not_after - not_before) / 2,
+        super().__init__(
+            issuing,
+            f"spiffe://{trust_domain}/podcert/webhook",
+            dns_names,
+            clock,
+            lifetime,
+            what=f"the webhook serving certificate for {', '.join(dns_names)}",
         )
-        chain = certs.sign_leaf(plan, issuer, certs.random_serial())
-        key_pem = key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        # load_cert_chain needs a path: a private temporary dir, gone after loading.
-        with tempfile.TemporaryDirectory(prefix="podcert-webhook-") as tmp:
-            path = Path(tmp) / "serving.pem"
-            path.touch(mode=0o600)
-            path.write_bytes(key_pem + chain.encode())
-            context.load_cert_chain(str(path))
-        self._renew_at = plan.begin_refresh_at
-        return context
-
-    def current(self) -> ssl.SSLContext | None:
-        issuer = self.issuing()
-        if issuer is None:
-            return None
-        fingerprint = issuer.certificate.fingerprint(hashes.SHA256())
-        with self._lock:
-            stale = self._renew_at is None or self.clock() >= self._renew_at
-            if self._context is None or stale or fingerprint != self._issuer:
-                self._context = self._issue(issuer)
-                self._issuer = fingerprint
-                log.info("issued the webhook serving certificate for %s", ", ".join(self.dns_names))
-            return self._context
 
     def listener_context(self) -> ssl.SSLContext:
-        """The context the socket listens with: each handshake that names a server (SNI, as the
-        API server does for a Service or a host name) is handed the current certificate."""
-        first = self.current()
-        if first is None:
-            raise RuntimeError("no CA loaded: cannot serve the webhook")
-
-        def pick(sock: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: Any) -> None:
-            ctx = self.current()
-            if ctx is not None and ctx is not sock.context:
-                sock.context = ctx
-
-        first.sni_callback = pick
-        return first
+        return serving.listener_context(self.current, "the webhook")
 
 
 class WebhookServer:
