@@ -26,7 +26,7 @@ from kubelet_shim.kube import ShimApi, ShimKube
 from podcert.discovery import Unserved
 from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
-from podcert.runtime import Runtime, retry_until
+from podcert.runtime import GaveUp, Runtime, retry_until
 
 log = logging.getLogger("podcert.shim")
 
@@ -48,6 +48,7 @@ class Config:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9091
     clock_offset: dt.timedelta = dt.timedelta(0)  # testing only
+    startup_timeout: float = 120.0  # seconds of API trouble at start before exit 1 (0: never)
 
 
 def run(config: Config) -> int:
@@ -69,11 +70,12 @@ def run(config: Config) -> int:
             runtime.stopping,
             transient=(ApiError,),
             logger=log,
+            give_up_after=config.startup_timeout,
         )
     except Unserved as err:
         log.error("the shim cannot run here: %s", err)
         return 1
-    except Refused as err:
+    except (Refused, GaveUp) as err:
         log.error("%s", err)
         return 1
     if version is None:

@@ -94,6 +94,12 @@ def register(subparsers: Any) -> None:
         default=0.0,
         help="FOR TESTING ONLY: shift the agent's clock by this many seconds",
     )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for a reachable API server at start before exiting 1 (0: forever)",
+    )
     p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")
     p.set_defaults(run=run)
 
@@ -151,6 +157,8 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         )
     if not 0 <= args.metrics_port <= MAX_PORT:
         return f"--metrics-port must be between 0 and {MAX_PORT}, got {args.metrics_port}"
+    if not args.startup_timeout >= 0:
+        return f"--startup-timeout must not be negative, got {args.startup_timeout}"
     if args.root.exists() and not args.root.is_dir():
         return f"--root {args.root} is not a directory"
     return build.Config(
@@ -170,6 +178,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         clock_offset=dt.timedelta(seconds=args.clock_offset_seconds),
+        startup_timeout=args.startup_timeout,
     )
 
 

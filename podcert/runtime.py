@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Final, Generic, TypeVar
 
-from podcert.errors import one_line
+from podcert.errors import CommandError, one_line
 from podcert.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger("podcert.runtime")
@@ -347,6 +347,10 @@ class Runtime:
 # --- start-up ----------------------------------------------------------------------------------
 
 
+class GaveUp(CommandError):
+    """Start-up's transient trouble outlasted the time it was given (exit 1)."""
+
+
 def retry_until(
     attempt: Callable[[], T],
     stop: threading.Event,
@@ -357,18 +361,25 @@ def retry_until(
     wait: Callable[[float], bool] | None = None,
     logger: logging.Logger = log,
     what: str = "API server not usable yet",
+    give_up_after: float = 0.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> T | None:
     """`attempt()`'s result, retrying transient errors with doubling delays (first, 2x first,
     ... capped at `cap`); None when the stop comes first. Other errors propagate: a process
-    that cannot start for a reason no wait can fix should say so and exit.
+    that cannot start for a reason no wait can fix should say so and exit. With
+    `give_up_after` seconds (0: never), trouble that lasts longer raises GaveUp naming it.
     `wait(seconds)` returns True when stopped (Event.wait; a test injects its own)."""
     sleep = stop.wait if wait is None else wait
     delay = first
+    deadline = clock() + give_up_after if give_up_after > 0 else None
     while not stop.is_set():
         try:
             return attempt()
         except transient as err:
-            logger.warning("%s (%s); retrying in %.1fs", what, one_line(str(err)), delay)
+            cause = one_line(str(err))
+            if deadline is not None and clock() + delay > deadline:
+                raise GaveUp(f"{what} after {give_up_after:g}s ({cause}): giving up") from None
+            logger.warning("%s (%s); retrying in %.1fs", what, cause, delay)
             if sleep(delay):
                 break
             delay = min(delay * 2, cap)

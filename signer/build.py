@@ -32,7 +32,7 @@ from podcert.api.versions import CTBS
 from podcert.discovery import Unserved
 from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
-from podcert.runtime import Runtime, retry_until
+from podcert.runtime import GaveUp, Runtime, retry_until
 from signer import auditlog, bundleendpoint, metrics, rotation
 from signer.audittrail import AuditTrail
 from signer.cainjector import CAInjector
@@ -79,6 +79,7 @@ class Config:
     webhook_dns_names: tuple[str, ...] = ()  # default: the Service's names in `namespace`
     webhook_configuration: str = ""  # the ValidatingWebhookConfiguration whose caBundle we keep
     bundle_endpoint: bundleendpoint.Settings | None = None  # None: no SPIFFE bundle endpoint
+    startup_timeout: float = 120.0  # seconds of API trouble at start before exit 1 (0: never)
 
     @property
     def trust_domain(self) -> str:
@@ -113,8 +114,14 @@ def run(config: Config) -> int:
     try:
         # Start-up waits out transient API trouble instead of crashing into a restart loop;
         # credentials the API server refuses are no such trouble.
-        version = retry_until(connect, runtime.stopping, transient=(ApiError,), logger=log)
-    except (CAUnusable, Refused) as err:
+        version = retry_until(
+            connect,
+            runtime.stopping,
+            transient=(ApiError,),
+            logger=log,
+            give_up_after=config.startup_timeout,
+        )
+    except (CAUnusable, Refused, GaveUp) as err:
         log.error("%s", err)
         return 1
     except Unserved as err:

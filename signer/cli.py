@@ -253,6 +253,12 @@ def register(subparsers: Any) -> None:
         help="spiffe_refresh_hint: how often consumers should poll the bundle (at most half "
         "of --ca-overlap-seconds, so a new root reaches them before it signs)",
     )
+    p.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for a reachable API server at start before exiting 1 (0: forever)",
+    )
     p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")
     p.set_defaults(run=run)
     sub = p.add_subparsers(dest="signer_command", metavar="ca")
@@ -324,6 +330,8 @@ def _run_problem(args: argparse.Namespace) -> str | None:
         )
     if args.audit_checkpoint_every < 1 or args.audit_checkpoint_interval <= 0:
         return "--audit-checkpoint-every must be at least 1 and --audit-checkpoint-interval above 0"
+    if not args.startup_timeout >= 0:
+        return f"--startup-timeout must not be negative, got {args.startup_timeout}"
     if not args.lease_duration > args.renew_deadline > args.retry_period > 0:
         return (
             "the lease timings must satisfy --lease-duration > --renew-deadline > "
@@ -456,6 +464,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         webhook_dns_names=tuple(args.webhook_dns_name),
         webhook_configuration=args.webhook_configuration,
         bundle_endpoint=_bundle_endpoint(args),
+        startup_timeout=args.startup_timeout,
     )
 
 

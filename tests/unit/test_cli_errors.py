@@ -161,7 +161,7 @@ def test_a_daemon_waits_for_an_unreachable_api_server_saying_why_and_stops_clean
     """A long-running component outlives an API server that is away at start (a restart loop
     would only add back-off): it says each time what it cannot reach, and SIGTERM still stops
     it at once with exit 0."""
-    argv = [*commands(unreachable, tmp_path)[command], "--metrics-port=0"]
+    argv = [*commands(unreachable, tmp_path)[command], "--metrics-port=0", "--startup-timeout=0"]
     log = tmp_path / "daemon.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -184,6 +184,30 @@ def test_a_daemon_waits_for_an_unreachable_api_server_saying_why_and_stops_clean
     assert "Traceback" not in text, text
     waiting = [line for line in text.splitlines() if "API server not usable yet" in line]
     assert "Connection refused" in waiting[0]
+
+
+@pytest.mark.parametrize("command", ["signer", "shim"])
+def test_a_daemon_gives_up_on_an_api_server_away_longer_than_its_startup_timeout(
+    tmp_path: Path, unreachable: Path, command: str
+) -> None:
+    """Given --startup-timeout, it exits 1 with one line naming the server and the cause, as
+    Kubernetes expects of a container whose dependency is missing (it is restarted with
+    back-off)."""
+    argv = [*commands(unreachable, tmp_path)[command], "--metrics-port=0", "--startup-timeout=2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "podcert", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text
+    assert "Traceback" not in text, text
+    (gave_up,) = [line for line in text.splitlines() if "giving up" in line]
+    assert "API server not usable yet after 2s (cannot reach the API server at" in gave_up
+    assert "Connection refused" in gave_up
 
 
 SIGNER_NAMES = [

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from podcert.runtime import (
+    GaveUp,
     Runtime,
     Synced,
     Terminal,
@@ -390,4 +391,33 @@ def test_a_retry_says_what_failed_in_one_line(caplog: pytest.LogCaptureFixture) 
     assert record.getMessage() == (
         "API server not usable yet (cannot reach the API server at 127.0.0.1:6443 "
         "([Errno 111] Connection refused)); retrying in 0.5s"
+    )
+
+
+def test_start_up_gives_up_when_the_trouble_outlasts_its_time() -> None:
+    now = [0.0]
+    attempts: list[float] = []
+
+    def attempt() -> str:
+        attempts.append(now[0])
+        raise Transient("HTTPSConnectionPool(host='10.0.0.1', port=443): Max retries exceeded")
+
+    def wait(seconds: float) -> bool:
+        now[0] += seconds
+        return False
+
+    with pytest.raises(GaveUp) as caught:
+        retry_until(
+            attempt,
+            threading.Event(),
+            transient=(Transient,),
+            wait=wait,
+            give_up_after=5.0,
+            clock=lambda: now[0],
+        )
+    # 0, 0.5, 1.5, 3.5: the next wait would end past 5 s, so it stops there instead.
+    assert attempts == [0.0, 0.5, 1.5, 3.5]
+    assert str(caught.value) == (
+        "API server not usable yet after 5s (cannot reach the API server at 10.0.0.1:443 "
+        "(no connection)): giving up"
     )
