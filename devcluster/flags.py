@@ -75,6 +75,9 @@ def apiserver_args(
         "--advertise-address=127.0.0.1",
         # Loopback cannot back the kubernetes Service endpoints; nothing here needs them.
         "--endpoint-reconciler-type=none",
+        # No kube-proxy runs here: the API server calls webhooks (and aggregated APIs) at their
+        # Service's endpoints, not its cluster IP (an in-cluster signer's webhook, issue 16).
+        "--enable-aggregator-routing=true",
         f"--secure-port={port}",
         f"--cert-dir={p}",
         f"--tls-cert-file={p / 'apiserver.crt'}",

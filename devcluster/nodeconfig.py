@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster import images
-from devcluster.flags import feature_gates
+from devcluster.flags import SERVICE_CIDR, feature_gates
 from devcluster.host import CNI_BIN
 
 BRIDGE = "podcert0"
@@ -52,7 +52,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 
 def cni_config(ipam_dir: Path) -> dict[str, Any]:
-    """A host-only bridge: pods get an address, nothing is routed or masqueraded off the host."""
+    """A host-only bridge: pods get an address and a route to the host for Service addresses;
+    nothing is masqueraded off the host."""
     return {
         "cniVersion": "0.4.0",
         "name": "podcert-devcluster",
@@ -65,6 +66,10 @@ def cni_config(ipam_dir: Path) -> dict[str, Any]:
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": POD_SUBNET}]],
+                    # Service addresses go to the host (the gateway), where a test may give
+                    # the kubernetes Service an address (devcluster.incluster): there is no
+                    # kube-proxy. Nothing else leaves the bridge.
+                    "routes": [{"dst": SERVICE_CIDR}],
                     "dataDir": str(ipam_dir),
                 },
             }

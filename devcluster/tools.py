@@ -1,12 +1,10 @@
 """Client tools the tests run against the devcluster, built from Go modules into the same cache as
-the control plane (`devcluster.build`): helm, to lint and render the chart (charts/podcert), and
-kubectl of the cluster's own release, for `kubectl apply -k` of the kustomize bases as an
-operator runs it. Neither is taken from the machine: a fresh one has none, or another version.
+the control plane (`devcluster.build`): helm, to lint and render the chart (charts/podcert). It
+is not taken from the machine: a fresh one has none, or another version.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from devcluster import build
@@ -31,16 +29,3 @@ def ensure_helm(progress: Progress | None = None) -> Path:
     """helm, built once into the cache: about 3.5 minutes of CPU with empty Go caches (8 on a
     2-core machine shared with other builds), about 680 MB of modules."""
     return build.ensure_component(HELM, progress)
-
-
-def kubectl_component(kube_version: str = build.DEFAULT_KUBE_VERSION) -> Component:
-    """cmd/kubectl of k8s.io/kubernetes at the devcluster's release for that minor, stamped as
-    the control plane's binaries are (it takes their replace pins: one wrapper module recipe)."""
-    kubelet = build.kubernetes_component(build.REAL_KUBELET, kube_version)
-    return dataclasses.replace(kubelet, binary="kubectl", package="k8s.io/kubernetes/cmd/kubectl")
-
-
-def ensure_kubectl(
-    kube_version: str = build.DEFAULT_KUBE_VERSION, progress: Progress | None = None
-) -> Path:
-    return build.ensure_component(kubectl_component(kube_version), progress)
