@@ -93,7 +93,18 @@ def in_cluster(
             for doc in reversed(docs):
                 with contextlib.suppress(ApiError):
                     rest.request("DELETE", _path(doc))
-            eventually(lambda: not signer_pods(rest), timeout=90, what="the signer's pods to go")
+            # Later modules use podcert-system too: it must be gone, not terminating.
+            eventually(
+                lambda: namespace_gone(rest), timeout=120, interval=0.5, what="podcert-system gone"
+            )
+
+
+def namespace_gone(rest: Rest) -> bool:
+    try:
+        rest.request("GET", path_of("v1", "namespaces", None, NAMESPACE))
+    except ApiError as err:
+        return err.status == 404
+    return False
 
 
 def two_ready_replicas(rest: Rest) -> list[dict[str, Any]]:
