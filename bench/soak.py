@@ -44,6 +44,7 @@ from typing import Any
 
 from cryptography import x509
 
+from bench.bench_time_to_credential import exit_on_sigterm
 from bench.soak_faults import FAULTS, Faults
 from bench.soak_fleet import KUBELET_NODE, NAMESPACE, SIGNER, Fleet, read_credential
 from devcluster import cluster
@@ -368,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0 < args.kubelet_pods < args.pods:
         p.error("--kubelet-pods must be between 1 and --pods")
+    exit_on_sigterm()  # a SIGTERM unwinds through every `finally`: nothing is left running
     with tempfile.TemporaryDirectory(prefix="podcert-soak-") as tmp:
         work = (args.dir or Path(tmp)).resolve()
         report = soak(args, work)
