@@ -13,13 +13,13 @@ from typing import cast
 import pytest
 
 from podcert.runtime import Runtime, wait_for_sync
-from signer import model
 from signer.castore import CAStore
 from signer.controller import Controller, Settings, utcnow
 from signer.decide import binding_problem
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy
+from tests.signer_world import make_request
 
 SIGNER = "podcert.dev/test"
 DEADLINE = 10.0  # seconds a condition may take before the test fails
@@ -119,7 +119,7 @@ def test_a_stopping_controller_does_not_hold_its_workers() -> None:
 
 
 class LiveKube:
-    """Live reads, counted; everything is as the request says."""
+    """Live reads, counted; the pod is signer_world's, as its request says."""
 
     def __init__(self) -> None:
         self.reads: list[str] = []
@@ -127,8 +127,8 @@ class LiveKube:
     def get_pod(self, namespace: str, name: str) -> dict[str, object]:
         self.reads.append("pod")
         return {
-            "metadata": {"namespace": namespace, "name": name, "uid": "pod-uid"},
-            "spec": {"nodeName": "node-a", "serviceAccountName": "default"},
+            "metadata": {"namespace": namespace, "name": name, "uid": "pod-uid-1"},
+            "spec": {"nodeName": "node-a", "serviceAccountName": "api"},
             "status": {"phase": "Running"},
         }
 
@@ -143,24 +143,12 @@ def test_while_the_pods_list_a_requests_pod_is_read_live_and_the_rest_from_the_c
         CAStore(kube, "podcert-system", "podcert-ca", utcnow),
         Metrics(),
     )
-    ctrl.nodes._on_list([{"metadata": {"name": "node-a", "uid": "node-uid"}}])
+    ctrl.nodes._on_list([{"metadata": {"name": "node-a", "uid": "node-uid-1"}}])
     ctrl.service_accounts._on_list(
-        [{"metadata": {"namespace": "shop", "name": "default", "uid": "sa-uid"}}]
+        [{"metadata": {"namespace": "web", "name": "api", "uid": "sa-uid-1"}}]
     )
-    request = model.Request(
-        namespace="shop",
-        name="req",
-        uid="req-uid",
-        signer_name=SIGNER,
-        pod_name="web",
-        pod_uid="pod-uid",
-        service_account_name="default",
-        service_account_uid="sa-uid",
-        node_name="node-a",
-        node_uid="node-uid",
-        max_expiration_seconds=86400,
-    )
+    request = make_request(signer_name=SIGNER)
     facts = ctrl.facts(request)
     assert live.reads == ["pod"], "read more than the pod live"
-    assert facts.pod is not None and facts.pod.uid == "pod-uid"
+    assert facts.pod is not None and facts.pod.uid == "pod-uid-1"
     assert binding_problem(request, facts) is None

@@ -22,8 +22,8 @@ from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy
 from signer.settle import Settlement, settle
+from tests.signer_world import SIGNER, make_request
 
-SIGNER = "example.com/podcert"
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 CREATED = NOW - dt.timedelta(seconds=2)
 ISSUER = ca.issuing_ca(ca.new_ca("settle", NOW - dt.timedelta(days=1)))
@@ -59,18 +59,14 @@ def pcr() -> dict[str, Any]:
     }
 
 
-REQUEST = model.Request(
-    namespace="web",
+REQUEST = make_request(
     name="req-1",
     uid="u1",
-    signer_name=SIGNER,
     pod_name="frontend-0",
     pod_uid="pod-uid",
     service_account_name="frontend",
     service_account_uid="sa-uid",
-    node_name="node-a",
     node_uid="node-uid",
-    max_expiration_seconds=86400,
     created=CREATED,
 )
 
