@@ -127,8 +127,7 @@ class GoServer:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
             out, _ = self.proc.communicate(timeout=15)
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            self.summary = json.loads(lines[-1]) if lines else {}
+            self.summary = last_json(out) or {}
         return self.summary
 
 
@@ -136,25 +135,78 @@ def _read(stream: IO[str] | None) -> str:
     return stream.read().strip() if stream is not None else ""
 
 
-def python_client(files: Files, url: str, server_id: str, duration: float = 1.0) -> dict[str, Any]:
-    """examples.mtls.client for `duration` seconds; its summary (it exits 1 on any failure)."""
+def last_json(text: str) -> dict[str, Any] | None:
+    """The last JSON line of a command's output (its summary), None when it printed none."""
+    lines = [line for line in text.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def python_client_flags(files: Files, url: str, server_id: str, **more: Any) -> list[str]:
+    """examples.mtls.client's flags: the pod's files, the server and its expected ID, `more`."""
+    return flags(**files.args(), server_id=server_id, url=url, **more)
+
+
+def python_client(
+    files: Files, url: str, server_id: str, duration: float = 1.0, **more: Any
+) -> dict[str, Any]:
+    """examples.mtls.client for `duration` seconds (20 requests a second unless `rate=` says
+    otherwise); its summary with its exit status (it exits 1 on any failure)."""
+    more.setdefault("rate", 20)
     done = subprocess.run(
         [
             sys.executable,
             "-m",
             "examples.mtls.client",
-            *flags(**files.args(), server_id=server_id, url=url, rate=20, duration=duration),
+            *python_client_flags(files, url, server_id, duration=duration, **more),
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
         cwd=processes.REPO,
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    summary: dict[str, Any] = json.loads(lines[-1]) if lines else {"stderr": done.stderr[-2000:]}
+    summary = last_json(done.stdout) or {"stderr": done.stderr[-2000:], "ok": 0, "failed": -1}
     summary["exit"] = done.returncode
     return summary
+
+
+@dataclass(frozen=True)
+class Operator:
+    """podcert's operator commands (`python -m podcert ...`) as the devcluster's admin."""
+
+    kubeconfig: Path
+
+    def run(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "podcert", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, f"podcert {' '.join(args[:3])}: {done.stderr[-2000:]}"
+        return done.stdout
+
+    def ca(self, namespace: str, action: str, *more: str) -> None:
+        """`podcert signer ca <action>` on the CA of the signer in `namespace`."""
+        self.run(
+            "signer",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--namespace={namespace}",
+            "ca",
+            action,
+            *more,
+        )
+
+    def rotate(self, namespace: str, pod: str) -> None:
+        """`podcert shim rotate`: a new key and leaf for one pod."""
+        self.run(
+            "shim",
+            "rotate",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--namespace={namespace}",
+            f"--pod={pod}",
+        )
 
 
 @contextmanager

@@ -11,8 +11,6 @@ go-spiffe refuses is a bug in podcert.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from tests.integration.interop_helpers import (
     Files,
     GoSpiffe,
     GoSpiffeRefused,
+    Operator,
     python_client,
     python_server,
 )
@@ -155,32 +154,12 @@ def test_go_spiffe_across_leaf_and_ca_rotations(
     """The same two pods through a forced leaf rotation and a whole CA rotation; both servers
     keep running (each re-reads its files), go-spiffe checks every step."""
     ns, files = make_pods(devcluster, "gs-node", "ECDSAP256", shim.volume_dir)
-    admin = Paths(devcluster.root.resolve()).admin_kubeconfig
-
-    def podcert(*args: str) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "podcert", *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-
-    def ca(action: str, *more: str) -> None:
-        podcert(
-            "signer",
-            f"--kubeconfig={admin}",
-            f"--namespace={SIGNER_NAMESPACE}",
-            "ca",
-            action,
-            *more,
-        )
+    operator = Operator(Paths(devcluster.root.resolve()).admin_kubeconfig)
 
     def rotate_leaves() -> None:
         before = {n: gospiffe.verify(f)["serial"] for n, f in files.items()}
         for name in files:
-            podcert("shim", "rotate", f"--kubeconfig={admin}", f"--namespace={ns}", f"--pod={name}")
+            operator.rotate(ns, name)
         for name, found in files.items():
             eventually(
                 lambda f=found, n=name: gospiffe.verify(f)["serial"] != before[n],
@@ -205,14 +184,14 @@ def test_go_spiffe_across_leaf_and_ca_rotations(
     rotate_leaves()
     assert check("leaf rotated") == first_root
 
-    ca("prepare")
+    operator.ca(SIGNER_NAMESPACE, "prepare")
     eventually(lambda: all(f.roots() == 2 for f in files.values()), timeout=30, what="two roots")
     assert check("prepared") == first_root  # old leaves, two roots
-    ca("activate")
+    operator.ca(SIGNER_NAMESPACE, "activate")
     rotate_leaves()  # leaves from the new CA, verified against both roots
     new_root = check("activated")
     assert new_root != first_root
-    ca("retire", "--force")
+    operator.ca(SIGNER_NAMESPACE, "retire", "--force")
     eventually(lambda: all(f.roots() == 1 for f in files.values()), timeout=30, what="one root")
     assert check("retired") == new_root
 

@@ -19,11 +19,9 @@ configuration.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,16 @@ from devcluster.supervise import free_port
 from devcluster.testing import DevCluster, eventually
 from podcert.rest import Rest, path_of
 from tests.integration.conftest import StartShim, StartSigner, flags
-from tests.integration.interop_helpers import Files, GoSpiffe, GoSpiffeRefused, python_server
+from tests.integration.interop_helpers import (
+    Files,
+    GoSpiffe,
+    GoSpiffeRefused,
+    Operator,
+    last_json,
+    python_client,
+    python_client_flags,
+    python_server,
+)
 
 SIGNER = "federation.podcert.dev/workload"
 FEDERATED_SIGNER = "podcert.dev/federated"  # manifests/signer/rbac.yaml lets the signer attest it
@@ -239,52 +246,22 @@ def test_mutual_tls_both_ways_between_a_spire_workload_and_a_pod(
             gospiffe.client(None, url, server_id=f"{pod_id}x", workload_api=spire.workload_api)
     # The pod's client (bundles, the SPIRE ID) -> SPIRE workload's server (AuthorizeID pod).
     with gospiffe.serve(None, client_id=pod_id, workload_api=spire.workload_api) as server:
-        summary = run_python_client(files, server.url, SPIRE_WORKLOAD, tmp_path, duration=1.0)
+        summary = python_client(files, server.url, SPIRE_WORKLOAD, **federation_flags(files))
         served = server.stop()
     assert summary["failed"] == 0 and summary["ok"] > 0, summary
     assert served["callers"] == [pod_id]
     # Control: the pod refuses a SPIRE peer it was not told to trust, though its root verifies.
     with gospiffe.serve(None, client_id=pod_id, workload_api=spire.workload_api) as server:
-        refused = run_python_client(
-            files, server.url, f"spiffe://{SPIRE_TD}/other", tmp_path, duration=0.5
-        )
+        other = f"spiffe://{SPIRE_TD}/other"
+        refused = python_client(files, server.url, other, 0.5, **federation_flags(files))
     assert refused["ok"] == 0 and refused["failed"] > 0
 
 
-def run_python_client(
-    files: Files, url: str, server_id: str, tmp_path: Path, duration: float
-) -> dict[str, Any]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "examples.mtls.client",
-            *client_flags(files, url, server_id),
-            f"--duration={duration}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=processes.REPO,
-    )
-    return last_json(done.stdout) or {"stderr": done.stderr[-2000:], "ok": 0, "failed": -1}
-
-
-def client_flags(files: Files, url: str, server_id: str) -> list[str]:
-    return flags(
-        **files.args(),
-        federated_trust_bundle=f"{SPIRE_TD}={files.folder / FEDERATED_FILE}",
-        server_id=server_id,
-        url=url,
-        rate=5,
-        reload_interval=0.5,
-    )
-
-
-def last_json(text: str) -> dict[str, Any] | None:
-    lines = [line for line in text.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else None
+def federation_flags(files: Files) -> dict[str, Any]:
+    """The pod's client: SPIRE's roots beside its own (for spire.test IDs only), re-read
+    every half second, 5 requests a second."""
+    federated = f"{SPIRE_TD}={files.folder / FEDERATED_FILE}"
+    return {"federated_trust_bundle": federated, "rate": 5, "reload_interval": 0.5}
 
 
 def test_traffic_keeps_flowing_through_a_podcert_ca_rotation(
@@ -297,20 +274,7 @@ def test_traffic_keeps_flowing_through_a_podcert_ca_rotation(
     """Both directions run throughout; SPIRE learns each change of podcert's roots from the
     endpoint, and no request fails."""
     pod_id, files = pod_files
-    admin = Paths(devcluster.root.resolve()).admin_kubeconfig
-
-    def podcert(*args: str) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "podcert", *args],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-
-    def ca(action: str, *more: str) -> None:
-        podcert("signer", f"--kubeconfig={admin}", f"--namespace={NAMESPACE}", "ca", action, *more)
+    operator = Operator(Paths(devcluster.root.resolve()).admin_kubeconfig)
 
     def workload_roots() -> int:
         return len(workload_view(gospiffe, spire)["bundles"].get(PODCERT_TD, []))
@@ -347,35 +311,31 @@ def test_traffic_keeps_flowing_through_a_podcert_ca_rotation(
         )
         # pod -> SPIRE workload: the Python example client, 5 requests a second.
         py_client = processes.Process(
-            args=client_flags(files, go_server.url, SPIRE_WORKLOAD),
+            args=python_client_flags(
+                files, go_server.url, SPIRE_WORKLOAD, **federation_flags(files)
+            ),
             log=tmp_path / "client.log",
             module="examples.mtls.client",
         ).start()
         try:
             first_leaf = gospiffe.verify(files)["serial"]
-            ca("prepare")
+            operator.ca(NAMESPACE, "prepare")
             eventually(lambda: files.roots() == 2, timeout=TIMEOUT, what="the pod's two roots")
             spire_has(2, "prepared")
-            ca("activate")
-            podcert(
-                "shim",
-                "rotate",
-                f"--kubeconfig={admin}",
-                f"--namespace={pod_namespace(pod_id)}",
-                "--pod=api",
-            )
+            operator.ca(NAMESPACE, "activate")
+            operator.rotate(pod_namespace(pod_id), "api")
             eventually(
                 lambda: gospiffe.verify(files)["serial"] != first_leaf,
                 timeout=TIMEOUT,
                 what="the pod's leaf from the new CA",
             )
-            ca("retire", "--force")
+            operator.ca(NAMESPACE, "retire", "--force")
             eventually(lambda: files.roots() == 1, timeout=TIMEOUT, what="the pod's one root")
             spire_has(1, "retired")
             # After the retirement, one more round each way beside the running clients.
             after = gospiffe.client(None, url, server_id=pod_id, workload_api=spire.workload_api)
             assert after["ok"] == 3
-            again = run_python_client(files, go_server.url, SPIRE_WORKLOAD, tmp_path, 1.0)
+            again = python_client(files, go_server.url, SPIRE_WORKLOAD, **federation_flags(files))
             assert again["failed"] == 0 and again["ok"] > 0, again
         finally:
             go_client.send_signal(signal.SIGTERM)
