@@ -179,6 +179,27 @@ func authorizer(id, trustDomain string) (tlsconfig.Authorizer, error) {
 	return nil, errors.New("no peer rule: give a peer ID or a peer trust domain")
 }
 
+// tlsEnd is either end of go-spiffe's mutual TLS: tlsconfig.MTLSClientConfig or MTLSServerConfig.
+type tlsEnd func(x509svid.Source, x509bundle.Source, tlsconfig.Authorizer, ...tlsconfig.Option) *tls.Config
+
+// mtlsConfig is the TLS configuration of one end: this side's SVID and bundles from the
+// credential flags (files, or a Workload API waited for at most 30 s), the peer authorized by
+// its ID or its trust domain. release closes the sources when the end is done with them.
+func mtlsConfig(end tlsEnd, creds credentialFlags, peerID, peerTD string) (*tls.Config, func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	src, release, err := creds.sources(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	authz, err := authorizer(peerID, peerTD)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return end(src, src, authz), release, nil
+}
+
 func serial(cert *x509.Certificate) string { return cert.SerialNumber.Text(16) }
 
 func verify(args []string) error {
@@ -222,21 +243,15 @@ func client(args []string) error {
 	duration := fs.Duration("duration", 0, "keep calling this long (or until SIGTERM), counting failures")
 	interval := fs.Duration("interval", 100*time.Millisecond, "with --duration: time between requests")
 	_ = fs.Parse(args)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	src, closeSource, err := creds.sources(ctx)
-	cancel()
+	config, release, err := mtlsConfig(tlsconfig.MTLSClientConfig, creds, *serverID, *serverTD)
 	if err != nil {
 		return err
 	}
-	defer closeSource()
-	authz, err := authorizer(*serverID, *serverTD)
-	if err != nil {
-		return err
-	}
+	defer release()
 	// With --duration every request makes a new connection, so each one is a new handshake
 	// with the material current at that moment (rotations are seen at once).
 	transport := &http.Transport{
-		TLSClientConfig:   tlsconfig.MTLSClientConfig(src, src, authz),
+		TLSClientConfig:   config,
 		DisableKeepAlives: *duration > 0,
 	}
 	defer transport.CloseIdleConnections()
@@ -377,19 +392,12 @@ func serve(args []string) error {
 	clientID := fs.String("client-id", "", "authorize clients with AuthorizeID")
 	clientTD := fs.String("client-trust-domain", "", "authorize clients with AuthorizeMemberOf")
 	_ = fs.Parse(args)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	src, closeSource, err := creds.sources(ctx)
-	cancel()
+	config, release, err := mtlsConfig(tlsconfig.MTLSServerConfig, creds, *clientID, *clientTD)
 	if err != nil {
 		return err
 	}
-	defer closeSource()
-	authz, err := authorizer(*clientID, *clientTD)
-	if err != nil {
-		return err
-	}
+	defer release()
 	handler := &identityServer{callers: map[string]int{}}
-	config := tlsconfig.MTLSServerConfig(src, src, authz)
 	getCertificate := config.GetCertificate
 	config.GetCertificate = func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		cert, err := getCertificate(hello)
