@@ -1,0 +1,447 @@
+"""Where a podcert client finds the API server and its credentials: a kubeconfig file, or the
+pod's in-cluster configuration (its service account's token and CA).
+
+Read here, without the `kubernetes` package: its loaders import every generated model and
+pydantic (about a tenth of a second of each process's start), and podcert needs only what they
+produce: a base URL, an `ssl.SSLContext` and a bearer token that follows a rotated file. What
+client-go does that podcert has no use for is refused with a `ClientConfigError` naming the
+field (exec and auth-provider plugins, basic auth, impersonation), never silently ignored.
+
+A projected service-account token rotates (the kubelet rewrites it well before it expires), so a
+token file is read again at most every `TOKEN_REREAD_PERIOD` seconds, as client-go's cached
+file token source does. Messages never quote a credential (token, key, proxy password).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import logging
+import os
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import yaml
+
+from podcert.errors import ConfigError
+
+log = logging.getLogger("podcert.kubeconfig")
+
+SERVICE_ACCOUNT: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_REREAD_PERIOD: Final = 60.0  # client-go's cached file token source: once a minute
+MAX_FILE_BYTES: Final = 4 << 20  # a kubeconfig, token or certificate file larger is not one
+
+
+class ClientConfigError(ConfigError):
+    """The kubeconfig (or the pod's in-cluster credentials) cannot be used; says which and why."""
+
+
+class TokenFile:
+    """A bearer token from a file, read again at most every `period` seconds (`clock` is
+    monotonic seconds). A read that fails or finds the file empty keeps the last token: the
+    kubelet replaces a projected token by an atomic rename, so a failure is brief."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        what: str = "tokenFile",
+        period: float = TOKEN_REREAD_PERIOD,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path, self.what, self.period, self.clock = path, what, period, clock
+        self._lock = threading.Lock()
+        self._token = _token_of(_read(path, what), f"{what} {path}")
+        self._next = clock() + period
+
+    def __call__(self) -> str:
+        if self.clock() < self._next:
+            return self._token
+        with self._lock:
+            now = self.clock()
+            if now >= self._next:
+                self._next = now + self.period
+                try:
+                    self._token = _token_of(_read(self.path, self.what), f"{self.what} {self.path}")
+                except ClientConfigError as err:
+                    log.warning("keeping the last token: %s", err)
+            return self._token
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How to reach one API server as one identity: what `podcert.rest.Rest` is built from."""
+
+    server: str  # the base URL: https://host:port, maybe with a path; no trailing slash
+    ssl_context: ssl.SSLContext | None  # None for an http:// server
+    token: Callable[[], str] | None = field(default=None, repr=False)  # bearer token, if any
+    tls_server_name: str | None = None  # the name to verify instead of the server's host
+    proxy: str | None = field(default=None, repr=False)  # http://[user:pass@]host:port
+    source: str = ""  # "kubeconfig PATH" or "in-cluster configuration", for messages
+
+    @property
+    def client_settings(self) -> ClientSettings:
+        """Itself: what `Rest` asks of anything it is built from."""
+        return self
+
+
+def load(kubeconfig: Path | None) -> ClientSettings:
+    """That kubeconfig's current context, or the in-cluster configuration when None."""
+    return in_cluster() if kubeconfig is None else from_kubeconfig(kubeconfig)
+
+
+def in_cluster(
+    environ: Mapping[str, str] = os.environ,
+    account: Path = SERVICE_ACCOUNT,
+    clock: Callable[[], float] = time.monotonic,
+) -> ClientSettings:
+    """The pod's own: the API server's Service from the environment the kubelet sets, the
+    service account's token (re-read as it rotates) and the cluster's CA."""
+    where = "in-cluster configuration"
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise ClientConfigError(
+            f"{where}: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set "
+            "(not in a pod? give a kubeconfig)"
+        )
+    if not port.isdigit():
+        raise ClientConfigError(f"{where}: KUBERNETES_SERVICE_PORT is not a port number")
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    try:
+        token = TokenFile(account / "token", what="token", clock=clock)
+        context = _context(cafile=account / "ca.crt")
+        proxy = _env_proxy(server, environ)
+    except ClientConfigError as err:
+        raise ClientConfigError(f"{where}: {err}") from None
+    return ClientSettings(server, context, token, proxy=proxy, source=where)
+
+
+def from_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> ClientSettings:
+    """The current context of the kubeconfig at `path` (relative file names in it are read from
+    its folder, as kubectl does)."""
+    where = f"kubeconfig {path}"
+    if not path.is_file():
+        raise ClientConfigError(f"{where}: no such file")
+    try:
+        return _from_document(_parse(path), path.parent, environ, where)
+    except ClientConfigError as err:
+        raise ClientConfigError(f"{where}: {err}") from None
+
+
+def _parse(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            text = f.read(MAX_FILE_BYTES + 1).decode(errors="replace")
+    except OSError as err:
+        raise ClientConfigError(err.strerror or type(err).__name__) from None
+    if len(text) > MAX_FILE_BYTES:
+        raise ClientConfigError(f"larger than {MAX_FILE_BYTES >> 20} MiB")
+    try:
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or type(err).__name__
+        at = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ClientConfigError(f"not valid YAML ({at}{problem})") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ClientConfigError("not a kubeconfig (a YAML mapping)")
+    return doc
+
+
+def _named(doc: Mapping[str, Any], section: str, name: str, inner: str) -> dict[str, Any]:
+    """The `inner` mapping of the entry called `name` in list `section` (contexts, clusters,
+    users)."""
+    entries = doc.get(section) or []
+    if not isinstance(entries, list):
+        raise ClientConfigError(f"{section}: not a list")
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            found = entry.get(inner) or {}
+            if not isinstance(found, dict):
+                raise ClientConfigError(f"{section} {name!r}: {inner} is not a mapping")
+            return found
+    raise ClientConfigError(f"no {section[:-1]} named {name!r} in {section}")
+
+
+def _string(entry: Mapping[str, Any], key: str, what: str) -> str | None:
+    value = entry.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ClientConfigError(f"{what}: {key} is not a string")
+    return value
+
+
+def _from_document(
+    doc: Mapping[str, Any], base: Path, environ: Mapping[str, str], where: str
+) -> ClientSettings:
+    current = doc.get("current-context")
+    if not current or not isinstance(current, str):
+        raise ClientConfigError("current-context is not set")
+    context = _named(doc, "contexts", current, "context")
+    cluster_name = _string(context, "cluster", f"context {current!r}")
+    if cluster_name is None:
+        raise ClientConfigError(f"context {current!r}: cluster is not set")
+    cluster = _named(doc, "clusters", cluster_name, "cluster")
+    what = f"cluster {cluster_name!r}"
+    server = _string(cluster, "server", what)
+    if server is None:
+        raise ClientConfigError(f"{what}: server is not set")
+    parts = urlsplit(server)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ClientConfigError(f"{what}: server is not an http(s) URL")
+    try:
+        parts.port  # noqa: B018 (raises on a port out of range)
+    except ValueError:
+        raise ClientConfigError(f"{what}: server has no valid port") from None
+    user_name = _string(context, "user", f"context {current!r}")
+    user = _named(doc, "users", user_name, "user") if user_name is not None else {}
+    token, chain = _credentials(user, f"user {user_name!r}", base)
+
+    context_ = None
+    if parts.scheme == "https":
+        ca_data = _decoded(cluster, "certificate-authority-data", what)
+        ca_file = _string(cluster, "certificate-authority", what)
+        insecure = cluster.get("insecure-skip-tls-verify") is True
+        if insecure and (ca_data or ca_file):
+            # client-go refuses the same: which of the two was meant is not known.
+            raise ClientConfigError(
+                f"{what}: insecure-skip-tls-verify and a certificate-authority both set"
+            )
+        context_ = _context(
+            cafile=base / ca_file if ca_file and not ca_data else None,
+            cadata=ca_data,
+            insecure=insecure,
+            what=what,
+        )
+        if chain is not None:
+            _load_chain(context_, chain, f"user {user_name!r}")
+    elif chain is not None:
+        raise ClientConfigError(f"{what}: client certificates need an https server")
+    proxy = _string(cluster, "proxy-url", what)
+    if proxy is not None and not (urlsplit(proxy).scheme == "http" and urlsplit(proxy).hostname):
+        raise ClientConfigError(f"{what}: proxy-url is not an http:// URL (the only kind used)")
+    return ClientSettings(
+        server.rstrip("/"),
+        context_,
+        token,
+        tls_server_name=_string(cluster, "tls-server-name", what),
+        proxy=proxy or _env_proxy(server, environ),
+        source=where,
+    )
+
+
+# What client-go can do with a user and podcert does not: each named, so a kubeconfig that
+# relies on one is refused instead of used without its credentials.
+_UNSUPPORTED: Final = {
+    "exec": "exec credential plugins are not supported (use a token, tokenFile or certificate)",
+    "auth-provider": "auth-provider plugins are not supported (use a token, tokenFile or "
+    "certificate)",
+    "username": "basic authentication is not supported (Kubernetes removed it in 1.19)",
+    "password": "basic authentication is not supported (Kubernetes removed it in 1.19)",
+    "as": "impersonation is not supported",
+    "as-groups": "impersonation is not supported",
+    "as-uid": "impersonation is not supported",
+    "as-user-extra": "impersonation is not supported",
+}
+
+Chain = tuple[bytes | Path, bytes | Path]  # (certificate, key): PEM bytes or a file
+
+
+def _credentials(
+    user: Mapping[str, Any], what: str, base: Path
+) -> tuple[Callable[[], str] | None, Chain | None]:
+    """(the bearer token source, the client certificate and key) of a kubeconfig user."""
+    for name, why in _UNSUPPORTED.items():
+        if user.get(name):
+            raise ClientConfigError(f"{what}: {name}: {why}")
+    token_file = _string(user, "tokenFile", what)
+    token_value = _string(user, "token", what)
+    token: Callable[[], str] | None = None
+    if token_file is not None:  # client-go: a token file, when given, wins over the token
+        try:
+            token = TokenFile(base / token_file)
+        except ClientConfigError as err:
+            raise ClientConfigError(f"{what}: {err}") from None
+    elif token_value is not None:
+        value = _token_of(token_value.encode(), f"{what}: token")
+        token = lambda: value  # noqa: E731
+    cert = _decoded(user, "client-certificate-data", what) or _path(
+        user, "client-certificate", what, base
+    )
+    key = _decoded(user, "client-key-data", what) or _path(user, "client-key", what, base)
+    if (cert is None) != (key is None):
+        missing = "client-key(-data)" if key is None else "client-certificate(-data)"
+        raise ClientConfigError(f"{what}: a client certificate needs both; {missing} is not set")
+    return token, (cert, key) if cert is not None and key is not None else None
+
+
+def _path(user: Mapping[str, Any], key: str, what: str, base: Path) -> Path | None:
+    name = _string(user, key, what)
+    return base / name if name is not None else None
+
+
+def _decoded(entry: Mapping[str, Any], key: str, what: str) -> bytes | None:
+    value = _string(entry, key, what)
+    if value is None:
+        return None
+    try:
+        # Go's decoder, which kubectl uses, skips line breaks; nothing else.
+        return base64.b64decode(value.replace("\n", "").replace("\r", ""), validate=True)
+    except (binascii.Error, ValueError):
+        raise ClientConfigError(f"{what}: {key} is not valid base64") from None
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        raise ClientConfigError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ClientConfigError(f"{what} {path}: larger than {MAX_FILE_BYTES >> 20} MiB")
+    return data
+
+
+def _token_of(data: bytes, where: str) -> str:
+    """The token in `data`, checked to be one header-safe line; `where` names its field."""
+    try:
+        token = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ClientConfigError(f"{where} is not ASCII text") from None
+    if not token:
+        raise ClientConfigError(f"{where} is empty")
+    if not token.isprintable():
+        raise ClientConfigError(f"{where} is not one line of text")
+    return token
+
+
+def _context(
+    *,
+    cafile: Path | None = None,
+    cadata: bytes | None = None,
+    insecure: bool = False,
+    what: str = "",
+) -> ssl.SSLContext:
+    """A client context: TLS 1.2 or newer, the server checked against the given CA (the
+    system's roots when none is given, as client-go)."""
+    prefix = f"{what}: " if what else ""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif cadata is not None:
+        try:
+            context.load_verify_locations(cadata=cadata.decode("ascii", errors="replace"))
+        except (ssl.SSLError, ValueError):
+            raise ClientConfigError(
+                f"{prefix}certificate-authority-data holds no PEM certificate"
+            ) from None
+    elif cafile is not None:
+        pem = _read(cafile, f"{prefix}certificate-authority")
+        try:
+            context.load_verify_locations(cadata=pem.decode("ascii", errors="replace"))
+        except (ssl.SSLError, ValueError):
+            raise ClientConfigError(
+                f"{prefix}certificate-authority {cafile} holds no PEM certificate"
+            ) from None
+    else:
+        context.load_default_certs()
+    return context
+
+
+def _load_chain(context: ssl.SSLContext, chain: Chain, what: str) -> None:
+    """The client certificate and key into `context`. OpenSSL reads them from files only: key
+    bytes go through an in-memory file (memfd) that never reaches a disk, or where there is
+    none a 0600 temporary file deleted as soon as it is read."""
+    cert, key = chain
+    asked = []
+
+    def no_passphrase() -> bytes:
+        asked.append(True)  # never prompt on a terminal, as OpenSSL would by default
+        return b""
+
+    try:
+        if isinstance(cert, Path) and isinstance(key, Path):
+            for name, path in (("client-certificate", cert), ("client-key", key)):
+                if not path.is_file():
+                    raise ClientConfigError(f"{what}: {name} {path}: no such file")
+            context.load_cert_chain(cert, key, password=no_passphrase)
+            return
+        pem = b"".join(
+            _read(part, name) if isinstance(part, Path) else part
+            for name, part in (("client-certificate", cert), ("client-key", key))
+        )
+        with _memory_file(pem) as name:
+            context.load_cert_chain(name, password=no_passphrase)
+    except (ssl.SSLError, ValueError) as err:
+        if asked:
+            why = "the client key is encrypted: podcert takes only an unencrypted key"
+        elif "KEY_VALUES_MISMATCH" in str(err) or "key values mismatch" in str(err):
+            why = "the client key does not match the client certificate"
+        else:
+            why = "the client certificate and key are not a PEM certificate and its key"
+        raise ClientConfigError(f"{what}: {why}") from None
+    except OSError as err:
+        raise ClientConfigError(f"{what}: client certificate: {err.strerror}") from None
+
+
+@contextlib.contextmanager
+def _memory_file(data: bytes) -> Iterator[str]:
+    """A file name from which `data` can be read until the block ends, then gone."""
+    memfd = getattr(os, "memfd_create", None)
+    path = ""
+    if memfd is not None and Path("/proc/self/fd").is_dir():
+        fd = memfd("podcert-client", os.MFD_CLOEXEC)
+        name = f"/proc/self/fd/{fd}"
+    else:
+        fd, path = tempfile.mkstemp(prefix="podcert-client-")  # mode 0600
+        name = path
+    try:
+        os.write(fd, data)
+        yield name
+    finally:
+        os.close(fd)
+        if path:
+            Path(path).unlink(missing_ok=True)
+
+
+def _env_proxy(server: str, environ: Mapping[str, str]) -> str | None:
+    """The proxy the environment names for `server` (HTTPS_PROXY or HTTP_PROXY, unless NO_PROXY
+    covers its host), as client-go and the kubernetes client honour; None for none."""
+    if not any(k.lower() in ("https_proxy", "http_proxy", "all_proxy") for k in environ):
+        return None  # the common case, without importing urllib.request
+    import urllib.request
+
+    parts = urlsplit(server)
+    proxies = {
+        k.lower()[: -len("_proxy")]: v for k, v in environ.items() if k.lower().endswith("_proxy")
+    }
+    # lowercase wins, as urllib and Go read them
+    for k, v in environ.items():
+        if k.endswith("_proxy"):
+            proxies[k[: -len("_proxy")]] = v
+    proxy = proxies.get(parts.scheme or "https") or proxies.get("all")
+    if not proxy:
+        return None
+    host = parts.hostname or ""
+    if urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
+        return None
+    if "://" not in proxy:
+        proxy = f"http://{proxy}"
+    if urlsplit(proxy).scheme != "http":
+        raise ClientConfigError(
+            f"the {parts.scheme}_proxy environment variable names a proxy other than http://"
+        )
+    return proxy
