@@ -90,7 +90,7 @@ class Node:
         self.rest = Rest(kube.api_client(kube.node_kubeconfig(root, name)))
         self.path = path_of(PCRS, "podcertificaterequests", namespace)
         pod = kube.create_pod(
-            admin.api,
+            kube.admin_client(root),
             namespace,
             f"pod-{name}",
             node=name,

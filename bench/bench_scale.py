@@ -145,7 +145,8 @@ def count(rest: Rest, path: str) -> int:
 def load(root: Path, pods: int, nodes: int, namespaces: int, procs: int, threads: int) -> None:
     """Nodes, namespaces (with their default ServiceAccount) and pods, up to the counts asked
     for; what already exists is kept (a reused cluster is topped up, never emptied)."""
-    rest = Rest(kube.admin_client(root))
+    admin = kube.admin_client(root)
+    rest = Rest(admin)
     client = Client(root)
     have_nodes = count(rest, "/api/v1/nodes")
     t0 = time.monotonic()
@@ -156,8 +157,8 @@ def load(root: Path, pods: int, nodes: int, namespaces: int, procs: int, threads
             raise RuntimeError(f"node scale-{i}: {status} {out[:200]!r}")
     for n in range(namespaces):
         namespace = f"scale-{n}"
-        kube.ensure_namespace(rest.api, namespace)
-        kube.ensure_service_account(rest.api, namespace, "default")
+        kube.ensure_namespace(admin, namespace)
+        kube.ensure_service_account(admin, namespace, "default")
         service = {
             "apiVersion": "v1",
             "kind": "Service",
@@ -191,9 +192,10 @@ class Probe:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.admin = Rest(kube.admin_client(root))
-        kube.ensure_namespace(self.admin.api, PROBE_NS)
-        sa = kube.ensure_service_account(self.admin.api, PROBE_NS, "default")
+        self.api = kube.admin_client(root)
+        self.admin = Rest(self.api)
+        kube.ensure_namespace(self.api, PROBE_NS)
+        sa = kube.ensure_service_account(self.api, PROBE_NS, "default")
         self.sa_uid = str(sa.metadata.uid)
         self.node = "scale-0"
         self.node_rest = Rest(kube.api_client(kube.node_kubeconfig(root, self.node)))
@@ -206,7 +208,7 @@ class Probe:
         """A new pod and a pending request for it; the request's name."""
         name = f"probe-{time.monotonic_ns()}"
         volume = kube.pod_certificate_volume(SIGNER)
-        pod = kube.create_pod(self.admin.api, PROBE_NS, name, node=self.node, volumes=[volume])
+        pod = kube.create_pod(self.api, PROBE_NS, name, node=self.node, volumes=[volume])
         body = {
             "apiVersion": PCRS,
             "kind": "PodCertificateRequest",

@@ -9,6 +9,7 @@ so pods here ensure their ServiceAccount themselves.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,35 @@ from kubernetes.client import ApiException
 from devcluster import pki
 from devcluster.cluster import read_state
 from devcluster.identities import Paths, cert_creds, kubeconfig, load_ca
+from podcert.kubeconfig import ClientSettings
+from podcert.kubeconfig import load as load_settings
 
 
-def api_client(kubeconfig_path: Path) -> client.ApiClient:
-    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=str(kubeconfig_path), persist_config=False
-    )
-    return api
+class ApiClient(client.ApiClient):
+    """kubernetes' typed client for a kubeconfig (devcluster's own code and the tests use its
+    generated APIs), that `podcert.rest.Rest` also takes: its `client_settings` are podcert's
+    own, loaded from the same file. podcert itself never imports `kubernetes`."""
+
+    def __init__(self, kubeconfig_path: Path) -> None:
+        configuration = client.Configuration()
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig_path),
+            client_configuration=configuration,
+            persist_config=False,
+        )
+        super().__init__(configuration)
+        self.kubeconfig = kubeconfig_path
+
+    @functools.cached_property
+    def client_settings(self) -> ClientSettings:
+        return load_settings(self.kubeconfig)
 
 
-def admin_client(root: Path) -> client.ApiClient:
+def api_client(kubeconfig_path: Path) -> ApiClient:
+    return ApiClient(kubeconfig_path)
+
+
+def admin_client(root: Path) -> ApiClient:
     return api_client(Paths(root.resolve()).admin_kubeconfig)
 
 
@@ -248,7 +268,7 @@ _PLURALS = {
 }
 
 
-def delete(api: client.ApiClient, docs: list[dict[str, Any]]) -> None:
+def delete(api: ApiClient, docs: list[dict[str, Any]]) -> None:
     """Delete each object (missing ones are fine)."""
     from podcert.rest import ApiError, Rest, path_of
 
@@ -263,7 +283,7 @@ def delete(api: client.ApiClient, docs: list[dict[str, Any]]) -> None:
                 raise
 
 
-def apply(api: client.ApiClient, docs: list[dict[str, Any]]) -> None:
+def apply(api: ApiClient, docs: list[dict[str, Any]]) -> None:
     """Create each object, replacing it when it exists (enough for tests and the demo)."""
     from podcert.rest import ApiError, Rest, path_of
 

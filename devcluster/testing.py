@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kubernetes import client
-
 from devcluster import kube, nodes, nodestate
 from devcluster.cluster import State
 
@@ -80,19 +78,19 @@ class Kubelet:
 class DevCluster:
     root: Path
     state: State
-    admin: client.ApiClient = field(init=False)
+    admin: kube.ApiClient = field(init=False)
 
     def __post_init__(self) -> None:
         self.admin = kube.admin_client(self.root)
 
-    def node(self, name: str) -> client.ApiClient:
+    def node(self, name: str) -> kube.ApiClient:
         """An API client that authenticates as system:node:<name> (the Node object is created)."""
         return kube.api_client(kube.node_kubeconfig(self.root, name))
 
     def node_kubeconfig(self, name: str) -> Path:
         return kube.node_kubeconfig(self.root, name)
 
-    def user(self, name: str, groups: tuple[str, ...] = ()) -> client.ApiClient:
+    def user(self, name: str, groups: tuple[str, ...] = ()) -> kube.ApiClient:
         return kube.api_client(kube.user_kubeconfig(self.root, name, groups))
 
     def service_account_kubeconfig(self, namespace: str, name: str) -> Path:

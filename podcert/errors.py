@@ -8,7 +8,6 @@ any command's packages.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -27,24 +26,10 @@ class CommandError(Exception):
     fixes. Exit 1."""
 
 
-# What urllib3 says when it cannot reach a server: a pool, the URL, and the cause, nested.
-_POOL = re.compile(r"HTTPS?ConnectionPool\(host='([^']*)', port=(\d+)\): Max retries exceeded")
-_CAUSE = re.compile(
-    r"\[Errno -?\d+\][^\"')]*|[Tt]imed out|certificate verify failed[^\"')]*|"
-    r"Name or service not known|Connection refused"
-)
-
-
 def one_line(text: str, limit: int = 500) -> str:
     """`text` as one line of at most `limit` characters: what a command prints about an error
-    whose message it does not control (a server's answer, an OS error). urllib3's nested
-    account of an unreachable server becomes `cannot reach HOST:PORT (cause)`."""
+    whose message it does not control (a server's answer, an OS error)."""
     flat = " ".join(text.split())
-    pool = _POOL.search(flat)
-    if pool is not None:
-        cause = _CAUSE.search(flat, pool.end())
-        reason = cause.group(0).strip() if cause else "no connection"
-        flat = f"cannot reach the API server at {pool.group(1)}:{pool.group(2)} ({reason})"
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 

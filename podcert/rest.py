@@ -1,9 +1,10 @@
-"""Raw JSON over the official client's connection: auth, TLS and pooling from `kubernetes`,
-bodies as plain dicts.
+"""Raw JSON to and from the API server, bodies as plain dicts or small shapes.
 
 The generated models round-trip every object through pydantic; the controllers only need a few
 fields, and the watch needs line-by-line streaming with its own handling of 410 Gone. So the
-per-side adapters (signer/kube.py, kubelet_shim/kube.py) speak through this one small class.
+per-side adapters (signer/kube.py, kubelet_shim/kube.py) speak through this one small class, over
+podcert's own connections (`podcert.transport`) with the settings a kubeconfig or the pod's
+in-cluster configuration gives (`podcert.kubeconfig`): no `kubernetes` package in the product.
 
 Lists of a whole cluster are paged (`list`), and a caller that keeps only a few fields of each
 object names them as a `msgspec.Struct` (a shape): each page, and each watch event, is then decoded
@@ -14,20 +15,19 @@ lock held for seconds, and a few small objects per pod decoded in ~2 ms a page.
 
 from __future__ import annotations
 
-import json
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+import ssl
+import weakref
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final, Generic, TypeVar, overload
+from typing import Any, Final, Generic, Protocol, TypeVar, overload
 from urllib.parse import quote, urlencode
 
 import msgspec
-import urllib3
-import yaml
-from kubernetes import client, config
 
-from podcert.errors import ConfigError
+from podcert import __version__, transport
+from podcert.kubeconfig import ClientConfigError, ClientSettings, load
+
+__all__ = ["ClientConfigError", "ClientSettings"]  # re-exported: their home is podcert.kubeconfig
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -58,7 +58,8 @@ class ApiError(Exception):
     """A non-2xx answer. `status` is the HTTP code; `reason` the Status reason (e.g. Conflict)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
+        # Status 0 is no answer at all: the message says what happened on the way.
+        super().__init__(message if status == 0 else f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
@@ -72,82 +73,29 @@ class Gone(ApiError):
     """410: the resourceVersion is too old (compaction); relist."""
 
 
-class ClientConfigError(ConfigError):
-    """The kubeconfig (or the pod's in-cluster credentials) cannot be used; says which and why."""
+USER_AGENT: Final = f"podcert/{__version__}"
+WATCH_CONNECT_TIMEOUT: Final = 10.0
 
 
-def load_client(kubeconfig: Path | None) -> client.ApiClient:
-    """In-cluster config when `kubeconfig` is None, else that file. Raises ClientConfigError."""
-    configuration = client.Configuration()
-    try:
-        if kubeconfig is None:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            if not kubeconfig.is_file():
-                raise ClientConfigError(f"kubeconfig {kubeconfig}: no such file")
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig),
-                client_configuration=configuration,
-                persist_config=False,
-            )
-    except ClientConfigError:
-        raise
-    except (config.ConfigException, OSError, ValueError, yaml.YAMLError) as err:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration"
-        # The loaders' messages name structure, never credentials; keep only the first line.
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if isinstance(err, yaml.YAMLError):
-            reason = f"not valid YAML ({reason})"
-        raise ClientConfigError(f"{where}: {reason}") from None
-    # Several worker threads share one pool: make it as wide as they are.
-    configuration.connection_pool_maxsize = 32
-    hook = getattr(configuration, "refresh_api_key_hook", None)
-    if hook is not None:
-        throttled: Any = ThrottledRefresh(hook, TOKEN_REFRESH_PERIOD)  # typed None upstream
-        configuration.refresh_api_key_hook = throttled
-    return client.ApiClient(configuration)
+def load_client(kubeconfig: Path | None) -> ClientSettings:
+    """In-cluster configuration when `kubeconfig` is None, else that file's current context.
+    Raises ClientConfigError, naming the file (or the in-cluster configuration) and the field."""
+    return load(kubeconfig)
 
 
-# The client calls its token-refresh hook before EVERY request, and for a token kubeconfig the
-# hook rebuilds the whole configuration, rescanning the environment for proxies (0.1-0.4 ms a
-# request in a pod with many Service variables). Tokens live for hours; a re-read every 30 s is
-# plenty to follow a rotated service-account token.
-TOKEN_REFRESH_PERIOD = 30.0
+class HasClientSettings(Protocol):
+    """What a `Rest` is built from: `ClientSettings` itself, or a client that carries them (the
+    devcluster's typed client, for tests)."""
 
-
-class ThrottledRefresh:
-    """Runs the client's token-refresh hook at most once per `period` seconds.
-
-    Both of the client's loaders (kubeconfig and in-cluster) install a fresh hook each time
-    theirs runs; this one stays in front by taking the newcomer as its inner hook."""
-
-    def __init__(
-        self, hook: Any, period: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.hook = hook
-        self.period = period
-        self.clock = clock
-        self._last = float("-inf")
-        self._lock = threading.Lock()
-
-    def __call__(self, configuration: Any) -> None:
-        with self._lock:
-            now = self.clock()
-            if now - self._last < self.period:
-                return
-            self._last = now
-            self.hook(configuration)
-            installed = getattr(configuration, "refresh_api_key_hook", None)
-            if installed is not self:
-                self.hook = installed
-                configuration.refresh_api_key_hook = self
+    @property
+    def client_settings(self) -> ClientSettings: ...
 
 
 def _error(status: int, data: bytes) -> ApiError:
     try:
-        body = json.loads(data)
+        body = _DICT.decode(data)
         reason, message = str(body.get("reason", "")), str(body.get("message", ""))
-    except ValueError:
+    except msgspec.DecodeError:
         reason, message = "", data[:300].decode(errors="replace")
     cls = Gone if status == 410 else ApiError
     return cls(status, reason or "Error", message)
@@ -156,32 +104,46 @@ def _error(status: int, data: bytes) -> ApiError:
 class Rest:
     """GET/POST/PUT/PATCH/DELETE and WATCH on API paths, with dict bodies.
 
-    Requests go straight to the client's urllib3 pool with the client's TLS settings and
-    credentials: the generated client's `param_serialize` walked every body (a copy of each
-    object, under a lock the workers shared) and `json.dumps` encoded it again, a third of the
-    status write's CPU. Bodies are encoded once, by msgspec."""
+    Bodies are encoded once, by msgspec, and requests written whole on a kept-alive connection
+    (`podcert.transport`); the bearer token, when there is one, comes from the settings' token
+    source on every request (it re-reads a rotated file itself). Safe to share between threads:
+    each request takes a connection of its own from the pool."""
 
-    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
-        self.api = api
+    def __init__(
+        self, client: HasClientSettings, timeout: float = 30.0, user_agent: str = USER_AGENT
+    ) -> None:
+        self.settings = client.client_settings
         self.timeout = timeout
+        self._user_agent = user_agent
+        self._endpoint = transport.Endpoint.of(self.settings)
+        self._pool = transport.Pool(self._endpoint)
+        # A Rest dropped without close() (tests make one per call) closes its connections too.
+        self._finalizer = weakref.finalize(self, self._pool.close)
+        self._fixed = (
+            f"Host: {self._endpoint.host_header}\r\nUser-Agent: {user_agent}\r\n"
+            "Accept: application/json\r\n"
+        ).encode("latin-1")
 
     @property
     def user_agent(self) -> str:
-        return str(self.api.user_agent)
+        return self._user_agent
 
-    def _headers(self, content_type: str) -> dict[str, str]:
-        headers = {
-            **self.api.default_headers,
-            "Accept": "application/json",
-            "Content-Type": content_type,
-        }
-        # As the generated client applies "BearerToken": the token (refreshed by the
-        # configuration's throttled hook), when the kubeconfig has one; else client certificates
-        # in the pool's TLS settings authenticate.
-        bearer = self.api.configuration.auth_settings().get("BearerToken")
-        if bearer and bearer.get("value"):
-            headers[bearer["key"]] = bearer["value"]
-        return headers
+    def close(self) -> None:
+        """Close the idle connections (a watch in progress keeps its own until it ends)."""
+        self._finalizer()
+
+    def _head(self, method: str, target: str, content_type: str, length: int | None) -> bytes:
+        if not target.isprintable() or " " in target:
+            raise ValueError(f"not a request target: {target[:100]!r}")
+        head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
+        token = self.settings.token
+        if token is not None:
+            head += f"Authorization: Bearer {token()}\r\n".encode("latin-1")
+        if length is not None:
+            head += f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n".encode(
+                "latin-1"
+            )
+        return head + b"\r\n"
 
     def _send(
         self,
@@ -191,33 +153,42 @@ class Rest:
         body: Any,
         content_type: str,
         timeout: float | tuple[float, float] | None,
-    ) -> Any:
-        """The urllib3 response, its body not read yet (watches stream it)."""
-        url = self.api.configuration.host + path
+    ) -> transport.Response:
+        """The answer, its body not read yet (watches stream it). Raises ApiError(0,
+        "Unavailable") when the API server cannot be reached or breaks off."""
+        target = self._endpoint.prefix + path
         if query:
-            url += "?" + urlencode(
+            target += "?" + urlencode(
                 [(k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query.items()]
             )
+        data = msgspec.json.encode(body) if body is not None else None
         limit = timeout or self.timeout
+        connect, read = limit if isinstance(limit, tuple) else (limit, limit)
+        head = self._head(method, target, content_type, len(data) if data is not None else None)
         try:
-            return self.api.rest_client.pool_manager.request(
-                method,
-                url,
-                body=msgspec.json.encode(body) if body is not None else None,
-                headers=self._headers(content_type),
-                timeout=(
-                    urllib3.Timeout(connect=limit[0], read=limit[1])
-                    if isinstance(limit, tuple)
-                    else urllib3.Timeout(total=limit)
-                ),
-                preload_content=False,
-            )
-        except OSError as err:  # connection refused/reset: the API server is away
-            raise ApiError(0, "Unavailable", str(err)) from None
-        except Exception as err:
-            if _from_urllib3(err):
-                raise ApiError(0, "Unavailable", str(err)) from None
-            raise
+            return self._pool.send(head, data, method, connect, read)
+        except OSError as err:  # refused, reset, timed out, TLS refused, not HTTP
+            raise self._unavailable(err) from None
+
+    def _unavailable(self, err: OSError) -> ApiError:
+        if isinstance(err, ssl.SSLCertVerificationError):
+            cause = f"certificate verify failed: {err.verify_message}"
+        elif isinstance(err, TimeoutError):
+            cause = "timed out"
+        else:
+            cause = err.strerror or str(err) or type(err).__name__
+        return ApiError(
+            0, "Unavailable", f"cannot reach the API server at {self._endpoint.where} ({cause})"
+        )
+
+    def _body(self, resp: transport.Response) -> bytes:
+        try:
+            data = resp.read()
+        except OSError as err:
+            self._pool.discard(resp)
+            raise self._unavailable(err) from None
+        self._pool.release(resp)
+        return data
 
     def request(
         self,
@@ -230,8 +201,7 @@ class Rest:
         timeout: float | None = None,
     ) -> JSON:
         resp = self._send(method, path, query, body, content_type, timeout)
-        data = resp.read()
-        resp.release_conn()
+        data = self._body(resp)
         if not 200 <= resp.status < 300:
             raise _error(resp.status, data)
         result: JSON = _DICT.decode(data) if data else {}
@@ -307,8 +277,7 @@ class Rest:
         if token:
             params["continue"] = token
         resp = self._send("GET", path, params, None, "application/json", None)
-        data = resp.read()
-        resp.release_conn()
+        data = self._body(resp)
         if not 200 <= resp.status < 300:
             raise _error(resp.status, data)
         try:
@@ -325,7 +294,8 @@ class Rest:
         **query: str,
     ) -> Iterator[JSON]:
         """Watch events from `resource_version`: {"type", "object"}, the object a dict or, with
-        `shape`, that shape. Raises Gone on 410 (as status or ERROR event)."""
+        `shape`, that shape. Raises Gone on 410 (as status or ERROR event); ApiError(0,
+        "Unavailable") when the stream breaks off."""
         params: dict[str, str | int | bool] = {
             **query,
             "watch": True,
@@ -334,13 +304,14 @@ class Rest:
             "timeoutSeconds": timeout_seconds,
         }
         objects = msgspec.json.Decoder(shape) if shape is not None else _DICT
-        resp = self._send("GET", path, params, None, "application/json", (10, timeout_seconds + 30))
+        timeouts = (WATCH_CONNECT_TIMEOUT, float(timeout_seconds + 30))
+        resp = self._send("GET", path, params, None, "application/json", timeouts)
         if not 200 <= resp.status < 300:
-            raise _error(resp.status, resp.read())
-        raw = resp
+            raise _error(resp.status, self._body(resp))
+        ended = False
         try:
             rest = b""
-            for chunk in raw.stream(64 * 1024, decode_content=True):
+            for chunk in resp.chunks():
                 *lines, rest = (rest + chunk).split(b"\n")
                 for line in lines:
                     if not line.strip():
@@ -350,14 +321,18 @@ class Rest:
                         status = _DICT.decode(event.object)
                         raise _error(int(status.get("code", 500)), bytes(event.object))
                     yield {"type": event.type, "object": objects.decode(event.object)}
-        except Exception as err:
-            # A stream cut short (the API server went away mid-response) surfaces as urllib3's
-            # ProtocolError: as much an outage as a refused connection, not an unexpected bug.
-            if isinstance(err, OSError | ValueError) or _from_urllib3(err):
-                raise ApiError(0, "Unavailable", f"watch stream broke: {err}") from None
-            raise
+            ended = True
+        except OSError as err:  # the API server went away mid-stream
+            raise ApiError(0, "Unavailable", f"watch stream broke: {err}") from None
+        except msgspec.DecodeError as err:
+            raise ApiError(0, "BadResponse", f"watch {path}: {err}") from None
         finally:
-            raw.release_conn()
+            # A stream read to its end leaves the connection reusable; one left half way (an
+            # error, or the caller stopped iterating) has unread bytes on it.
+            if ended:
+                self._pool.release(resp)
+            else:
+                self._pool.discard(resp)
 
 
 def resource_version(obj: Any) -> str:
@@ -366,11 +341,6 @@ def resource_version(obj: Any) -> str:
         meta = obj.get("metadata")
         return str(meta.get("resourceVersion") or "") if isinstance(meta, Mapping) else ""
     return str(getattr(getattr(obj, "metadata", None), "resourceVersion", "") or "")
-
-
-def _from_urllib3(err: BaseException) -> bool:
-    """urllib3's own errors (ProtocolError, MaxRetryError...) do not derive from OSError."""
-    return type(err).__module__.startswith("urllib3")
 
 
 def path_of(group_version: str, resource: str, namespace: str | None = None, name: str = "") -> str:

@@ -1,0 +1,473 @@
+"""`podcert.rest.Rest` over its own HTTP/1.1 connections (`podcert.transport`), against a small
+scripted server on loopback: kept-alive connections are reused, one the server closed is replaced
+(and a request it dropped unread is sent again), a watch streams its events line by line across
+chunks, and every way the server can go away is a retryable `ApiError` naming where it was.
+
+Found earlier by tests/integration/test_faults.py: an API server going away mid-watch must be a
+plain retry for the reflectors, not an unexpected error with a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+import trustme
+
+from devcluster.testing import eventually
+from podcert import transport
+from podcert.kubeconfig import ClientSettings
+from podcert.rest import ApiError, Gone, Rest
+
+
+@dataclass
+class Request:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+
+
+def read_request(reader: BinaryIO) -> Request | None:
+    line = reader.readline()
+    if not line:
+        return None
+    method, target, _ = line.decode().split(" ", 2)
+    headers = {}
+    while (header := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = header.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = reader.read(int(headers.get("content-length", "0")))
+    return Request(method, target, headers, body)
+
+
+def answer(status: int, body: Any, close: bool = False) -> bytes:
+    data = json.dumps(body).encode()
+    head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(data)}\r\n" + ("Connection: close\r\n" if close else "")
+    return head.encode() + b"\r\n" + data
+
+
+def chunked(*chunks: bytes) -> bytes:
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
+
+
+def event(kind: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+# What the server does on one connection: (connection number, its reader, its socket).
+Handler = Callable[[int, BinaryIO, socket.socket], None]
+
+
+@dataclass
+class Server:
+    """A TCP server on loopback running `handler` for each connection it accepts."""
+
+    handler: Handler
+    context: ssl.SSLContext | None = None
+    requests: list[Request] = field(default_factory=list)
+    connections: int = 0
+
+    def __post_init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            self.socks.append(sock)
+            number = self.connections
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(number, sock), daemon=True).start()
+
+    def _serve(self, number: int, sock: socket.socket) -> None:
+        try:
+            if self.context is not None:
+                sock = self.context.wrap_socket(sock, server_side=True)
+            self.handler(number, sock.makefile("rb"), sock)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    def read(self, reader: BinaryIO) -> Request | None:
+        request = read_request(reader)
+        if request is not None:
+            self.requests.append(request)
+        return request
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.context else 'http'}://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in self.socks:
+            sock.close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., Server]]:
+    servers: list[Server] = []
+
+    def start(handler: Handler, context: ssl.SSLContext | None = None) -> Server:
+        servers.append(Server(handler, context))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def rest_for(server: Server, **kwargs: Any) -> Rest:
+    return Rest(ClientSettings(server.url, None, **kwargs), timeout=5.0)
+
+
+# --- connections -------------------------------------------------------------------------------
+
+
+def test_requests_share_one_kept_alive_connection(serve: Callable[..., Server]) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            sock.sendall(answer(200, {"path": request.target}))
+
+    server = serve(handler)
+    rest = rest_for(server, token=lambda: "t0ken")
+
+    for i in range(3):
+        assert rest.request("PUT", f"/api/v1/x{i}", body={"i": i}) == {"path": f"/api/v1/x{i}"}
+
+    assert server.connections == 1
+    first = server.requests[0]
+    assert first.headers["authorization"] == "Bearer t0ken"
+    assert first.headers["content-type"] == "application/json"
+    assert first.headers["host"] == f"127.0.0.1:{server.port}"
+    assert first.headers["user-agent"].startswith("podcert/")
+    assert json.loads(first.body) == {"i": 0}
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(
+    serve: Callable[..., Server],
+) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        if server.read(reader) is not None:
+            sock.sendall(answer(200, {}))  # then close, without saying so beforehand
+
+    server = serve(handler)
+    rest = rest_for(server)
+    rest.request("GET", "/a")
+    eventually(lambda: len(server.requests) == 1, timeout=5, what="the first request")
+    rest.request("GET", "/b")
+
+    assert server.connections == 2
+
+
+def test_a_request_dropped_unread_on_a_kept_alive_connection_is_sent_again(
+    serve: Callable[..., Server],
+) -> None:
+    """The race the idle check cannot see: the server closes a kept-alive connection just as a
+    request goes out on it. Before any byte of an answer, it is sent once more, on a new one."""
+
+    def handler(n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            if n == 0 and request.target == "/second":
+                sock.shutdown(socket.SHUT_RDWR)  # gone, no answer
+                return
+            sock.sendall(answer(200, {"n": n}))
+
+    server = serve(handler)
+    rest = rest_for(server)
+    assert rest.request("GET", "/first") == {"n": 0}
+    pool = rest._pool
+    idle = pool._idle[-1]
+    idle.idle_closed = lambda: False  # type: ignore[method-assign]  # as if it looked alive
+
+    assert rest.request("GET", "/second") == {"n": 1}
+    assert [r.target for r in server.requests] == ["/first", "/second", "/second"]
+
+
+def test_a_new_connection_closed_unread_is_an_error_not_a_loop(
+    serve: Callable[..., Server],
+) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    server = serve(handler)
+    with pytest.raises(ApiError) as raised:
+        rest_for(server).request("GET", "/x")
+    assert raised.value.status == 0 and raised.value.retryable
+    assert f"cannot reach the API server at 127.0.0.1:{server.port}" in str(raised.value)
+    assert server.connections == 1
+
+
+def test_an_api_server_nobody_answers_for_says_where(serve: Callable[..., Server]) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    rest = Rest(ClientSettings(f"http://127.0.0.1:{port}", None))
+    with pytest.raises(ApiError) as raised:
+        rest.get("/version")
+    assert str(raised.value) == f"cannot reach the API server at 127.0.0.1:{port} " + (
+        "(Connection refused)"
+    )
+    assert raised.value.retryable
+
+
+def test_an_answer_that_does_not_come_times_out(serve: Callable[..., Server]) -> None:
+    done = threading.Event()
+
+    def handler(_n: int, reader: BinaryIO, _sock: socket.socket) -> None:
+        server.read(reader)
+        done.wait(10)
+
+    server = serve(handler)
+    rest = Rest(ClientSettings(server.url, None), timeout=0.2)
+    with pytest.raises(ApiError, match=r"\(timed out\)"):
+        rest.request("GET", "/slow")
+    done.set()
+
+
+def test_error_answers_keep_their_status_and_reason(serve: Callable[..., Server]) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            if request.target.startswith("/missing"):
+                status = {"kind": "Status", "code": 404, "reason": "NotFound", "message": "no"}
+                sock.sendall(answer(404, status))
+            elif request.target == "/text":
+                sock.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 5\r\n\r\noops!")
+            else:
+                conflict = {"kind": "Status", "reason": "Conflict", "message": "changed"}
+                sock.sendall(answer(409, conflict))
+
+    server = serve(handler)
+    rest = rest_for(server)
+    assert rest.get("/missing") is None
+    with pytest.raises(ApiError) as raised:
+        rest.request("PUT", "/conflict", body={})
+    assert (raised.value.status, raised.value.reason, raised.value.message) == (
+        409,
+        "Conflict",
+        "changed",
+    )
+    with pytest.raises(ApiError, match="502 Error: oops!"):
+        rest.request("GET", "/text")
+    assert server.connections == 1  # error answers leave the connection usable
+
+
+def test_a_query_is_encoded_and_a_path_prefix_kept(serve: Callable[..., Server]) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while server.read(reader) is not None:
+            sock.sendall(answer(200, {}))
+
+    server = serve(handler)
+    rest = Rest(ClientSettings(server.url + "/k8s", None))
+    rest.request("GET", "/api/v1/pods", query={"labelSelector": "a=b,c", "watch": True})
+    assert server.requests[0].target == "/k8s/api/v1/pods?labelSelector=a%3Db%2Cc&watch=true"
+
+
+def test_a_client_certificate_over_tls(serve: Callable[..., Server], tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("kubernetes.default.svc").configure_cert(server_context)
+    ca.configure_trust(server_context)
+    server_context.verify_mode = ssl.CERT_REQUIRED
+    seen: list[Any] = []
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        seen.append(sock.getpeercert())  # type: ignore[attr-defined]
+        while server.read(reader) is not None:
+            sock.sendall(answer(200, {"ok": True}))
+
+    server = serve(handler, server_context)
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ca.configure_trust(client)
+    ca.issue_cert("node-a").configure_cert(client)
+
+    named = Rest(ClientSettings(server.url, client, tls_server_name="kubernetes.default.svc"))
+    assert named.get("/x") == {"ok": True}
+    assert seen and seen[0]  # the server saw our certificate
+
+    wrong = Rest(ClientSettings(server.url, client))  # 127.0.0.1 is not in its certificate
+    with pytest.raises(ApiError, match="certificate verify failed"):
+        wrong.get("/x")
+
+
+def test_a_proxy_tunnels_with_connect(serve: Callable[..., Server]) -> None:
+    def upstream(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while api.read(reader) is not None:
+            sock.sendall(answer(200, {"via": "proxy"}))
+
+    api = serve(upstream)
+    connects: list[Request] = []
+
+    def proxy_handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        request = read_request(reader)
+        assert request is not None
+        connects.append(request)
+        with socket.create_connection(("127.0.0.1", api.port)) as up:
+            sock.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            relay(sock, up)
+
+    proxy = serve(proxy_handler)
+    rest = Rest(ClientSettings(api.url, None, proxy=f"http://me:s3cret@127.0.0.1:{proxy.port}"))
+    assert rest.get("/version") == {"via": "proxy"}
+    assert connects[0].method == "CONNECT"
+    assert connects[0].target == f"127.0.0.1:{api.port}"
+    assert connects[0].headers["proxy-authorization"] == "Basic bWU6czNjcmV0"
+
+
+def relay(a: socket.socket, b: socket.socket) -> None:
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    threading.Thread(target=pump, args=(b, a), daemon=True).start()
+    pump(a, b)
+
+
+# --- watches -----------------------------------------------------------------------------------
+
+
+def test_a_watch_streams_events_split_across_chunks(serve: Callable[..., Server]) -> None:
+    pods = [{"metadata": {"name": f"p{i}", "resourceVersion": str(i)}} for i in range(3)]
+    stream = b"".join(event("ADDED", pod) for pod in pods)
+    released = threading.Event()
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            if "watch=true" in request.target:
+                sock.sendall(chunked(stream[:10], stream[10:70], stream[70:]) + b"0\r\n\r\n")
+            else:
+                sock.sendall(answer(200, {}))
+                released.set()
+
+    server = serve(handler)
+    rest = rest_for(server)
+    events = list(rest.watch("/api/v1/pods", "1", timeout_seconds=5))
+
+    assert [e["object"] for e in events] == pods
+    assert "resourceVersion=1" in server.requests[0].target
+    assert "allowWatchBookmarks=true" in server.requests[0].target
+    rest.get("/after")  # the watch's connection, read to its end, is reused
+    assert server.connections == 1
+
+
+def test_a_watch_stream_cut_short_is_an_unavailable_api_error(
+    serve: Callable[..., Server],
+) -> None:
+    pod = {"metadata": {"name": "p", "resourceVersion": "7"}}
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        sock.sendall(chunked(event("ADDED", pod)) + b'40\r\n{"type":')  # then gone
+        sock.shutdown(socket.SHUT_RDWR)
+
+    server = serve(handler)
+    events = rest_for(server).watch("/api/v1/pods", "1")
+    assert next(events)["object"] == pod
+    with pytest.raises(ApiError) as broke:
+        next(events)
+    assert (broke.value.status, broke.value.reason) == (0, "Unavailable")
+    assert broke.value.retryable
+    assert "watch stream broke" in str(broke.value)
+
+
+def test_an_expired_watch_raises_gone(serve: Callable[..., Server]) -> None:
+    status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while server.read(reader) is not None:
+            sock.sendall(chunked(event("ERROR", status)) + b"0\r\n\r\n")
+
+    server = serve(handler)
+    with pytest.raises(Gone, match="410 Expired: too old"):
+        list(rest_for(server).watch("/api/v1/pods", "1"))
+
+
+def test_a_watch_left_half_way_does_not_leave_its_connection_for_others(
+    serve: Callable[..., Server],
+) -> None:
+    pod = {"metadata": {"name": "p", "resourceVersion": "7"}}
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            if "watch=true" in request.target:
+                sock.sendall(chunked(event("ADDED", pod), event("ADDED", pod)))
+            else:
+                sock.sendall(answer(200, {"plain": True}))
+
+    server = serve(handler)
+    rest = rest_for(server)
+    events = rest.watch("/api/v1/pods", "1")
+    next(events)
+    events.close()  # the caller stopped: the rest of the stream is unread
+
+    assert rest.get("/x") == {"plain": True}
+    assert server.connections == 2
+
+
+def test_a_status_line_that_is_not_http_is_unavailable(serve: Callable[..., Server]) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        sock.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    server = serve(handler)
+    with pytest.raises(ApiError, match=r"not an HTTP/1\.1 answer"):
+        rest_for(server).get("/x")
+
+
+def test_dropping_a_rest_closes_its_idle_connections(serve: Callable[..., Server]) -> None:
+    closed = threading.Event()
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while server.read(reader) is not None:
+            sock.sendall(answer(200, {}))
+        closed.set()
+
+    server = serve(handler)
+    rest = rest_for(server)
+    rest.get("/x")
+    rest.close()
+    assert closed.wait(5)
+
+
+def test_idle_connections_kept_are_bounded() -> None:
+    pool = transport.Pool(transport.Endpoint("127.0.0.1", 1, None, "127.0.0.1", ""), keep=1)
+
+    class Conn:
+        closed = False
+        reused = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    class Done:
+        def __init__(self) -> None:
+            self.conn, self.done, self.keep = Conn(), True, True
+
+    first, second = Done(), Done()
+    pool.release(first)  # type: ignore[arg-type]
+    pool.release(second)  # type: ignore[arg-type]
+    assert list(pool._idle) == [first.conn] and second.conn.closed
