@@ -1,5 +1,9 @@
 """Issue 7: every manifest passes server-side dry-run on the real API server, the signer's pod
 template passes the `restricted` Pod Security level, and its RBAC is exactly what it needs.
+Each base is read as `kubectl apply -k` applies it (`kustomize`: resources and ConfigMaps
+generated from files, the two things our kustomizations use; checked against kustomize v5.7.1's
+own output when written). manifests/monitoring's prometheus-operator kinds have no CRDs here:
+their content is checked by tests/unit/test_monitoring.py, their wiring below.
 
 The dry-run creates each object under a fresh name, so that one already in the cluster (applied
 by another test) is still validated: a 409 would say nothing about the manifest (issue 15)."""
@@ -48,6 +52,11 @@ _PATHS = {
         "validatingadmissionpolicybindings",
     ),
 }
+# prometheus-operator's kinds (manifests/monitoring): the devcluster has not their CRDs.
+OPERATOR_KINDS = {
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+}
 CLUSTER_SCOPED = {
     "Namespace",
     "ClusterRole",
@@ -58,14 +67,52 @@ CLUSTER_SCOPED = {
 }
 
 
-def kustomize_files(folder: Path) -> list[Path]:
-    """The files a kustomization lists, depth first (plain resource lists only)."""
+def object_path(doc: dict[str, Any]) -> str:
+    """The API path of a manifest's object."""
+    gv, plural = _PATHS[doc["kind"]]
+    namespace = None if doc["kind"] in CLUSTER_SCOPED else doc["metadata"]["namespace"]
+    return path_of(gv, plural, namespace, doc["metadata"]["name"])
+
+
+# What our kustomizations may say: resources, and ConfigMaps generated from files under fixed names.
+# `kustomize` below reads exactly that; anything else would make its reading wrong.
+KUSTOMIZATION = {"apiVersion", "kind", "resources", "configMapGenerator", "generatorOptions"}
+GENERATOR = {"name", "namespace", "files", "options"}
+GENERATOR_OPTIONS = {"labels", "disableNameSuffixHash"}
+
+
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl apply -k folder` applies: the resources, depth first, then the
+    generated ConfigMaps."""
     spec = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    out: list[Path] = []
+    assert set(spec) <= KUSTOMIZATION, f"{folder}: {sorted(spec)}"
+    docs: list[dict[str, Any]] = []
     for entry in spec.get("resources", []):
         target = folder / entry
-        out += kustomize_files(target) if target.is_dir() else [target]
-    return out
+        docs += kustomize(target) if target.is_dir() else documents([target])
+    shared = spec.get("generatorOptions", {})
+    docs += [generated(folder, entry, shared) for entry in spec.get("configMapGenerator", [])]
+    return docs
+
+
+def generated(folder: Path, entry: dict[str, Any], shared: dict[str, Any]) -> dict[str, Any]:
+    """One configMapGenerator entry's ConfigMap: a key per file (`key=path` or the file's name),
+    the generator's labels. Only with the name suffix hash off: its value is not computed here."""
+    options = {**shared, **entry.get("options", {})}
+    assert set(entry) <= GENERATOR and set(options) <= GENERATOR_OPTIONS, f"{folder}: {entry}"
+    assert options.get("disableNameSuffixHash") is True, f"{folder}: {entry['name']} hashed"
+    data = {}
+    for item in entry["files"]:
+        key, _, path = item.rpartition("=")
+        data[key or Path(path).name] = (folder / path).read_text()
+    meta = {"name": entry["name"], "namespace": entry.get("namespace")}
+    meta |= {"labels": {**shared.get("labels", {}), **entry.get("options", {}).get("labels", {})}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {k: v for k, v in meta.items() if v},
+        "data": data,
+    }
 
 
 def documents(paths: list[Path]) -> list[dict[str, Any]]:
@@ -91,13 +138,17 @@ def renamed(doc: dict[str, Any], suffix: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("base", bases(), ids=lambda p: str(p.relative_to(MANIFESTS)))
 def test_every_manifest_passes_server_side_dry_run(devcluster: DevCluster, base: Path) -> None:
-    docs = documents(kustomize_files(base))
+    """Every object the API server serves a kind for; prometheus-operator's kinds (no CRDs
+    here) are checked by tests/unit/test_monitoring.py and below."""
+    docs = [d for d in kustomize(base) if (d["apiVersion"], d["kind"]) not in OPERATOR_KINDS]
     assert docs, f"{base} lists no resources"
     rest = Rest(devcluster.admin)
-    # Namespaces for real (a dry-run namespace does not exist for the objects inside it).
-    for doc in docs:
-        if doc["kind"] == "Namespace":
-            kube.ensure_namespace(devcluster.admin, doc["metadata"]["name"])
+    # Namespaces for real (a dry-run namespace does not exist for the objects inside it), and
+    # the ones a base puts objects in without making them (monitoring's: the signer's).
+    namespaces = {d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"}
+    namespaces |= {d["metadata"]["namespace"] for d in docs if "namespace" in d["metadata"]}
+    for namespace in sorted(namespaces):
+        kube.ensure_namespace(devcluster.admin, namespace)
     suffix = f"dry{secrets.token_hex(3)}"
     validated = []
     for doc in docs:
@@ -109,14 +160,37 @@ def test_every_manifest_passes_server_side_dry_run(devcluster: DevCluster, base:
     assert validated == [(d["kind"], f"{d['metadata']['name']}-{suffix}") for d in docs]
 
 
+def test_the_monitoring_base_ships_alerts_scraping_and_the_dashboard_for_grafanas_sidecar() -> None:
+    """manifests/monitoring as `kubectl apply -k` applies it: the PrometheusRule and the
+    dashboard that tests/unit/test_monitoring.py parses, the dashboard in a ConfigMap labelled
+    as Grafana's sidecar looks for (its dry-run is above), and a PodMonitor that selects the
+    signer's pods on a port they have, in their namespace."""
+    docs = {d["kind"]: d for d in kustomize(MANIFESTS / "monitoring")}
+    assert sorted(docs) == ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    monitoring = MANIFESTS / "monitoring"
+    assert [docs["PrometheusRule"]] == documents([monitoring / "prometheusrule.yaml"])
+    board = docs["ConfigMap"]
+    assert board["metadata"]["name"] == "podcert-dashboard"  # fixed: no hash suffix
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["data"] == {
+        "podcert-dashboard.json": (monitoring / "podcert-dashboard.json").read_text()
+    }
+    [deployment] = [d for d in kustomize(MANIFESTS / "signer") if d["kind"] == "Deployment"]
+    pods = deployment["spec"]["template"]
+    monitor = docs["PodMonitor"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pods["metadata"]["labels"].items()
+    ports = {p["name"] for c in pods["spec"]["containers"] for p in c.get("ports", [])}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
+    namespaces = {d["metadata"]["namespace"] for d in docs.values()}
+    assert namespaces == {deployment["metadata"]["namespace"]}
+
+
 def test_the_signer_base_restricts_the_webhook_port_with_a_valid_network_policy(
     devcluster: DevCluster,
 ) -> None:
     """Issue 18: the NetworkPolicy is part of the signer base (so the dry-run above covers it),
     and the API server accepts it, named ports included."""
-    [policy] = [
-        d for d in documents(kustomize_files(MANIFESTS / "signer")) if d["kind"] == "NetworkPolicy"
-    ]
+    [policy] = [d for d in kustomize(MANIFESTS / "signer") if d["kind"] == "NetworkPolicy"]
     kube.ensure_namespace(devcluster.admin, "podcert-system")
     rest = Rest(devcluster.admin)
     gv, plural = _PATHS["NetworkPolicy"]
