@@ -1,12 +1,14 @@
 """Issue 16: the Helm chart (charts/podcert) renders the kustomize bases' objects, field for field:
 the signer base with default values, and the shim, the example pair and the webhook-free
-admission policy each behind one value. `helm lint` passes it (its values schema refuses bad
-values), and what it renders passes server-side dry-run on the real API server, with default
-and with changed values. helm is built from the Go module (devcluster/tools.py), as the control
-plane is."""
+admission policy each behind one value; only the chart's checksum of the policy on the signer's
+pod template is its own (what rolls the pods on `helm upgrade`). `helm lint` passes it (its
+values schema refuses bad values), and what it renders passes server-side dry-run on the real
+API server, with default and with changed values. test_helm_install installs it for real. helm
+is built from the Go module (devcluster/tools.py), as the control plane is."""
 
 from __future__ import annotations
 
+import copy
 import json
 import secrets
 import subprocess
@@ -22,6 +24,7 @@ from devcluster.testing import DevCluster
 from podcert.rest import ApiError, Rest
 from signer.policy import load_policy
 from tests.integration.test_manifests import MANIFESTS, documents, dry_run, renamed
+from tests.integration.test_manifests import kustomize as kustomize  # test_in_cluster's import
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "podcert"
 Key = tuple[str, str, str]
@@ -49,18 +52,6 @@ def render(helm: list[str], **values: Any) -> list[dict[str, Any]]:
     version = build.KUBERNETES_VERSIONS[build.DEFAULT_KUBE_VERSION]
     out = run(helm, "template", "podcert", str(CHART), f"--kube-version={version}", *sets).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
-def kustomize(folder: Path) -> list[dict[str, Any]]:
-    """The objects `kubectl apply -k folder` applies. Our kustomizations only list resources (no
-    patches or generators): the check below keeps it so, or this reading would be wrong."""
-    spec = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    assert set(spec) <= {"apiVersion", "kind", "resources"}, f"{folder}: {sorted(spec)}"
-    docs: list[dict[str, Any]] = []
-    for entry in spec["resources"]:
-        target = folder / entry
-        docs += kustomize(target) if target.is_dir() else documents([target])
-    return docs
 
 
 def comparable(docs: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
@@ -97,8 +88,38 @@ def differences(got: Any, want: Any, path: str = "") -> list[str]:
     return [] if got == want else [f"{path}: chart {got!r}, kustomize {want!r}"]
 
 
+# Helm's alone: the signer's pod template carries a checksum of the rendered policy, so that
+# `helm upgrade` with another policy rolls the pods (the signer reads its policy at start).
+# After `kubectl apply -k` with another policy, `kubectl rollout restart` does that.
+CHECKSUM = "checksum/policy"
+
+
+def signer_template(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The signer Deployment's pod template."""
+    [deployment] = [
+        d for d in docs if (d["kind"], d["metadata"]["name"]) == ("Deployment", "podcert-signer")
+    ]
+    template: dict[str, Any] = deployment["spec"]["template"]
+    return template
+
+
+def policy_checksum(docs: list[dict[str, Any]]) -> str:
+    annotations = signer_template(docs)["metadata"]["annotations"]
+    assert set(annotations) == {CHECKSUM}, annotations
+    checksum: str = annotations[CHECKSUM]
+    return checksum
+
+
+def without_checksum(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chart's objects, the checksum left out of the signer's pod template."""
+    out = copy.deepcopy(docs)
+    policy_checksum(out)
+    del signer_template(out)["metadata"]["annotations"]
+    return out
+
+
 def assert_same(chart: list[dict[str, Any]], bases: list[dict[str, Any]]) -> None:
-    rendered, expected = comparable(chart), comparable(bases)
+    rendered, expected = comparable(without_checksum(chart)), comparable(bases)
     assert sorted(rendered) == sorted(expected)
     found = [
         f"{key}{line}" for key in expected for line in differences(rendered[key], expected[key])
@@ -138,7 +159,7 @@ def test_the_example_overlay_is_the_chart_with_the_pair(helm: list[str]) -> None
     )
 
 
-CUSTOM = {
+CUSTOM: dict[str, Any] = {
     "signerNames": ["example.com/workload", "example.com/batch"],
     "trustDomain": "example.org",
     "replicas": 3,
@@ -221,6 +242,13 @@ def test_values_reach_every_object_that_names_them(helm: list[str]) -> None:
     )
     web = objects[("Deployment", "shop", "web")]["spec"]["template"]["spec"]["containers"][0]
     assert "--server-id=spiffe://example.org/ns/shop/sa/api" in web["args"]
+
+
+def test_the_signer_pods_roll_when_the_policy_changes_and_only_then(helm: list[str]) -> None:
+    shipped = policy_checksum(render(helm))
+    assert policy_checksum(render(helm, replicas=3)) == shipped
+    assert policy_checksum(render(helm, **{"policy.maxLifetimeSeconds": 3600})) != shipped
+    assert policy_checksum(render(helm, trustDomain="example.org")) != shipped
 
 
 def test_helm_lint_passes_and_the_schema_refuses_bad_values(helm: list[str]) -> None:

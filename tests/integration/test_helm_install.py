@@ -1,0 +1,235 @@
+"""Issue 16: the Helm chart installed for real. `helm install podcert charts/podcert` (default
+values: the objects `kubectl apply -k manifests/signer` applies), with the devcluster's admin
+kubeconfig, runs the signer on the real node from its image as shipped (imported into the node's
+containerd, as test_in_cluster does); its 2 replicas become Ready, and the real kubelet projects a
+pod's credential that the chart's signer issued. `helm upgrade` with another policy (a shorter
+maxLifetimeSeconds) rolls the pods (the chart puts the policy's checksum on their template; the
+signer reads its policy at start) and the new ones issue under it. `helm uninstall` leaves none
+of the objects the release applied, and with its namespace goes what the signer made there (the
+CA Secret, the Lease). Kept by design: the ClusterTrustBundle the signer published, made at run
+time and not part of the release, which pods that project it keep reading.
+
+test_in_cluster applies the same objects (same names, podcert-system), so each module starts
+from none of them and leaves none behind: the two share a session, and the real node in turn."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+from devcluster import imagebuild, incluster
+from devcluster.identities import Paths
+from devcluster.testing import DevCluster, Kubelet, eventually
+from podcert.rest import ApiError, Rest, path_of
+from tests.integration.kubelet_helpers import CERTIFICATES
+from tests.integration.test_chart import CHART, CHECKSUM, helm, render, run
+from tests.integration.test_in_cluster import (
+    NAMESPACE,
+    credential_pod,
+    issued_to,
+    leader,
+    ready,
+    signer_pods,
+)
+from tests.integration.test_manifests import object_path
+
+__all__ = ["helm"]  # the fixture, shared with test_chart
+
+RELEASE = "podcert"
+# Where helm keeps the release record: any namespace but the chart's own (README).
+RELEASE_NAMESPACE = "default"
+TRUST_BUNDLE = "podcert.dev:workload:roots"  # signer/trustbundles.py bundle_name
+SHORTER = 3600  # the upgrade's policy.maxLifetimeSeconds (shipped: 86400)
+
+pytestmark = pytest.mark.timeout(900)  # the first test also builds or loads the image
+
+
+@pytest.fixture(scope="module")
+def cluster_helm(helm: list[str], devcluster: DevCluster) -> list[str]:
+    """helm as an operator runs it against the devcluster: its admin kubeconfig."""
+    kubeconfig = Paths(devcluster.root.resolve()).admin_kubeconfig
+    return [*helm, f"--kubeconfig={kubeconfig}", f"--namespace={RELEASE_NAMESPACE}"]
+
+
+def present(rest: Rest, docs: list[dict[str, Any]]) -> list[str]:
+    """Which of these objects exist (a terminating namespace does)."""
+    found = []
+    for doc in docs:
+        try:
+            rest.request("GET", object_path(doc))
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            continue
+        found.append(f"{doc['kind']}/{doc['metadata']['name']}")
+    return found
+
+
+def clear(rest: Rest, docs: list[dict[str, Any]]) -> None:
+    """Delete whichever of these objects exist, and wait until none does."""
+    for doc in docs:
+        try:
+            rest.request("DELETE", object_path(doc))
+        except ApiError as err:
+            if err.status != 404:
+                raise
+    eventually(lambda: not present(rest, docs), timeout=120, interval=0.5, what="none left")
+
+
+def load_shipped_image(kubelet: Kubelet, folder: Path) -> None:
+    """The image the chart names by default (appVersion), in the node's containerd."""
+    imagebuild.build(lambda line: print(line, flush=True), examples=False)
+    archive = imagebuild.save(imagebuild.IMAGE, folder / "podcert.tar")
+    incluster.load_image(kubelet.state, archive)
+    archive.unlink()
+
+
+@pytest.fixture(scope="module")
+def installed(
+    devcluster: DevCluster,
+    real_kubelet: Kubelet,
+    helm: list[str],
+    cluster_helm: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Rest]:
+    rest = Rest(devcluster.admin)
+    docs = render(helm)
+    # An earlier module's leftovers (a dry-run's namespace, an RBAC check's ClusterRole) would
+    # make `helm install` refuse to take them over: start as a fresh cluster would.
+    clear(rest, docs)
+    load_shipped_image(real_kubelet, tmp_path_factory.mktemp("image"))
+    incluster.schedulable(rest, real_kubelet.name)
+    with incluster.api_server_for_pods(devcluster.state):
+        run(cluster_helm, "install", RELEASE, str(CHART))
+        try:
+            yield rest
+        finally:
+            run(cluster_helm, "uninstall", RELEASE, check=False)  # done unless a test failed
+            clear(rest, docs)
+
+
+def ready_replicas(rest: Rest, count: int = 2, checksum: str | None = None) -> list[Any]:
+    """`count` signer pods, every one Ready (and with this policy checksum, when given)."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        pods = signer_pods(rest)
+        if len(pods) != count or not all(ready(p) for p in pods):
+            return None
+        if checksum and any(policy_checksum(p) != checksum for p in pods):
+            return None
+        return pods
+
+    found: list[dict[str, Any]] = eventually(
+        probe, timeout=240, interval=0.5, what=f"{count} ready signer replicas"
+    )
+    return found
+
+
+def policy_checksum(pod: dict[str, Any]) -> str:
+    return str((pod["metadata"].get("annotations") or {}).get(CHECKSUM))
+
+
+def release(cluster_helm: list[str]) -> dict[str, Any]:
+    status: dict[str, Any] = yaml.safe_load(
+        run(cluster_helm, "status", RELEASE, "--output=json").stdout
+    )
+    return status
+
+
+def issuing_ca(rest: Rest) -> x509.Certificate:
+    """The issuing CA the chart's signer keeps in its namespace's Secret."""
+    secret = rest.request("GET", path_of("v1", "secrets", NAMESPACE, "podcert-ca"))
+    return x509.load_pem_x509_certificates(base64.b64decode(secret["data"]["tls.crt"]))[0]
+
+
+def credential(rest: Rest, devcluster: DevCluster, kubelet: Kubelet, name: str) -> x509.Certificate:
+    """The leaf the real kubelet writes for a new pod, checked to come from the chart's CA."""
+    namespace, uid = credential_pod(devcluster, name)
+    leaf = issued_to(kubelet, uid, namespace)[0]
+    leaf.verify_directly_issued_by(issuing_ca(rest))
+    return leaf
+
+
+def lifetime(leaf: x509.Certificate) -> dt.timedelta:
+    return leaf.not_valid_after_utc - leaf.not_valid_before_utc
+
+
+def test_helm_install_runs_two_ready_replicas_of_the_shipped_image(
+    installed: Rest, cluster_helm: list[str]
+) -> None:
+    assert release(cluster_helm)["info"]["status"] == "deployed"
+    pods = ready_replicas(installed)
+    for pod in pods:
+        spec = pod["spec"]
+        assert spec["nodeName"] == "node-real"
+        assert spec["serviceAccountName"] == "podcert-signer"
+        [container] = spec["containers"]
+        assert container["image"] == imagebuild.IMAGE
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    names = {p["metadata"]["name"] for p in pods}
+    assert eventually(lambda: leader(installed) in names, timeout=60, what="a leader")
+
+
+def test_the_real_kubelet_projects_a_credential_from_the_chart_installed_signer(
+    installed: Rest, devcluster: DevCluster, real_kubelet: Kubelet
+) -> None:
+    ready_replicas(installed)
+    leaf = credential(installed, devcluster, real_kubelet, "from-helm")
+    assert lifetime(leaf) > dt.timedelta(hours=23)  # the shipped policy: up to 24 h
+
+
+def test_helm_upgrade_with_another_policy_rolls_the_signer_out(
+    installed: Rest, devcluster: DevCluster, real_kubelet: Kubelet, cluster_helm: list[str]
+) -> None:
+    before = {p["metadata"]["name"] for p in ready_replicas(installed)}
+    run(
+        cluster_helm,
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        f"--set-json=policy.maxLifetimeSeconds={SHORTER}",
+    )
+    assert release(cluster_helm)["version"] == 2
+    [deployment] = [
+        d
+        for d in yaml.safe_load_all(run(cluster_helm, "get", "manifest", RELEASE).stdout)
+        if d and d["kind"] == "Deployment"
+    ]
+    checksum = deployment["spec"]["template"]["metadata"]["annotations"][CHECKSUM]
+    after = {p["metadata"]["name"] for p in ready_replicas(installed, checksum=checksum)}
+    assert not after & before, "the old pods kept running"
+    eventually(lambda: leader(installed) in after, timeout=90, interval=0.5, what="a new leader")
+    leaf = credential(installed, devcluster, real_kubelet, "after-upgrade")
+    assert lifetime(leaf) <= dt.timedelta(seconds=SHORTER + 300)  # notBefore is backdated
+
+
+def test_helm_uninstall_leaves_nothing_of_the_release(
+    installed: Rest, cluster_helm: list[str]
+) -> None:
+    applied = [
+        d for d in yaml.safe_load_all(run(cluster_helm, "get", "manifest", RELEASE).stdout) if d
+    ]
+    assert len(applied) >= 12
+    run(cluster_helm, "uninstall", RELEASE)
+    # The namespace goes last (its pods, the CA Secret and the Lease with it).
+    eventually(lambda: not present(installed, applied), timeout=120, interval=0.5, what="gone")
+    assert run(cluster_helm, "status", RELEASE, check=False).returncode != 0
+    records = installed.request(
+        "GET",
+        path_of("v1", "secrets", RELEASE_NAMESPACE),
+        query={"labelSelector": f"owner=helm,name={RELEASE}"},
+    )
+    assert records["items"] == []
+    # Kept by design: the signer's trust bundle (cluster-scoped, not the chart's), which running
+    # pods project; a new install's signer writes its own roots into it.
+    bundle = installed.request(
+        "GET", path_of(CERTIFICATES, "clustertrustbundles", None, TRUST_BUNDLE)
+    )
+    assert bundle["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "podcert-signer"
