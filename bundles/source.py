@@ -14,7 +14,6 @@ seconds is what guarantees that the source converges.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import hashlib
@@ -27,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from cryptography.hazmat.primitives import serialization
 
@@ -44,6 +43,11 @@ from bundles.formats import (
     load_trust_bundle,
     verify_chain,
 )
+
+if TYPE_CHECKING:
+    # Only the async watch uses asyncio, and its caller has it loaded: the shim and the audit
+    # import bundles for its formats and skip it.
+    import asyncio
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +271,8 @@ class TLSSource:
     # --- watching -------------------------------------------------------------------------------
 
     async def _refresh_off_loop(self) -> None:
+        import asyncio
+
         # Reading files and building contexts block; the swap notification runs on the loop.
         material = await asyncio.to_thread(self._reload)
         if material is not None:
@@ -306,6 +312,8 @@ class TLSSource:
         return True
 
     async def _poll(self, stop_event: asyncio.Event, interval: float) -> None:
+        import asyncio
+
         while not stop_event.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):

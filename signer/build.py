@@ -44,7 +44,6 @@ from signer.leader import Elector, LeaseSettings
 from signer.policy import Policy
 from signer.rotator import Rotator
 from signer.trustbundles import Publisher
-from signer.webhook import ServingCert, WebhookServer
 
 log = logging.getLogger("podcert.signer")
 
@@ -221,6 +220,9 @@ class Signer:
             self.started_leading()
 
     def _start_webhook(self) -> None:
+        # aiohttp (a tenth of a second to import) only in a signer that serves the webhook.
+        from signer.webhook import ServingCert, WebhookServer
+
         config = self.config
         names = config.webhook_dns_names or (
             f"podcert-signer.{config.namespace}.svc",

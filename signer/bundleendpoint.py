@@ -18,7 +18,6 @@ keeps its key in memory).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import hashlib
 import logging
@@ -27,13 +26,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from aiohttp import web
 from cryptography import x509
 
 from podcert.runtime import Runtime
 from signer import model, serving, spiffebundle
+
+if TYPE_CHECKING:
+    # Imported where the server starts: a signer without the endpoint never loads aiohttp and
+    # asyncio (a tenth of a second of its start-up).
+    from aiohttp import web
 
 log = logging.getLogger("podcert.signer.bundle")
 
@@ -144,6 +147,8 @@ class BundleServer:
         self.port = settings.port
 
     async def handle(self, _request: web.Request) -> web.Response:
+        from aiohttp import web
+
         roots, sequence = self.bundle()
         if not roots:  # an empty bundle would tell consumers to trust nothing of ours
             return web.Response(status=503, text="no CA loaded yet\n")
@@ -151,6 +156,8 @@ class BundleServer:
         return web.Response(body=body, content_type="application/json")
 
     def run(self, stop: threading.Event) -> None:
+        import asyncio
+
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._start())
@@ -166,6 +173,8 @@ class BundleServer:
             loop.close()
 
     async def _start(self) -> None:
+        from aiohttp import web
+
         app = web.Application()
         app.router.add_get("/", self.handle)
         self._runner = web.AppRunner(app, access_log=None)
