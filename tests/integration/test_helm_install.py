@@ -58,28 +58,26 @@ def cluster_helm(helm: list[str], devcluster: DevCluster) -> list[str]:
     return [*helm, f"--kubeconfig={kubeconfig}", f"--namespace={RELEASE_NAMESPACE}"]
 
 
+def found(rest: Rest, method: str, doc: dict[str, Any]) -> bool:
+    """`method` (GET, DELETE) on a manifest's object; False when there is none."""
+    try:
+        rest.request(method, object_path(doc))
+    except ApiError as err:
+        if err.status != 404:
+            raise
+        return False
+    return True
+
+
 def present(rest: Rest, docs: list[dict[str, Any]]) -> list[str]:
     """Which of these objects exist (a terminating namespace does)."""
-    found = []
-    for doc in docs:
-        try:
-            rest.request("GET", object_path(doc))
-        except ApiError as err:
-            if err.status != 404:
-                raise
-            continue
-        found.append(f"{doc['kind']}/{doc['metadata']['name']}")
-    return found
+    return [f"{d['kind']}/{d['metadata']['name']}" for d in docs if found(rest, "GET", d)]
 
 
 def clear(rest: Rest, docs: list[dict[str, Any]]) -> None:
-    """Delete whichever of these objects exist, and wait until none does."""
-    for doc in docs:
-        try:
-            rest.request("DELETE", object_path(doc))
-        except ApiError as err:
-            if err.status != 404:
-                raise
+    """Delete whichever of these objects exist (namespaces last), and wait until none does."""
+    for doc in reversed(docs):
+        found(rest, "DELETE", doc)
     eventually(lambda: not present(rest, docs), timeout=120, interval=0.5, what="none left")
 
 
