@@ -40,10 +40,11 @@ lint: $(VENV)/.installed
 # (once, cached outside the repo) the devcluster's binaries, showing progress: the whole cluster
 # with both kubelets for each minor, 1.37 first (1.35 reuses much of 1.36's Go build cache), and
 # the tests' own Go programs (tests/interop: go-spiffe's conformance checker, SPIRE's server and
-# agent for the federation tests), and helm for the chart's tests.
+# agent for the federation tests), helm for the chart's tests, and kube-proxy 1.37 and CoreDNS
+# for the in-cluster tests' Services.
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps
-	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire --helm
+	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire --helm --network
 
 # Build podcert's image and the example pair's with podman from the Dockerfiles, then check them
 # (devcluster/imagebuild.py). Installs podman and debootstrap from Debian when missing (as root)

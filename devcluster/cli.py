@@ -67,7 +67,14 @@ def _kubelet(args: argparse.Namespace) -> int:
             _say(f"running {args.node} as a hollow kubelet: {reason}")
             hollow = True
     try:
-        state = nodes.start(args.dir, args.node, hollow=hollow, progress=_say, timeout=args.timeout)
+        state = nodes.start(
+            args.dir,
+            args.node,
+            hollow=hollow,
+            progress=_say,
+            timeout=args.timeout,
+            services=args.services,
+        )
     except (NodeError, ClusterError, build.BuildError) as err:
         _say(f"devcluster kubelet failed: {err}")
         return 1
@@ -104,6 +111,10 @@ def _build(args: argparse.Namespace) -> int:
             print(spire.agent)
         if args.helm:
             print(tools.ensure_helm(_say))
+        if args.network:
+            network = build.ensure_network(versions[0], _say)
+            print(network.kube_proxy)
+            print(network.coredns)
     except build.BuildError as err:
         _say(str(err))
         return 1
@@ -173,6 +184,12 @@ def register(subparsers: Any) -> None:
         "(the default is real where the machine allows it)",
     )
     kubelet.add_argument(
+        "--services",
+        action="store_true",
+        help="real nodes: also run kube-proxy and CoreDNS beside it (Service addresses and "
+        "names for its pods)",
+    )
+    kubelet.add_argument(
         "--timeout",
         type=float,
         default=nodes.READY_TIMEOUT,
@@ -208,6 +225,12 @@ def register(subparsers: Any) -> None:
     )
     b.add_argument(
         "--helm", action="store_true", help="also helm, to lint and render charts/podcert"
+    )
+    b.add_argument(
+        "--network",
+        action="store_true",
+        help="also kube-proxy (of the first --kube-version) and CoreDNS, for a real node with "
+        "Services (`kubelet --services`)",
     )
     b.set_defaults(run=_build)
     d = sub.add_parser("deps", help="apt-get install what a real node needs (only what is missing)")

@@ -9,6 +9,10 @@ from devcluster.build import DEFAULT_KUBE_VERSION
 from devcluster.identities import Paths
 
 SERVICE_CIDR = "10.0.0.0/24"
+# The cluster DNS's Service address (the kubelet's clusterDNS) and domain, when a real node runs
+# with Services (`devcluster.network`).
+DNS_SERVICE_IP = "10.0.0.10"
+CLUSTER_DOMAIN = "cluster.local"
 ISSUER = "https://kubernetes.default.svc"
 
 # certificates.k8s.io/v1beta1 (ClusterTrustBundle, PodCertificateRequest) is off by default in
@@ -75,8 +79,9 @@ def apiserver_args(
         "--advertise-address=127.0.0.1",
         # Loopback cannot back the kubernetes Service endpoints; nothing here needs them.
         "--endpoint-reconciler-type=none",
-        # No kube-proxy runs here: the API server calls webhooks (and aggregated APIs) at their
-        # Service's endpoints, not its cluster IP (an in-cluster signer's webhook, issue 16).
+        # The API server calls webhooks (and aggregated APIs) at their Service's endpoints, not
+        # its cluster IP (an in-cluster signer's webhook, issue 16): most tests run no kube-proxy
+        # (`devcluster.network`), and a cluster IP with no rule would be routed off the machine.
         "--enable-aggregator-routing=true",
         f"--secure-port={port}",
         f"--cert-dir={p}",

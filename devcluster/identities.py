@@ -123,14 +123,30 @@ def write_component_identities(paths: Paths, server: str, now: dt.datetime) -> N
         pki.write_private(paths.pki / "apiserver-kubelet-client.key", pair.key_pem)
         kubelet_client.write_bytes(pair.cert_pem)
     for component, (user, groups) in COMPONENT_USERS.items():
-        cert, key = paths.pki / f"{component}.crt", paths.pki / f"{component}.key"
-        if not cert.exists():
-            pair = pki.issue(ca, user, now, organizations=groups)
-            pki.write_private(key, pair.key_pem)
-            cert.write_bytes(pair.cert_pem)
-        pair = pki.KeyPair(cert.read_bytes(), key.read_bytes())
-        text = kubeconfig(server, ca.cert_pem, user, cert_creds(pair))
-        pki.write_private(paths.component_kubeconfig(component), text.encode())
+        write_client_identity(paths, component, user, groups, server, now)
+
+
+def write_client_identity(
+    paths: Paths,
+    component: str,
+    user: str,
+    groups: tuple[str, ...],
+    server: str,
+    now: dt.datetime,
+) -> Path:
+    """A client certificate for `user` (made once, as pki/<component>.crt) and the kubeconfig
+    that carries it, pointed at `server`; returns the kubeconfig's path."""
+    ca = load_ca(paths)
+    cert, key = paths.pki / f"{component}.crt", paths.pki / f"{component}.key"
+    if not cert.exists():
+        pair = pki.issue(ca, user, now, organizations=groups)
+        pki.write_private(key, pair.key_pem)
+        cert.write_bytes(pair.cert_pem)
+    pair = pki.KeyPair(cert.read_bytes(), key.read_bytes())
+    text = kubeconfig(server, ca.cert_pem, user, cert_creds(pair))
+    out = paths.component_kubeconfig(component)
+    pki.write_private(out, text.encode())
+    return out
 
 
 def load_ca(paths: Paths) -> pki.KeyPair:

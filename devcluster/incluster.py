@@ -1,14 +1,17 @@
 """What a workload on the devcluster's real node needs to run as a cluster's own pods do (issue
 16): podcert's image in the node's containerd, and a way to the API server.
 
-The devcluster runs no kube-proxy, and its API server listens on loopback. An in-cluster client (a
-pod's service account token and `KUBERNETES_SERVICE_HOST`, the `kubernetes` Service's cluster IP,
-10.0.0.1, which the API server's certificate names) is given what kube-proxy would give it: pods
-route the Service range to the host (`devcluster.nodeconfig`), and while `api_server_for_pods` is
-open a DNAT rule takes the bridge's traffic for 10.0.0.1:443 to the API server's loopback port, with
-`route_localnet` so the kernel routes pod traffic to 127.0.0.1 and back (as kube-proxy does for its
-localhost node ports). The other way, the API server reaches a webhook Service at its endpoints
-(`--enable-aggregator-routing`, `devcluster.flags`), pod addresses the host routes to the bridge.
+The devcluster's API server listens on loopback, which no EndpointSlice may name: kube-proxy
+(`devcluster.network`, where a node runs with Services) cannot take the `kubernetes` Service
+there. An in-cluster client (a pod's service account token and `KUBERNETES_SERVICE_HOST`, the
+`kubernetes` Service's cluster IP, 10.0.0.1, which the API server's certificate names) is given
+what kube-proxy would give it: pods route the Service range to the host
+(`devcluster.nodeconfig`), and while `api_server_for_pods` is open a DNAT rule takes the bridge's
+traffic for 10.0.0.1:443 to the API server's loopback port, with `route_localnet` so the kernel
+routes pod traffic to 127.0.0.1 and back (as kube-proxy does for its localhost node ports). The
+other way, the API server reaches a webhook Service at its endpoints
+(`--enable-aggregator-routing`, `devcluster.flags`), pod addresses the host routes to the bridge:
+most tests run no kube-proxy, and a cluster IP without its rules would leave the machine.
 And since the node lifecycle controller is off (`devcluster.flags`), the `not-ready` taint a kubelet
 registers with stays until `schedulable` lifts it once the node is Ready, as that controller would:
 only then does the scheduler place a Deployment's pods there.

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster import images
-from devcluster.flags import SERVICE_CIDR, feature_gates
+from devcluster.flags import CLUSTER_DOMAIN, SERVICE_CIDR, feature_gates
 from devcluster.host import CNI_BIN
 
 BRIDGE = "podcert0"
@@ -66,9 +66,10 @@ def cni_config(ipam_dir: Path) -> dict[str, Any]:
                 "ipam": {
                     "type": "host-local",
                     "ranges": [[{"subnet": POD_SUBNET}]],
-                    # Service addresses go to the host (the gateway), where a test may give
-                    # the kubernetes Service an address (devcluster.incluster): there is no
-                    # kube-proxy. Nothing else leaves the bridge.
+                    # Service addresses go to the host (the gateway), where kube-proxy takes
+                    # them when the node runs with Services (devcluster.network), and a DNAT
+                    # the kubernetes Service's (devcluster.incluster). Nothing else leaves the
+                    # bridge.
                     "routes": [{"dst": SERVICE_CIDR}],
                     "dataDir": str(ipam_dir),
                 },
@@ -88,11 +89,14 @@ def kubelet_config(
     ca_file: Path,
     max_pods: int | None = None,
     sync_frequency: dt.timedelta | None = None,
+    cluster_dns: str | None = None,
 ) -> dict[str, Any]:
     """The KubeletConfiguration for a real node on this VM (issue 13 lists why each line).
     `max_pods` raises the kubelet's own limit of 110 pods (benchmarks load one node with more).
     `sync_frequency` shortens the kubelet's pod resync (default 1 min, plus up to half again of
-    jitter), which paces how soon a changed ClusterTrustBundle reaches a running pod's files."""
+    jitter), which paces how soon a changed ClusterTrustBundle reaches a running pod's files.
+    `cluster_dns` is the cluster DNS's Service address pods get as their nameserver (with the
+    search path of `cluster.local`); without it pods get the node's empty resolv.conf."""
     if sync_frequency is not None and sync_frequency < dt.timedelta(seconds=1):
         raise ValueError(f"sync_frequency must be at least 1 s, got {sync_frequency}")
     return {
@@ -129,6 +133,11 @@ def kubelet_config(
         },
         "featureGates": feature_gates(kube_version),
         **({"maxPods": max_pods} if max_pods is not None else {}),
+        **(
+            {"clusterDNS": [cluster_dns], "clusterDomain": CLUSTER_DOMAIN}
+            if cluster_dns is not None
+            else {}
+        ),
         **(
             {"syncFrequency": f"{int(sync_frequency.total_seconds())}s"}
             if sync_frequency is not None

@@ -31,8 +31,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from devcluster import build, cluster, host, images, kube, nodestate
+from devcluster import build, cluster, host, images, kube, network, nodestate
 from devcluster import hollow as hollow_kubelet
+from devcluster.flags import DNS_SERVICE_IP
 from devcluster.identities import Paths
 from devcluster.nodeconfig import BRIDGE, cni_config, containerd_config, kubelet_config
 from devcluster.nodestate import HOLLOW, REAL, NodeState, node_dir, read_state
@@ -105,13 +106,17 @@ def start(
     timeout: float = READY_TIMEOUT,
     max_pods: int | None = None,
     sync_frequency: dt.timedelta | None = None,
+    services: bool = False,
 ) -> NodeState:
     """Start a kubelet for `node` on the devcluster under `root` and wait until the Node is
     Ready. Idempotent while that kubelet runs. `max_pods` raises the kubelet's limit of 110;
-    `sync_frequency` (real nodes only: kubemark fixes its own at 10 s) shortens its pod resync."""
-    if hollow and sync_frequency is not None:
+    `sync_frequency` (real nodes only: kubemark fixes its own at 10 s) shortens its pod resync.
+    `services` (real nodes only) runs kube-proxy and the cluster DNS beside it
+    (`devcluster.network`), its pods' nameserver, and returns once they answer."""
+    if hollow and (sync_frequency is not None or services):
         raise NodeError(
-            "a hollow kubelet resyncs pods every 10 s (kubemark's setting): no sync_frequency"
+            "a hollow kubelet resyncs pods every 10 s (kubemark's setting) and runs no "
+            "containers: no sync_frequency, no services"
         )
     paths = Paths(root.resolve())
     plane = cluster.running(paths)
@@ -126,6 +131,8 @@ def start(
         if reason:
             raise NodeError(f"cannot run a real node here: {reason}")
     binary = build.ensure_kubelet(plane.kube_version, hollow=hollow, progress=progress)
+    if services:  # built before the deadline starts, as the kubelet is
+        build.ensure_network(plane.kube_version, progress)
     folder = node_dir(paths.root, node)
     folder.mkdir(parents=True, exist_ok=True)
     kubeconfig = kube.node_kubeconfig(paths.root, node, create_node=False)
@@ -147,6 +154,7 @@ def start(
                 deadline,
                 max_pods,
                 sync_frequency,
+                services,
             )
     except BaseException:
         stop(paths.root, node)  # whatever part of it started
@@ -166,6 +174,7 @@ def _start_real(
     deadline: float,
     max_pods: int | None = None,
     sync_frequency: dt.timedelta | None = None,
+    services: bool = False,
 ) -> NodeState:
     stale = host.clear_stale_node_mounts()  # the slot is ours: nothing else of a node runs
     if stale:
@@ -235,6 +244,7 @@ def _start_real(
         ca_file=paths.pki / "ca.crt",
         max_pods=max_pods,
         sync_frequency=sync_frequency,
+        cluster_dns=DNS_SERVICE_IP if services else None,
     )
     (folder / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     log = folder / "kubelet.log"
@@ -253,6 +263,8 @@ def _start_real(
     state = replace(state, kubelet_pid=proc.pid, kubelet_args=args)
     nodestate.save(paths.root, state)
     nodestate.wait_ready(paths.root, node, proc, log, deadline)
+    if services:
+        network.start(paths.root, node, plane, cgroup, progress, deadline)
     return state
 
 
@@ -334,6 +346,7 @@ def stop(root: Path, node: str) -> None:
     state = read_state(root, node)
     if state is None:
         return
+    network.stop(root, node)
     with contextlib.suppress(Exception):  # a broken API server must not keep the node running
         _drain(root, state)
     stop_process(state.kubelet_pid, state.kubelet_binary, 15.0)
