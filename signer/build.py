@@ -190,18 +190,11 @@ class Signer:
         runtime.on_stopped(self.server.shutdown)
         if self.audit is not None:
             runtime.on_stopped(self.audit.close)
+        # Ready once the webhook and the bundle endpoint (when configured) listen too: they
+        # start last, below.
+        serving = threading.Event()
+        runtime.ready_when(serving.is_set)
         runtime.start()
-        if config.webhook_port:
-            self._start_webhook()
-        if config.bundle_endpoint is not None:
-            bundleendpoint.start(
-                config.bundle_endpoint,
-                self.cas.issuing,
-                self.cas.spiffe_bundle,
-                config.trust_domain,
-                runtime,
-                utcnow,
-            )
         if self.federator is not None:
             self.federator.start(runtime)
         if config.leader_elect:
@@ -218,6 +211,20 @@ class Signer:
             runtime.spawn("leader", lambda: elector.run(stop), join=True)
         else:
             self.started_leading()
+        # After leading has begun: the servers' aiohttp takes a tenth of a second or more to
+        # import, and the first issuance does not wait for it.
+        if config.webhook_port:
+            self._start_webhook()
+        if config.bundle_endpoint is not None:
+            bundleendpoint.start(
+                config.bundle_endpoint,
+                self.cas.issuing,
+                self.cas.spiffe_bundle,
+                config.trust_domain,
+                runtime,
+                utcnow,
+            )
+        serving.set()
 
     def _start_webhook(self) -> None:
         # aiohttp (a tenth of a second to import) only in a signer that serves the webhook.
