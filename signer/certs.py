@@ -12,6 +12,8 @@ import functools
 import hashlib
 import random
 import secrets
+from dataclasses import dataclass
+from typing import Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -20,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.types import (
     CertificateIssuerPrivateKeyTypes,
     CertificateIssuerPublicKeyTypes,
 )
-from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID
 
 from podcert.api.lifetimes import REFRESH_MARGIN
 from podcert.auditlog import AUDIT_SIGNING_EKU, AUDIT_SPIFFE_PATH
@@ -34,9 +36,8 @@ def sign_leaf(plan: model.LeafPlan, ca: model.IssuingCA, serial: int) -> str:
     is itself the root the chain is the leaf alone.
     """
     _check_plan(plan, ca)
-    # Workloads are both clients and servers in mutual TLS.
-    usages = [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
-    return _sign(plan, ca, serial, usages)
+    _check_serial(serial)
+    return _sign(plan, ca, serial, _TLS_USAGES)
 
 
 def sign_audit_certificate(
@@ -59,54 +60,48 @@ def sign_audit_certificate(
         not_after=truncate_to_second(min(not_after, ca.not_after)),
         begin_refresh_at=truncate_to_second(min(not_after, ca.not_after)),
     )
-    return _sign(plan, ca, serial, [AUDIT_SIGNING_EKU])
+    _check_serial(serial)
+    return _sign(plan, ca, serial, _extended_key_usage([AUDIT_SIGNING_EKU]))
 
 
 def _sign(
-    plan: model.LeafPlan, ca: model.IssuingCA, serial: int, usages: list[x509.ObjectIdentifier]
+    plan: model.LeafPlan,
+    ca: model.IssuingCA,
+    serial: int,
+    usages: x509.Extension[x509.ExtendedKeyUsage],
 ) -> str:
     issuer = ca.certificate
+    fixed = _issuer_parts(issuer, ca.root)
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(plan.spiffe_id)]
     sans += [x509.DNSName(name) for name in plan.dns_names]
-    leaf = (
-        x509.CertificateBuilder()
+    # One builder made whole, not step by step: each of its setters copies the builder and
+    # checks its argument again, about a third of a leaf's cost (issue 14). What they checked
+    # is checked here once: the plan (`_check_plan`), the serial, the fixed parts per CA.
+    leaf = x509.CertificateBuilder(
+        issuer_name=issuer.subject,
         # Identity lives in the SAN alone; an empty subject makes that unambiguous.
-        .subject_name(x509.Name([]))
-        .issuer_name(issuer.subject)
-        .public_key(plan.public_key)
-        .serial_number(serial)
-        .not_valid_before(plan.not_before)
-        .not_valid_after(plan.not_after)
-        # The SPIFFE ID and DNS names; critical because the subject is empty (RFC 5280 4.2.1.6).
-        .add_extension(x509.SubjectAlternativeName(sans), critical=True)
-        # An end entity: it may not sign other certificates.
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        # Signatures only; RSA keys may also be used for RSA key exchange.
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=isinstance(plan.public_key, rsa.RSAPublicKey),
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        # What the key is for: TLS (workloads) or audit checkpoints (the signer), never both.
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        # Names the leaf's key, so tools can match certificate and key files.
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(plan.public_key), critical=False)
-        # Lets path builders find the issuer quickly, even across CA rotations.
-        .add_extension(_authority_key_identifier(issuer), critical=False)
-        .sign(ca.key, signature_hash(ca.key))
-    )
-    return leaf.public_bytes(serialization.Encoding.PEM).decode("ascii") + _chain_tail(
-        issuer, ca.root
-    )
+        subject_name=_EMPTY_NAME,
+        public_key=plan.public_key,
+        serial_number=serial,
+        not_valid_before=_naive_utc(plan.not_before),
+        not_valid_after=_naive_utc(plan.not_after),
+        extensions=[
+            # The SPIFFE ID and DNS names; critical because the subject is empty (RFC 5280
+            # 4.2.1.6).
+            x509.Extension(_SAN, True, x509.SubjectAlternativeName(sans)),
+            # An end entity: it may not sign other certificates.
+            _END_ENTITY,
+            # Signatures only; RSA keys may also be used for RSA key exchange.
+            _RSA_KEY_USAGE if isinstance(plan.public_key, rsa.RSAPublicKey) else _KEY_USAGE,
+            # What the key is for: TLS (workloads) or audit checkpoints (the signer), never both.
+            usages,
+            # Names the leaf's key, so tools can match certificate and key files.
+            x509.Extension(_SKI, False, x509.SubjectKeyIdentifier.from_public_key(plan.public_key)),
+            # Lets path builders find the issuer quickly, even across CA rotations.
+            fixed.authority_key_identifier,
+        ],
+    ).sign(ca.key, signature_hash(ca.key))
+    return leaf.public_bytes(serialization.Encoding.PEM).decode("ascii") + fixed.chain_tail
 
 
 def signature_hash(
@@ -195,17 +190,73 @@ def _ceil_to_second(moment: dt.datetime) -> dt.datetime:
     return whole if whole == moment else whole + dt.timedelta(seconds=1)
 
 
+# --- the parts of every leaf that do not change from one leaf to the next -------------------------
+
+_EMPTY_NAME: Final = x509.Name([])
+_SAN: Final = ExtensionOID.SUBJECT_ALTERNATIVE_NAME
+_SKI: Final = ExtensionOID.SUBJECT_KEY_IDENTIFIER
+_END_ENTITY: Final = x509.Extension(
+    ExtensionOID.BASIC_CONSTRAINTS, True, x509.BasicConstraints(ca=False, path_length=None)
+)
+
+
+def _key_usage(*, key_encipherment: bool) -> x509.Extension[x509.KeyUsage]:
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    return x509.Extension(ExtensionOID.KEY_USAGE, True, usage)
+
+
+_KEY_USAGE: Final = _key_usage(key_encipherment=False)
+_RSA_KEY_USAGE: Final = _key_usage(key_encipherment=True)
+
+
+def _extended_key_usage(
+    usages: list[x509.ObjectIdentifier],
+) -> x509.Extension[x509.ExtendedKeyUsage]:
+    return x509.Extension(ExtensionOID.EXTENDED_KEY_USAGE, False, x509.ExtendedKeyUsage(usages))
+
+
+# Workloads are both clients and servers in mutual TLS.
+_TLS_USAGES: Final = _extended_key_usage(
+    [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
+)
+
+
+@dataclass(frozen=True)
+class _IssuerParts:
+    """What every leaf of one issuing CA carries of it."""
+
+    authority_key_identifier: x509.Extension[x509.AuthorityKeyIdentifier]
+    # What follows the leaf in the chain: the intermediate, or nothing when the issuer is the
+    # root itself (clients get roots from the trust bundle).
+    chain_tail: str
+
+
 # The issuer's parts of every leaf are the same until the CA changes: worked out once per CA.
 @functools.lru_cache(maxsize=16)
-def _chain_tail(issuer: x509.Certificate, root: x509.Certificate) -> str:
-    """What follows the leaf in the chain: the intermediate, or nothing when the issuer is the
-    root itself (clients get roots from the trust bundle)."""
-    if _same_certificate(issuer, root):
-        return ""
-    return issuer.public_bytes(serialization.Encoding.PEM).decode("ascii")
+def _issuer_parts(issuer: x509.Certificate, root: x509.Certificate) -> _IssuerParts:
+    tail = (
+        ""
+        if _same_certificate(issuer, root)
+        else issuer.public_bytes(serialization.Encoding.PEM).decode("ascii")
+    )
+    return _IssuerParts(
+        x509.Extension(
+            ExtensionOID.AUTHORITY_KEY_IDENTIFIER, False, _authority_key_identifier(issuer)
+        ),
+        tail,
+    )
 
 
-@functools.lru_cache(maxsize=16)
 def _authority_key_identifier(issuer: x509.Certificate) -> x509.AuthorityKeyIdentifier:
     # Copy the issuer's own SKI when it has one, so the two always match byte for byte.
     try:
@@ -213,6 +264,11 @@ def _authority_key_identifier(issuer: x509.Certificate) -> x509.AuthorityKeyIden
     except x509.ExtensionNotFound:
         return x509.AuthorityKeyIdentifier.from_issuer_public_key(_issuer_public_key(issuer))
     return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+
+
+def _naive_utc(moment: dt.datetime) -> dt.datetime:
+    """A certificate time as the builder's setters hand it on: UTC, without a zone."""
+    return moment.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 def _issuer_public_key(issuer: x509.Certificate) -> CertificateIssuerPublicKeyTypes:
@@ -230,6 +286,12 @@ def _issuer_public_key(issuer: x509.Certificate) -> CertificateIssuerPublicKeyTy
 
 def _same_certificate(a: x509.Certificate, b: x509.Certificate) -> bool:
     return a.public_bytes(serialization.Encoding.DER) == b.public_bytes(serialization.Encoding.DER)
+
+
+def _check_serial(serial: int) -> None:
+    """What `CertificateBuilder.serial_number` refuses: RFC 5280's positive, at most 20 octets."""
+    if not isinstance(serial, int) or not 0 < serial < 1 << 159:
+        raise ValueError(f"a serial number must be positive and below 2**159, got {serial!r}")
 
 
 def _check_plan(plan: model.LeafPlan, ca: model.IssuingCA) -> None:

@@ -10,6 +10,7 @@ from typing import TypeVar
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from hypothesis import given, settings
@@ -117,6 +118,88 @@ def test_chain_from_a_single_self_signed_ca_is_the_leaf_alone() -> None:
     chain = chain_of(certs.sign_leaf(plan, single, serial=7))
     assert len(chain) == 1
     chain[0].verify_directly_issued_by(BUNDLE.root)
+
+
+def setter_built(plan: model.LeafPlan, issuer: model.IssuingCA, serial: int) -> bytes:
+    """The leaf's to-be-signed part as CertificateBuilder's own setters build it (each checking
+    its argument), for the same plan: what `sign_leaf` must equal byte for byte."""
+    sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(plan.spiffe_id)]
+    sans += [x509.DNSName(name) for name in plan.dns_names]
+    rsa_key = isinstance(plan.public_key, rsa.RSAPublicKey)
+    ski = issuer.certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier)
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([]))
+        .issuer_name(issuer.certificate.subject)
+        .public_key(plan.public_key)
+        .serial_number(serial)
+        .not_valid_before(plan.not_before)
+        .not_valid_after(plan.not_after)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=True)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=rsa_key,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(plan.public_key), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski.value),
+            critical=False,
+        )
+        .sign(issuer.key, certs.signature_hash(issuer.key))
+    )
+    return leaf.tbs_certificate_bytes
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        pytest.param(PLAN, id="ECDSA leaf with DNS names"),
+        pytest.param(
+            dataclasses.replace(PLAN, public_key=RSA_LEAF_KEY.public_key(), dns_names=()),
+            id="RSA leaf, SPIFFE ID alone",
+        ),
+        pytest.param(
+            dataclasses.replace(
+                PLAN,
+                not_before=PLAN.not_before.astimezone(dt.timezone(dt.timedelta(hours=-5))),
+            ),
+            id="times in another zone",
+        ),
+    ],
+)
+def test_leaf_is_byte_for_byte_what_the_builders_setters_make(plan: model.LeafPlan) -> None:
+    leaf = chain_of(certs.sign_leaf(plan, ISSUER, serial=2**128 - 1))[0]
+    assert leaf.tbs_certificate_bytes == setter_built(plan, ISSUER, 2**128 - 1)
+
+
+@pytest.mark.parametrize(
+    "serial",
+    [
+        pytest.param(0, id="zero"),
+        pytest.param(-1, id="negative"),
+        pytest.param(2**159, id="more than 20 octets"),
+    ],
+)
+def test_serials_rfc_5280_forbids_are_refused(serial: int) -> None:
+    with pytest.raises(ValueError, match="serial"):
+        certs.sign_leaf(PLAN, ISSUER, serial=serial)
 
 
 @pytest.mark.parametrize(
