@@ -12,9 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+import msgspec
 
 from podcert.api.events import ObjectRef, event_body
 from podcert.api.requests import STUB_CSR, KeyForm
@@ -25,9 +27,93 @@ from podcert.rest import JSON, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.shim")
 
+_S = TypeVar("_S", bound=msgspec.Struct)
+
 COMPONENT = "podcert-shim"
 # The emergency-rotation annotation: credentials issued before this instant are re-keyed then.
 ROTATE_ANNOTATION = "podcert.dev/rotate-before"
+
+
+# --- what the agent decodes of its objects -------------------------------------------------
+# Lists and watch events are decoded straight into these shapes: the rest of each object
+# (managedFields, containers, the subject key, ...) is skipped unread. The callbacks get the same
+# dict layout as the API's objects, with only these fields.
+
+
+class _Meta(msgspec.Struct, frozen=True):
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    annotations: dict[str, str] | None = None
+
+
+class _PodSpec(msgspec.Struct, frozen=True):
+    nodeName: str = ""
+    serviceAccountName: str = ""
+    # Kept raw: `podcert.api.pods.parse_pod` checks their shape, and says what is wrong.
+    volumes: list[Any] | None = None
+
+
+class _PodStatus(msgspec.Struct, frozen=True):
+    phase: str = ""
+
+
+class PodShape(msgspec.Struct, frozen=True):
+    """What `state.pod_from` reads of a pod: a quarter of a small pod's decoded size."""
+
+    metadata: _Meta = _Meta()
+    spec: _PodSpec = _PodSpec()
+    status: _PodStatus = _PodStatus()
+
+
+class _RequestSpec(msgspec.Struct, frozen=True):
+    podUID: str = ""
+    signerName: str = ""
+
+
+class RequestShape(msgspec.Struct, frozen=True):
+    """What the agent reads of a PodCertificateRequest: its name and UID, its pod, its status;
+    a third of an issued request decoded whole. A relist decodes every request of the node
+    while the old cache is still held, so this is also what a relist costs."""
+
+    metadata: _Meta = _Meta()
+    spec: _RequestSpec = _RequestSpec()
+    status: dict[str, Any] | None = None
+
+
+def _meta(meta: _Meta) -> JSON:
+    out: JSON = {
+        "namespace": meta.namespace,
+        "name": meta.name,
+        "uid": meta.uid,
+        "resourceVersion": meta.resourceVersion,
+    }
+    if meta.annotations:
+        out["annotations"] = meta.annotations
+    return out
+
+
+def pod_object(shape: PodShape) -> JSON:
+    spec = shape.spec
+    return {
+        "metadata": _meta(shape.metadata),
+        "spec": {
+            "nodeName": spec.nodeName,
+            "serviceAccountName": spec.serviceAccountName,
+            "volumes": spec.volumes or [],
+        },
+        "status": {"phase": shape.status.phase},
+    }
+
+
+def request_object(shape: RequestShape) -> JSON:
+    spec = shape.spec
+    return {
+        "metadata": _meta(shape.metadata),
+        "spec": {"podUID": spec.podUID, "signerName": spec.signerName},
+        "status": shape.status or {},
+    }
 
 
 @dataclass(frozen=True)
@@ -93,16 +179,16 @@ class ShimKube:
     # --- watches: the Node authorizer insists on the field selector --------------------------
 
     def list_pods(self) -> tuple[list[JSON], str]:
-        return self._list(path_of("v1", "pods"), self._on_node)
+        return self._shaped_list(path_of("v1", "pods"), PodShape, pod_object)
 
     def watch_pods(self, resource_version: str) -> Iterator[JSON]:
-        return self.rest.watch(path_of("v1", "pods"), resource_version, fieldSelector=self._on_node)
+        return self._shaped_watch(path_of("v1", "pods"), resource_version, PodShape, pod_object)
 
     def list_pcrs(self) -> tuple[list[JSON], str]:
-        return self._list(self._pcrs(), self._on_node)
+        return self._shaped_list(self._pcrs(), RequestShape, request_object)
 
     def watch_pcrs(self, resource_version: str) -> Iterator[JSON]:
-        return self.rest.watch(self._pcrs(), resource_version, fieldSelector=self._on_node)
+        return self._shaped_watch(self._pcrs(), resource_version, RequestShape, request_object)
 
     def list_trust_bundles(self) -> tuple[list[JSON], str]:
         return self._list(path_of(group_version(self.ctb_version), "clustertrustbundles"))
@@ -110,6 +196,20 @@ class ShimKube:
     def watch_trust_bundles(self, resource_version: str) -> Iterator[JSON]:
         path = path_of(group_version(self.ctb_version), "clustertrustbundles")
         return self.rest.watch(path, resource_version)
+
+    def _shaped_list(
+        self, path: str, shape: type[_S], convert: Callable[[_S], JSON]
+    ) -> tuple[list[JSON], str]:
+        """The node's objects at `path`, a page at a time, each decoded into `shape`."""
+        items, version = self.rest.list(path, shape, query={"fieldSelector": self._on_node})
+        return [convert(item) for item in items], version
+
+    def _shaped_watch(
+        self, path: str, version: str, shape: type[_S], convert: Callable[[_S], JSON]
+    ) -> Iterator[JSON]:
+        events = self.rest.watch(path, version, shape=shape, fieldSelector=self._on_node)
+        for event in events:
+            yield {"type": event["type"], "object": convert(event["object"])}
 
     def _list(self, path: str, field_selector: str = "") -> tuple[list[JSON], str]:
         query = {"fieldSelector": field_selector} if field_selector else {}
