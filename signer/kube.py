@@ -1,4 +1,12 @@
-"""The signer's one adapter to the Kubernetes API: every read and write it makes goes here."""
+"""The signer's one adapter to the Kubernetes API: every read and write it makes goes here.
+
+PodCertificateRequests are read as the signer uses them: metadata's identity and version fields,
+spec and status, decoded from each list page and watch event straight into those (`_Request`),
+without managedFields, which are as large as the spec and read by no one here. The status PUT
+is made of the same: the status subresource takes spec and the rest of metadata from the
+stored object (managedFields of a subresource write are the API server's own to compute), so
+sending them was only bytes for both sides to encode and decode (issue 14).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,9 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
+
+import msgspec
 
 from podcert.api.events import ObjectRef, event_body
 from podcert.api.versions import group_version
@@ -17,6 +27,50 @@ from podcert.rest import JSON, ApiError, Rest, path_of
 log = logging.getLogger("podcert.signer")
 
 T = TypeVar("T")
+
+
+class _RequestMeta(msgspec.Struct, frozen=True, gc=False):
+    """The metadata the signer reads of a request (its key, its version for the write's guard,
+    its generation for observedGeneration, its creation for the latency histogram). Values are
+    taken as they come, of any type: `signer.objects` judges them."""
+
+    name: Any = None
+    namespace: Any = None
+    uid: Any = None
+    resourceVersion: Any = None
+    generation: Any = None
+    creationTimestamp: Any = None
+
+
+class _Request(msgspec.Struct, frozen=True, gc=False):
+    metadata: _RequestMeta = _RequestMeta()
+    spec: Any = None
+    status: Any = None
+
+
+_META_FIELDS: Final = _RequestMeta.__struct_fields__
+
+
+def _request(shape: _Request) -> JSON:
+    """A request as the controller keeps it: a dict of the fields read, absent ones left out."""
+    meta = shape.metadata
+    obj: JSON = {"metadata": {k: v for k in _META_FIELDS if (v := getattr(meta, k)) is not None}}
+    if shape.spec is not None:
+        obj["spec"] = shape.spec
+    if shape.status is not None:
+        obj["status"] = shape.status
+    return obj
+
+
+def _slim(obj: JSON) -> JSON:
+    """The same form, from a request read whole."""
+    meta = obj.get("metadata")
+    kept: JSON = {k: v for k, v in obj.items() if k in ("spec", "status")}
+    if isinstance(meta, Mapping):
+        kept["metadata"] = {k: meta[k] for k in _META_FIELDS if meta.get(k) is not None}
+    else:
+        kept["metadata"] = meta
+    return kept
 
 
 class SignerKube:
@@ -43,20 +97,29 @@ class SignerKube:
 
     def list_pcrs(self, signer_name: str) -> tuple[Iterator[JSON], str]:
         """Paged: requests live 15 minutes, so a busy cluster holds a great many."""
-        return self.rest.list(
-            self._pcrs(), query={"fieldSelector": f"spec.signerName={signer_name}"}
+        items, version = self.rest.list(
+            self._pcrs(), _Request, query={"fieldSelector": f"spec.signerName={signer_name}"}
         )
+        return map(_request, items), version
 
     def watch_pcrs(self, signer_name: str, resource_version: str) -> Iterator[JSON]:
-        return self.rest.watch(
-            self._pcrs(), resource_version, fieldSelector=f"spec.signerName={signer_name}"
-        )
+        """The watch of every request of the signer name, each as `list_pcrs` gives it. Most
+        events are the signer's own status writes: decoded without managedFields."""
+        for event in self.rest.watch(
+            self._pcrs(),
+            resource_version,
+            shape=_Request,
+            fieldSelector=f"spec.signerName={signer_name}",
+        ):
+            yield {"type": event["type"], "object": _request(event["object"])}
 
     def get_pcr(self, namespace: str, name: str) -> JSON | None:
-        return self.rest.get(self._pcrs(namespace, name))
+        found = self.rest.get(self._pcrs(namespace, name))
+        return _slim(found) if found is not None else None
 
     def write_status(self, obj: JSON) -> JSON:
-        """PUT /status with the object's resourceVersion: a lost race is a 409, never a clobber."""
+        """PUT /status with the object's resourceVersion: a lost race is a 409, never a clobber.
+        `obj` is a request as read here (no managedFields) with its new status."""
         meta = obj["metadata"]
         body = {
             **obj,

@@ -1,0 +1,193 @@
+"""The signer reads PodCertificateRequests decoded into the fields it uses (`signer.kube`): what it
+derives from such a request (the request, its outcome, the status it writes) must be what it
+derives from the whole object, whatever else the object holds; and the status it PUTs carries
+no managedFields."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+
+import msgspec
+import pytest
+
+from podcert.api import keys
+from podcert.rest import Rest
+from signer import certs, model, objects
+from signer.kube import SignerKube
+from signer.settle import settle
+from tests.signer_world import ISSUER, KEY, NOW, SIGNER, make_request
+
+START = certs.truncate_to_second(NOW)
+PLAN = model.LeafPlan(
+    public_key=KEY.public_key(),
+    spiffe_id="spiffe://cluster.local/ns/web/sa/api",
+    dns_names=(),
+    not_before=START,
+    not_after=START + dt.timedelta(hours=2),
+    begin_refresh_at=START + dt.timedelta(hours=1),
+)
+SIGNED = model.Signed(PLAN, certs.sign_leaf(PLAN, ISSUER, 7), 7)
+STUB_CSR = base64.b64encode(keys.stub_csr(KEY)).decode()
+
+MANAGED = [
+    {
+        "manager": "kubelet",
+        "operation": "Update",
+        "apiVersion": "certificates.k8s.io/v1",
+        "time": "2026-11-29T12:00:00Z",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:podName": {}, "f:stubPKCS10Request": {}}},
+    }
+]
+
+
+def pending() -> dict[str, Any]:
+    request = make_request()
+    return {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "PodCertificateRequest",
+        "metadata": {
+            "name": request.name,
+            "generateName": "api-0-",
+            "namespace": request.namespace,
+            "uid": request.uid,
+            "resourceVersion": "812",
+            "generation": 1,
+            "creationTimestamp": "2026-11-29T11:59:58Z",
+            "labels": {"app": "api"},
+            "managedFields": MANAGED,
+        },
+        "spec": {
+            "signerName": SIGNER,
+            "podName": request.pod_name,
+            "podUID": request.pod_uid,
+            "serviceAccountName": request.service_account_name,
+            "serviceAccountUID": request.service_account_uid,
+            "nodeName": request.node_name,
+            "nodeUID": request.node_uid,
+            "maxExpirationSeconds": 86400,
+            "stubPKCS10Request": STUB_CSR,
+        },
+        "status": {},
+    }
+
+
+def issued() -> dict[str, Any]:
+    obj = pending()
+    obj["metadata"]["resourceVersion"] = "813"
+    obj["status"] = {
+        "conditions": [
+            {
+                "type": "Issued",
+                "status": "True",
+                "reason": "Issued",
+                "message": "issued",
+                "lastTransitionTime": "2026-11-29T12:00:00Z",
+            }
+        ],
+        "certificateChain": "-----BEGIN CERTIFICATE-----\n...",
+    }
+    return obj
+
+
+class FakeRest:
+    """Rest's list, watch, get and request over canned JSON, decoded into the shape asked for."""
+
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.raw = [json.dumps(item).encode() for item in items]
+        self.queries: list[Mapping[str, str]] = []
+        self.sent: list[tuple[str, str, Any]] = []
+
+    def list(
+        self, path: str, shape: type[Any], *, query: Mapping[str, str]
+    ) -> tuple[Iterator[Any], str]:
+        self.queries.append(query)
+        return iter([msgspec.json.decode(raw, type=shape) for raw in self.raw]), "41"
+
+    def watch(
+        self, path: str, resource_version: str, shape: type[Any], **query: str
+    ) -> Iterator[dict[str, Any]]:
+        self.queries.append(query)
+        for raw in self.raw:
+            yield {"type": "MODIFIED", "object": msgspec.json.decode(raw, type=shape)}
+        yield {
+            "type": "BOOKMARK",
+            "object": msgspec.json.decode(
+                b'{"kind": "PodCertificateRequest", "metadata": {"resourceVersion": "900"}}',
+                type=shape,
+            ),
+        }
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return cast(dict[str, Any], json.loads(self.raw[0]))
+
+    def request(self, method: str, path: str, *, body: Any = None) -> dict[str, Any]:
+        self.sent.append((method, path, copy.deepcopy(body)))
+        return {}
+
+
+def read(items: list[dict[str, Any]]) -> tuple[SignerKube, FakeRest]:
+    rest = FakeRest(items)
+    return SignerKube(cast(Rest, rest)), rest
+
+
+@pytest.mark.parametrize(
+    "whole", [pytest.param(pending(), id="pending"), pytest.param(issued(), id="issued")]
+)
+def test_a_request_read_as_a_shape_means_what_the_whole_object_means(
+    whole: dict[str, Any],
+) -> None:
+    kube, _ = read([whole])
+    items, version = kube.list_pcrs(SIGNER)
+    [listed] = list(items)
+    [watched, bookmark] = [e["object"] for e in kube.watch_pcrs(SIGNER, "41")]
+    got = kube.get_pcr("web", "api-0-x7k2p")
+    assert version == "41"
+    assert bookmark == {"metadata": {"resourceVersion": "900"}}
+    for shaped in (listed, watched, got):
+        assert shaped is not None
+        assert "managedFields" not in shaped["metadata"]
+        assert objects.outcome(shaped) == objects.outcome(whole)
+        assert objects.request_from(shaped) == objects.request_from(whole)
+        assert shaped["metadata"]["resourceVersion"] == whole["metadata"]["resourceVersion"]
+
+
+def test_the_status_put_carries_spec_and_guards_but_no_managed_fields() -> None:
+    kube, rest = read([pending()])
+    [shaped] = list(kube.list_pcrs(SIGNER)[0])
+    request = objects.request_from(shaped)
+    kube.write_status(settle(shaped, request, SIGNED, NOW).status)
+    [(method, path, body)] = rest.sent
+    assert (method, path) == (
+        "PUT",
+        "/apis/certificates.k8s.io/v1/namespaces/web/podcertificaterequests/api-0-x7k2p/status",
+    )
+    assert body["apiVersion"] == "certificates.k8s.io/v1"
+    assert body["kind"] == "PodCertificateRequest"
+    assert body["metadata"] == {
+        "name": "api-0-x7k2p",
+        "namespace": "web",
+        "uid": request.uid,
+        "resourceVersion": "812",
+        "generation": 1,
+        "creationTimestamp": "2026-11-29T11:59:58Z",
+    }
+    assert body["spec"] == pending()["spec"]
+    assert body["status"]["conditions"][0]["observedGeneration"] == 1
+    whole = settle(pending(), objects.request_from(pending()), SIGNED, NOW).status
+    assert body["status"] == whole["status"]
+
+
+def test_lists_and_watches_ask_for_the_signer_name_only() -> None:
+    kube, rest = read([pending()])
+    list(kube.list_pcrs(SIGNER)[0])
+    list(kube.watch_pcrs(SIGNER, "41"))
+    assert rest.queries == [
+        {"fieldSelector": f"spec.signerName={SIGNER}"},
+        {"fieldSelector": f"spec.signerName={SIGNER}"},
+    ]
