@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, assert_never
 
+from prometheus_client import Counter, Histogram
+
 from podcert.cache import Cache
 from podcert.ratelimit import TokenBuckets
 from podcert.reflector import Reflector
@@ -32,7 +34,7 @@ from signer.decide import CA_TOO_SHORT, binding_problem, decide
 from signer.kube import SignerKube
 from signer.metrics import Metrics, api_retry_label
 from signer.policy import Policy
-from signer.settle import Settlement, settle
+from signer.settle import Labels, Settlement, settle
 
 log = logging.getLogger("podcert.signer")
 
@@ -97,6 +99,7 @@ class Controller:
             for name in self.signer_names
             if (rate := policy.for_signer(name).rate_per_node) is not None
         }
+        self._settled_series: dict[Labels, tuple[Counter, Histogram]] = {}
         self._held_lock = threading.Lock()
         self._held_back = 0  # requests held back since the last log line about it
         self._held_logged = float("-inf")
@@ -407,15 +410,10 @@ class Controller:
             raise
         self._forget(key)
         now = self.clock()
-        labels = settlement.labels
-        self.metrics.requests.labels(
-            signer=labels.signer, outcome=labels.outcome, reason=labels.reason
-        ).inc()
+        counter, latency = self._series(settlement.labels)
+        counter.inc()
         if settlement.created is not None:
-            elapsed = max(0.0, (now - settlement.created).total_seconds())
-            self.metrics.latency.labels(signer=labels.signer, outcome=labels.outcome).observe(
-                elapsed
-            )
+            latency.observe(max(0.0, (now - settlement.created).total_seconds()))
         if settlement.outcome == "Issued":
             log.info("issued serial %s", settlement.serial, extra=extra)
         else:
@@ -432,6 +430,20 @@ class Controller:
         if not settlement.write_ahead:
             self.trail.record(settlement.entry)
         return None
+
+    def _series(self, labels: Labels) -> tuple[Counter, Histogram]:
+        """The requests counter and latency histogram of a settlement's labels, looked up once
+        per label set (a few: signer names x outcomes x reasons), not at every write."""
+        found = self._settled_series.get(labels)
+        if found is None:
+            found = (
+                self.metrics.requests.labels(
+                    signer=labels.signer, outcome=labels.outcome, reason=labels.reason
+                ),
+                self.metrics.latency.labels(signer=labels.signer, outcome=labels.outcome),
+            )
+            self._settled_series[labels] = found
+        return found
 
     def _forget(self, key: Key) -> None:
         with self._lock:
