@@ -5,7 +5,8 @@ Read here, without the `kubernetes` package: its loaders import every generated 
 pydantic (about a tenth of a second of each process's start), and podcert needs only what they
 produce: a base URL, an `ssl.SSLContext` and a bearer token that follows a rotated file. What
 client-go does that podcert has no use for is refused with a `ClientConfigError` naming the
-field (exec and auth-provider plugins, basic auth, impersonation), never silently ignored.
+field (auth-provider plugins, basic auth, impersonation), never silently ignored. Exec credential
+plugins (the cloud providers' kubeconfigs) give bearer tokens: `podcert.execcredential`.
 
 A projected service-account token rotates (the kubelet rewrites it well before it expires), so a
 token file is read again at most every `TOKEN_REREAD_PERIOD` seconds, as client-go's cached
@@ -32,6 +33,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from podcert.errors import ConfigError
+from podcert.execcredential import ExecError, ExecToken
 
 log = logging.getLogger("podcert.kubeconfig")
 
@@ -244,7 +246,6 @@ def _from_document(
 # What client-go can do with a user and podcert does not: each named, so a kubeconfig that
 # relies on one is refused instead of used without its credentials.
 _UNSUPPORTED: Final = {
-    "exec": "exec credential plugins are not supported (use a token, tokenFile or certificate)",
     "auth-provider": "auth-provider plugins are not supported (use a token, tokenFile or "
     "certificate)",
     "username": "basic authentication is not supported (Kubernetes removed it in 1.19)",
@@ -268,7 +269,14 @@ def _credentials(
     token_file = _string(user, "tokenFile", what)
     token_value = _string(user, "token", what)
     token: Callable[[], str] | None = None
-    if token_file is not None:  # client-go: a token file, when given, wins over the token
+    if user.get("exec") is not None:
+        if token_file is not None or token_value is not None:
+            raise ClientConfigError(f"{what}: exec and a token both set: which one is meant?")
+        try:
+            token = ExecToken(user["exec"], base)
+        except ExecError as err:
+            raise ClientConfigError(f"{what}: {err}") from None
+    elif token_file is not None:  # client-go: a token file, when given, wins over the token
         try:
             token = TokenFile(base / token_file)
         except ClientConfigError as err:

@@ -1,0 +1,165 @@
+"""A kubeconfig user's `exec` credential plugin: the way EKS (`aws eks get-token`), GKE
+(`gke-gcloud-auth-plugin`) and AKS (`kubelogin`) kubeconfigs authenticate, so that `podcert audit`
+runs from an operator's workstation with the kubeconfig kubectl uses.
+
+The plugin protocol is client-go's (client.authentication.k8s.io v1 and v1beta1): the command runs
+with the kubeconfig's args and env added to ours, `KUBERNETES_EXEC_INFO` naming the version and
+saying it is not interactive, its stderr left to the terminal (where the plugin's prompts and
+errors belong), and prints an ExecCredential whose `status.token` is the bearer token, good until
+`status.expirationTimestamp` (for the process's life when it has none). The token is fetched at
+load, so a broken plugin is a start-up error, and again shortly before it expires.
+
+A plugin that answers with a client certificate instead of a token, or one that needs a terminal
+(`interactiveMode: Always`), is refused with a ClientConfigError naming the field. No message
+quotes the plugin's output: it holds the credential.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from podcert.errors import ConfigError
+
+log = logging.getLogger("podcert.kubeconfig")
+
+VERSIONS: Final = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
+RUN_TIMEOUT: Final = 120.0  # a plugin that opens no browser answers in seconds
+REFRESH_BEFORE: Final = 60.0  # fetch a new token this long before the current one expires
+
+
+class ExecError(ConfigError):
+    """The exec plugin is unusable or failed: says which field or what happened."""
+
+
+class ExecToken:
+    """A bearer token from an exec plugin, cached until shortly before it expires. `clock` is the
+    wall clock in seconds since the epoch (the plugin's expiry is a wall time); `run` runs the
+    plugin and returns its standard output (injected in tests)."""
+
+    def __init__(
+        self,
+        spec: Mapping[str, Any],
+        base: Path,
+        *,
+        environ: Mapping[str, str] = os.environ,
+        clock: Callable[[], float] = time.time,
+        run: Callable[[list[str], dict[str, str]], bytes] | None = None,
+    ) -> None:
+        self.argv, self.env, self.version = _parse(spec, base, environ)
+        self.clock = clock
+        self.run = run or _run
+        self._lock = threading.Lock()
+        self._token, self._refresh_at = self._fetch()
+
+    def __call__(self) -> str:
+        if self.clock() < self._refresh_at:
+            return self._token
+        with self._lock:
+            if self.clock() >= self._refresh_at:
+                try:
+                    self._token, self._refresh_at = self._fetch()
+                except ExecError as err:
+                    if self.clock() >= self._refresh_at + REFRESH_BEFORE:
+                        raise  # expired: sending it would only earn a 401
+                    log.warning("keeping the current token until it expires: %s", err)
+            return self._token
+
+    def _fetch(self) -> tuple[str, float]:
+        info = {
+            "apiVersion": self.version,
+            "kind": "ExecCredential",
+            "spec": {"interactive": False},
+        }
+        env = {**self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
+        return _credential(self.run(self.argv, env), self.version, self.clock())
+
+
+def _parse(
+    spec: Mapping[str, Any], base: Path, environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, str], str]:
+    if not isinstance(spec, Mapping):
+        raise ExecError("exec: not a mapping")
+    version = spec.get("apiVersion")
+    if version not in VERSIONS:
+        raise ExecError(f"exec: apiVersion is not one of {', '.join(VERSIONS)}")
+    if spec.get("interactiveMode") == "Always":
+        raise ExecError("exec: interactiveMode Always needs a terminal; podcert never has one")
+    command = spec.get("command")
+    if not isinstance(command, str) or not command:
+        raise ExecError("exec: command is not set")
+    args = spec.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ExecError("exec: args is not a list of strings")
+    env = dict(environ)
+    for i, item in enumerate(spec.get("env") or []):
+        if not (
+            isinstance(item, Mapping)
+            and isinstance(item.get("name"), str)
+            and isinstance(item.get("value"), str)
+        ):
+            raise ExecError(f"exec: env[{i}] is not a name and a string value")
+        env[item["name"]] = item["value"]
+    # client-go: a relative command with a path separator is relative to the kubeconfig's folder.
+    if os.sep in command and not Path(command).is_absolute():
+        command = str(base / command)
+    found = shutil.which(command, path=env.get("PATH"))
+    if found is None:
+        raise ExecError(f"exec: command {command!r} is not found or not executable")
+    return [found, *args], env, version
+
+
+def _run(argv: list[str], env: dict[str, str]) -> bytes:
+    try:
+        done = subprocess.run(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, timeout=RUN_TIMEOUT,
+            check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise ExecError(
+            f"exec: {Path(argv[0]).name} gave no answer in {RUN_TIMEOUT:.0f} s"
+        ) from None
+    except OSError as err:
+        raise ExecError(f"exec: {Path(argv[0]).name} did not start: {err.strerror}") from None
+    if done.returncode != 0:
+        raise ExecError(f"exec: {Path(argv[0]).name} exited {done.returncode}")
+    return done.stdout
+
+
+def _credential(output: bytes, version: str, now: float) -> tuple[str, float]:
+    """(the token, when to fetch the next one) from a plugin's output."""
+    try:
+        doc = json.loads(output)
+    except ValueError:
+        raise ExecError("exec: the plugin's output is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "ExecCredential":
+        raise ExecError("exec: the plugin's output is not an ExecCredential")
+    if doc.get("apiVersion") != version:
+        raise ExecError(f"exec: the plugin answered another apiVersion than {version}")
+    status = doc.get("status")
+    if not isinstance(status, dict):
+        raise ExecError("exec: the plugin's ExecCredential has no status")
+    if status.get("clientCertificateData") or status.get("clientKeyData"):
+        raise ExecError("exec: plugins answering with a client certificate are not supported")
+    token = status.get("token")
+    if not isinstance(token, str) or not token.strip() or not token.strip().isprintable():
+        raise ExecError("exec: status.token is not one line of text")
+    expiry = status.get("expirationTimestamp")
+    if expiry is None:
+        return token.strip(), float("inf")
+    try:
+        expires = dt.datetime.fromisoformat(str(expiry).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise ExecError("exec: status.expirationTimestamp is not an RFC 3339 time") from None
+    if expires <= now:
+        raise ExecError("exec: the plugin's token has already expired")
+    return token.strip(), max(now, expires - REFRESH_BEFORE)
