@@ -35,6 +35,7 @@ import contextlib
 import http.client
 import json
 import multiprocessing
+import os
 import re
 import ssl
 import subprocess
@@ -81,13 +82,19 @@ class Client:
         self.ctx.load_cert_chain(str(paths.pki / "admin.crt"), str(paths.pki / "admin.key"))
         self.conn: http.client.HTTPSConnection | None = None
 
-    def call(self, method: str, path: str, body: JSON | None = None) -> tuple[int, bytes]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: JSON | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, bytes]:
         for attempt in range(5):
             if self.conn is None:
                 self.conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx)
             try:
                 data = json.dumps(body).encode() if body is not None else None
-                headers = {"Content-Type": "application/json", "Accept": "application/json"}
+                headers = {"Content-Type": content_type, "Accept": "application/json"}
                 self.conn.request(method, path, body=data, headers=headers)
                 resp = self.conn.getresponse()
                 out = resp.read()
@@ -116,7 +123,7 @@ def small_pod(namespace: str, name: str, node: str) -> JSON:
     }
 
 
-def _create_share(root: str, jobs: list[tuple[str, str, str]], threads: int) -> int:
+def create_share(root: str, jobs: list[tuple[str, str, str]], threads: int) -> int:
     """One loader process: its share of (namespace, name, node) through `threads` connections."""
     local = threading.local()
 
@@ -178,7 +185,7 @@ def load(root: Path, pods: int, nodes: int, namespaces: int, procs: int, threads
         t1 = time.monotonic()
         shares = [todo[k::procs] for k in range(procs)]
         with multiprocessing.get_context("spawn").Pool(procs) as pool:
-            done = sum(pool.starmap(_create_share, [(str(root), s, threads) for s in shares]))
+            done = sum(pool.starmap(create_share, [(str(root), s, threads) for s in shares]))
         wall = time.monotonic() - t1
         print(f"created {done} pods in {wall:.0f}s ({done / wall:.0f}/s)", flush=True)
 
@@ -265,6 +272,7 @@ class Watcher:
     rss: list[tuple[float, float]] = field(default_factory=list)  # (monotonic, MiB)
     health: list[tuple[float, float, int]] = field(default_factory=list)  # (start, seconds, code)
     stop: threading.Event = field(default_factory=threading.Event)
+    nice: int = 0  # the polling thread's priority (Linux: per thread), as the watched process's
 
     def start(self) -> Watcher:
         threading.Thread(target=self._rss, daemon=True).start()
@@ -278,6 +286,8 @@ class Watcher:
             self.stop.wait(0.02)
 
     def _health(self) -> None:
+        if self.nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         conn: http.client.HTTPConnection | None = None
         while not self.stop.is_set():
             t0 = time.monotonic()
