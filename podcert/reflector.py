@@ -52,6 +52,7 @@ class Reflector:
                     self.relists += 1
                     version = self._relist()
                     self.synced.set()
+                    failures = 0  # the server answered whole: the next outage backs off anew
                 for event in self._watch(version):
                     if self._stop.is_set():
                         return
@@ -60,6 +61,7 @@ class Reflector:
                     if event.get("type") != "BOOKMARK":
                         self._on_event(str(event.get("type")), obj)
                     failures = 0
+                failures = 0  # a watch that ran to its timeout: the server is there
             except Gone:
                 log.info("%s: watch expired (410 Gone); relisting", self.name)
                 version = None

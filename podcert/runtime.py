@@ -317,8 +317,11 @@ class Runtime:
             signal.signal(sig, handler)
 
     def wait(self) -> None:
-        """Block until the stop begins (a signal, or a piece that gave up)."""
-        self.stopping.wait()
+        """Block until the stop begins (a signal, or a piece that gave up). In steps, so the main
+        thread returns to the interpreter often and runs a signal's handler however it was
+        blocked (a shim once sat out a SIGTERM in one unbounded wait)."""
+        while not self.stopping.wait(1.0):
+            pass
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop: shut the queues, wake the loops, join workers and joined threads (each for
