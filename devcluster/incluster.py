@@ -115,3 +115,34 @@ def api_server_for_pods(plane: State) -> Iterator[None]:
                     (_SYSCTL / name / "route_localnet").write_text(old)
         # A bridge made while this was open inherited 1 from `default`; the node removes its
         # bridge when it stops, and a later one starts from the restored default.
+
+
+@contextlib.contextmanager
+def only_node(rest: Rest, node: str) -> Iterator[None]:
+    """While open, the scheduler places pods on `node` alone: every other Node is cordoned (and
+    uncordoned after). A test session leaves Node objects behind whose kubelets have stopped, or
+    never ran (made through the API); with the node lifecycle controller off nothing marks them
+    not-ready, so a Deployment's pod could be bound to one and never run."""
+    found = rest.request("GET", path_of("v1", "nodes"))
+    others = [
+        n["metadata"]["name"]
+        for n in found.get("items") or []
+        if n["metadata"]["name"] != node and not (n.get("spec") or {}).get("unschedulable")
+    ]
+    for name in others:
+        _cordon(rest, name, True)
+    try:
+        yield
+    finally:
+        for name in others:
+            with contextlib.suppress(Exception):
+                _cordon(rest, name, False)
+
+
+def _cordon(rest: Rest, name: str, unschedulable: bool) -> None:
+    rest.request(
+        "PATCH",
+        path_of("v1", "nodes", None, name),
+        body={"spec": {"unschedulable": unschedulable or None}},
+        content_type="application/merge-patch+json",
+    )

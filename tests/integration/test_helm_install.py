@@ -104,7 +104,10 @@ def installed(
     clear(rest, docs)
     load_shipped_image(real_kubelet, tmp_path_factory.mktemp("image"))
     incluster.schedulable(rest, real_kubelet.name)
-    with incluster.api_server_for_pods(devcluster.state):
+    with (
+        incluster.only_node(rest, real_kubelet.name),
+        incluster.api_server_for_pods(devcluster.state),
+    ):
         run(cluster_helm, "install", RELEASE, str(CHART))
         try:
             yield rest

@@ -129,7 +129,10 @@ def in_cluster(
     docs = kustomize(MANIFESTS / "examples" / "mtls")  # the signer's base, then the pair
     rest = Rest(devcluster.admin)
     incluster.schedulable(rest, real_kubelet.name)
-    with incluster.api_server_for_pods(devcluster.state):
+    with (
+        incluster.only_node(rest, real_kubelet.name),
+        incluster.api_server_for_pods(devcluster.state),
+    ):
         server_side_apply(rest, docs)
         try:
             yield rest
