@@ -1,11 +1,11 @@
 """The signer's one adapter to the Kubernetes API: every read and write it makes goes here.
 
 PodCertificateRequests are read as the signer uses them: metadata's identity and version fields,
-spec and status, decoded from each list page and watch event straight into those (`_Request`),
-without managedFields, which are as large as the spec and read by no one here. The status PUT
-is made of the same: the status subresource takes spec and the rest of metadata from the
-stored object (managedFields of a subresource write are the API server's own to compute), so
-sending them was only bytes for both sides to encode and decode (issue 14).
+spec and status, decoded from each list page and watch event straight into those (`_Request`).
+Most events are the signer's own status writes coming back. managedFields, as large as the
+spec and read by no one here, are kept as the raw bytes they came in (never made into Python
+objects) and sent back as read: the API server spent no less per status write without them
+(BENCHMARKS.md "Issuance throughput"), so the PUT's body is what it was.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ from podcert.rest import JSON, ApiError, Rest, path_of
 log = logging.getLogger("podcert.signer")
 
 T = TypeVar("T")
+_ABSENT: Final = msgspec.Raw(b"")
 
 
 class _RequestMeta(msgspec.Struct, frozen=True, gc=False):
     """The metadata the signer reads of a request (its key, its version for the write's guard,
-    its generation for observedGeneration, its creation for the latency histogram). Values are
-    taken as they come, of any type: `signer.objects` judges them."""
+    its generation for observedGeneration, its creation for the latency histogram), and its
+    managedFields as raw JSON, to send back. Values are taken as they come, of any type:
+    `signer.objects` judges them."""
 
     name: Any = None
     namespace: Any = None
@@ -40,6 +42,7 @@ class _RequestMeta(msgspec.Struct, frozen=True, gc=False):
     resourceVersion: Any = None
     generation: Any = None
     creationTimestamp: Any = None
+    managedFields: msgspec.Raw = _ABSENT
 
 
 class _Request(msgspec.Struct, frozen=True, gc=False):
@@ -54,7 +57,11 @@ _META_FIELDS: Final = _RequestMeta.__struct_fields__
 def _request(shape: _Request) -> JSON:
     """A request as the controller keeps it: a dict of the fields read, absent ones left out."""
     meta = shape.metadata
-    obj: JSON = {"metadata": {k: v for k in _META_FIELDS if (v := getattr(meta, k)) is not None}}
+    obj: JSON = {
+        "metadata": {
+            k: v for k in _META_FIELDS if (v := getattr(meta, k)) is not None and v is not _ABSENT
+        }
+    }
     if shape.spec is not None:
         obj["spec"] = shape.spec
     if shape.status is not None:
@@ -119,7 +126,7 @@ class SignerKube:
 
     def write_status(self, obj: JSON) -> JSON:
         """PUT /status with the object's resourceVersion: a lost race is a 409, never a clobber.
-        `obj` is a request as read here (no managedFields) with its new status."""
+        `obj` is a request as read here with its new status."""
         meta = obj["metadata"]
         body = {
             **obj,

@@ -1,12 +1,11 @@
 """The signer reads PodCertificateRequests decoded into the fields it uses (`signer.kube`): what it
 derives from such a request (the request, its outcome, the status it writes) must be what it
-derives from the whole object, whatever else the object holds; and the status it PUTs carries
-no managedFields."""
+derives from the whole object, whatever else the object holds; and the status it PUTs sends the
+request's managedFields back as they came."""
 
 from __future__ import annotations
 
 import base64
-import copy
 import datetime as dt
 import json
 from collections.abc import Iterator, Mapping
@@ -127,7 +126,8 @@ class FakeRest:
         return cast(dict[str, Any], json.loads(self.raw[0]))
 
     def request(self, method: str, path: str, *, body: Any = None) -> dict[str, Any]:
-        self.sent.append((method, path, copy.deepcopy(body)))
+        # As Rest sends it: encoded by msgspec (managedFields kept raw go out as they came).
+        self.sent.append((method, path, json.loads(msgspec.json.encode(body))))
         return {}
 
 
@@ -151,13 +151,13 @@ def test_a_request_read_as_a_shape_means_what_the_whole_object_means(
     assert bookmark == {"metadata": {"resourceVersion": "900"}}
     for shaped in (listed, watched, got):
         assert shaped is not None
-        assert "managedFields" not in shaped["metadata"]
+        assert json.loads(msgspec.json.encode(shaped["metadata"]["managedFields"])) == MANAGED
         assert objects.outcome(shaped) == objects.outcome(whole)
         assert objects.request_from(shaped) == objects.request_from(whole)
         assert shaped["metadata"]["resourceVersion"] == whole["metadata"]["resourceVersion"]
 
 
-def test_the_status_put_carries_spec_and_guards_but_no_managed_fields() -> None:
+def test_the_status_put_carries_spec_guards_and_managed_fields_as_read() -> None:
     kube, rest = read([pending()])
     [shaped] = list(kube.list_pcrs(SIGNER)[0])
     request = objects.request_from(shaped)
@@ -176,11 +176,21 @@ def test_the_status_put_carries_spec_and_guards_but_no_managed_fields() -> None:
         "resourceVersion": "812",
         "generation": 1,
         "creationTimestamp": "2026-11-29T11:59:58Z",
+        "managedFields": MANAGED,
     }
     assert body["spec"] == pending()["spec"]
     assert body["status"]["conditions"][0]["observedGeneration"] == 1
     whole = settle(pending(), objects.request_from(pending()), SIGNED, NOW).status
     assert body["status"] == whole["status"]
+
+
+def test_a_request_without_managed_fields_is_read_without_them() -> None:
+    whole = pending()
+    del whole["metadata"]["managedFields"]
+    kube, _ = read([whole])
+    [listed] = list(kube.list_pcrs(SIGNER)[0])
+    assert "managedFields" not in listed["metadata"]
+    assert objects.request_from(listed) == objects.request_from(whole)
 
 
 def test_lists_and_watches_ask_for_the_signer_name_only() -> None:
