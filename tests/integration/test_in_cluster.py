@@ -36,7 +36,7 @@ import pytest
 from cryptography import x509
 from kubernetes import client
 
-from devcluster import imagebuild, images, incluster, kube, nodes
+from devcluster import cluster, imagebuild, images, incluster, kube, nodes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, Kubelet, eventually
 from podcert.rest import ApiError, Rest, path_of
@@ -97,6 +97,22 @@ def leader(rest: Rest) -> str | None:
         return None
     holder = (lease.get("spec") or {}).get("holderIdentity") or ""
     return holder.rsplit("_", 1)[0] or None
+
+
+@pytest.fixture(scope="module")
+def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A control plane of this module's own, fresh as an operator's cluster would be: the
+    session's carries earlier modules' leftovers (pods bound to nodes whose kubelets are gone,
+    Services and pods named as the example pair's in `shop`), which a Deployment's pods could be
+    scheduled beside or mistaken for."""
+    root = tmp_path_factory.mktemp("devcluster-incluster")
+    state = cluster.up(root, progress=lambda line: print(line, flush=True))
+    try:
+        handle = DevCluster(root, state)
+        yield handle
+        handle.admin.close()
+    finally:
+        cluster.down(root)
 
 
 @pytest.fixture(scope="module")
