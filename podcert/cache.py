@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -34,11 +35,23 @@ class Cache(Generic[K, V]):
         key: Callable[[Any], K | None],
         convert: Callable[[Any], V],
         stop: threading.Event,
+        *,
+        after: threading.Event | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._key, self._convert = key, convert
         self._lock = threading.Lock()
         self._items: dict[K, V] = {}
-        self.reflector = Reflector(name, list_fn, watch_fn, self._on_list, self._on_event, stop)
+        self.reflector = Reflector(
+            name,
+            list_fn,
+            watch_fn,
+            self._on_list,
+            self._on_event,
+            stop,
+            after=after,
+            monotonic=monotonic,
+        )
 
     def __len__(self) -> int:
         with self._lock:
@@ -48,6 +61,12 @@ class Cache(Generic[K, V]):
     def synced(self) -> bool:
         """Whether a full list has gone through (entries are trustworthy before, just missing)."""
         return self.reflector.synced.is_set()
+
+    @property
+    def listed_at(self) -> float:
+        """When the list the entries rest on was asked for (`Reflector.listed_at`): they reflect
+        every change made before then; -inf before the first full list."""
+        return self.reflector.listed_at
 
     def get(self, key: K) -> V | None:
         with self._lock:

@@ -8,12 +8,19 @@ small shapes of `podcert.rest`); consumers key them by name.
 A list may be lazy (`podcert.rest.Rest.list`: pages read as `on_list` iterates them), so nothing
 here holds a list: the version is taken from the list function, and used for the watch only once
 `on_list` has gone through every item; a list that fails half way is listed again.
+
+`listed_at` is when (on a monotonic clock) the list the callbacks' store now rests on was asked
+for: a list is a consistent read, so that store reflects every change the API server had made
+before that moment (the signer relies on it, `signer.fresh`). A reflector can be told to list
+only `after` an event, to order its list after something another reflector saw.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,15 +42,24 @@ class Reflector:
         on_list: Callable[[Any], None],
         on_event: Callable[[str, Any], None],
         stop: threading.Event,
+        *,
+        after: threading.Event | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self._list, self._watch = list_fn, watch_fn
         self._on_list, self._on_event = on_list, on_event
         self._stop = stop
+        self._after = after
+        self._monotonic = monotonic
         self.synced = threading.Event()
         self.relists = 0
+        self.listed_at = -math.inf  # no list gone through yet
 
     def run(self) -> None:
+        while self._after is not None and not self._after.wait(0.5):
+            if self._stop.is_set():
+                return
         version: str | None = None
         failures = 0
         while not self._stop.is_set():
@@ -78,6 +94,8 @@ class Reflector:
     def _relist(self) -> str:
         """One whole list through `on_list`; its version. In a function of its own so that no
         frame of the watch loop keeps the list alive."""
+        began = self._monotonic()
         items, version = self._list()
         self._on_list(items)
+        self.listed_at = began
         return version

@@ -240,7 +240,7 @@ class Signer:
             config.webhook_port,
             ServingCert(self.cas.issuing, list(names), config.trust_domain, utcnow),
             config.signer_names,
-            self.controller.facts,
+            self.controller.admission_facts,
             config.policy,
             utcnow,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -21,7 +22,6 @@ from typing import Any, Final, assert_never
 
 from prometheus_client import Counter, Histogram
 
-from podcert.cache import Cache
 from podcert.ratelimit import TokenBuckets
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
@@ -30,7 +30,8 @@ from podcert.workqueue import WorkQueue
 from signer import certs, model, objects
 from signer.audittrail import AuditTrail
 from signer.castore import CAStore
-from signer.decide import CA_TOO_SHORT, binding_problem, decide
+from signer.decide import CA_TOO_SHORT, decide
+from signer.fresh import Bindings
 from signer.kube import SignerKube
 from signer.metrics import Metrics, api_retry_label
 from signer.policy import Policy
@@ -106,40 +107,22 @@ class Controller:
         self._lock = threading.Lock()
         self._store: dict[Key, JSON] = {}  # unsettled requests, latest seen
         self._services: dict[str, dict[str, dict[str, str]]] = {}  # ns -> name -> selector
-        # Watched caches of the facts; a request they do not vouch for is read live.
-        # Each is decoded as its shape (a few fields of each object), a page at a time.
-        self.pods: Cache[Key, model.Pod] = Cache(
-            "pods",
-            lambda: kube.list_all("pods", objects.PodShape),
-            lambda rv: kube.watch_all("pods", rv, objects.PodShape),
-            objects.key_of,
-            objects.pod_from,
-            self._stop,
-        )
-        self.nodes: Cache[str, model.Node] = Cache(
-            "nodes",
-            lambda: kube.list_all("nodes", objects.NodeShape),
-            lambda rv: kube.watch_all("nodes", rv, objects.NodeShape),
-            objects.name_of,
-            objects.node_from,
-            self._stop,
-        )
-        self.service_accounts: Cache[Key, model.ServiceAccount] = Cache(
-            "serviceaccounts",
-            lambda: kube.list_all("serviceaccounts", objects.ServiceAccountShape),
-            lambda rv: kube.watch_all("serviceaccounts", rv, objects.ServiceAccountShape),
-            objects.key_of,
-            objects.service_account_from,
-            self._stop,
-        )
-        self.reflectors: list[Reflector] = [c.reflector for c in self.fact_caches]
+        # When each unsettled request was first seen (self.monotonic): it was made before then.
+        self._seen: dict[Key, float] = {}
+        # Set once every signer name's first list of requests came in: the caches list only
+        # then, so a start-up backlog finds them fresh enough (`signer.fresh`).
+        self._pcrs_listed = threading.Event()
+        self._unlisted = set(self.signer_names)
+        # The pod, node and ServiceAccount of each request, as fresh as the request.
+        self.bindings = Bindings(kube, metrics.live_reads, self._stop, self._pcrs_listed, monotonic)
+        self.reflectors: list[Reflector] = [c.reflector for c in self.bindings.caches]
         for signer_name in self.signer_names:
             self.reflectors.append(
                 Reflector(
                     f"pcrs[{signer_name}]",
                     lambda s=signer_name: self.kube.list_pcrs(s),  # type: ignore[misc]
                     lambda rv, s=signer_name: self.kube.watch_pcrs(s, rv),  # type: ignore[misc]
-                    self._on_pcr_list,
+                    lambda items, s=signer_name: self._on_pcr_list(s, items),  # type: ignore[misc]
                     self._on_pcr_event,
                     self._stop,
                 )
@@ -157,10 +140,6 @@ class Controller:
             )
 
     # --- running on the runtime ------------------------------------------------------------
-
-    @property
-    def fact_caches(self) -> tuple[Cache[Any, Any], ...]:
-        return (self.pods, self.nodes, self.service_accounts)
 
     def pool(self) -> WorkerPool[Key]:
         """The workers: only the leader settles requests (a standby keeps them in its store;
@@ -183,7 +162,7 @@ class Controller:
             context=_ctx,
             waits_for=[
                 Synced(c.reflector.name, c.reflector.synced)
-                for c in (self.nodes, self.service_accounts)
+                for c in (self.bindings.nodes, self.bindings.service_accounts)
             ],
             sync_timeout=self.settings.facts_sync_timeout,
             sync_timeout_note="settling requests with live reads until it does",
@@ -213,14 +192,26 @@ class Controller:
 
     # --- reflector callbacks ---------------------------------------------------------------
 
-    def _on_pcr_list(self, items: Iterable[JSON]) -> None:
+    def _on_pcr_list(self, signer_name: str, items: Iterable[JSON]) -> None:
+        """One signer name's requests, listed whole: they replace that name's in the store."""
+        seen = self.monotonic()  # the list answered: every request in it was made before
+        if signer_name in self._unlisted:
+            self._unlisted.discard(signer_name)
+            if not self._unlisted:
+                self._pcrs_listed.set()
         fresh: dict[Key, JSON] = {}
         for obj in items:
             key = _key(obj)
             if key is not None and objects.outcome(obj) is None:
                 fresh[key] = obj
         with self._lock:
-            self._store = fresh
+            for key, obj in list(self._store.items()):
+                if key not in fresh and objects.signer_name_of(obj) in (signer_name, None):
+                    self._store.pop(key)
+                    self._seen.pop(key, None)
+            self._store.update(fresh)
+            for key in fresh:
+                self._seen.setdefault(key, seen)
         for key in fresh:
             self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
@@ -229,11 +220,14 @@ class Controller:
         key = _key(obj)
         if key is None:
             return
+        seen = self.monotonic()
         with self._lock:
             if kind == "DELETED" or objects.outcome(obj) is not None:
                 self._store.pop(key, None)
+                self._seen.pop(key, None)
                 return
             self._store[key] = obj
+            self._seen.setdefault(key, seen)
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
@@ -255,10 +249,13 @@ class Controller:
         namespace, name = key
         with self._lock:
             pcr = self._store.get(key)
+            seen_at = self._seen.get(key)
         if pcr is None:
             pcr = self.kube.get_pcr(namespace, name)
             if pcr is None or objects.outcome(pcr) is not None:
                 return None
+        if seen_at is None:
+            seen_at = self.monotonic()  # read just now (or stored by hand, in tests)
         if objects.outcome(pcr) is not None:
             return None
         try:
@@ -268,7 +265,7 @@ class Controller:
             return self.apply(settle(pcr, None, invalid, self.clock()))
         if request.signer_name not in self.signer_names:
             return None
-        facts = self.facts(request)
+        facts = self.facts(request, seen_at)
         decision = decide(
             request,
             facts,
@@ -337,25 +334,10 @@ class Controller:
         )
         return wait
 
-    def facts(self, request: model.Request) -> model.Facts:
-        """The pod, node and service account as they are now: from the watched caches when
-        they vouch for the request (decide's binding checks find no problem in them), else
-        (missing, or any mismatch) read live, so that no request is denied on a cache that
-        lags behind the API server."""
-        pod = self.pods.get((request.namespace, request.pod_name))
-        if pod is None and not self.pods.synced:
-            # The pods are still being listed (the workers do not wait for them): this one live.
-            pod_obj = self.kube.get_pod(request.namespace, request.pod_name)
-            pod = objects.pod_from(pod_obj) if pod_obj else None
-        node = self.nodes.get(request.node_name)
-        sa = self.service_accounts.get((request.namespace, request.service_account_name))
-        if binding_problem(request, model.Facts(pod, node, sa)) is not None:
-            pod_obj = self.kube.get_pod(request.namespace, request.pod_name)
-            node_obj = self.kube.get_node(request.node_name)
-            sa_obj = self.kube.get_service_account(request.namespace, request.service_account_name)
-            pod = objects.pod_from(pod_obj) if pod_obj else None
-            node = objects.node_from(node_obj) if node_obj else None
-            sa = objects.service_account_from(sa_obj) if sa_obj else None
+    def facts(self, request: model.Request, seen_at: float) -> model.Facts:
+        """The request's pod, node and service account as they were at least when it was seen
+        (`seen_at`, on self.monotonic: `signer.fresh`), its Service names and the CA."""
+        pod, node, sa = self.bindings.read(request, seen_at)
         names: frozenset[str] = frozenset()
         dns = self.policy.for_signer(request.signer_name).dns
         if pod is not None and dns.services:
@@ -369,6 +351,12 @@ class Controller:
             service_dns_names=names,
             ca=self.cas.issuing(),
         )
+
+    def admission_facts(self, request: model.Request) -> model.Facts:
+        """The facts for the admission webhook's pre-check, before the request exists: the
+        caches as they are (read live only where they would deny). Issuance checks again with
+        facts as fresh as the request."""
+        return self.facts(request, -math.inf)
 
     # --- the one writer --------------------------------------------------------------------
 
@@ -448,6 +436,7 @@ class Controller:
     def _forget(self, key: Key) -> None:
         with self._lock:
             self._store.pop(key, None)
+            self._seen.pop(key, None)
 
 
 def sign(plan: model.LeafPlan, issuer: model.IssuingCA) -> model.Signed:

@@ -96,6 +96,14 @@ class Metrics:
             ["signer", "reason"],
             registry=self.registry,
         )
+        self.live_reads = Counter(
+            "podcert_signer_live_reads",
+            "Pods, nodes and ServiceAccounts read live (GET) for a request rather than from the "
+            "watched caches: for requests made after the caches last listed, and for any a "
+            "cache would deny; by resource.",
+            ["resource"],
+            registry=self.registry,
+        )
         self.ca_not_after = Gauge(
             "podcert_signer_ca_not_after_timestamp_seconds",
             "Expiry (unix time) of the CA that signs now.",

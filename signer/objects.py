@@ -42,6 +42,13 @@ def _str(obj: Mapping[str, Any], path: str, *, required: bool = True) -> str:
     return node
 
 
+def signer_name_of(pcr: Mapping[str, Any]) -> str | None:
+    """spec.signerName of a request as stored, or None when it has none (never raises)."""
+    spec = pcr.get("spec")
+    name = spec.get("signerName") if isinstance(spec, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
 def request_from(pcr: Mapping[str, Any]) -> model.Request:
     """The signer's view of a request, read by `podcert.api.requests`; every field the API
     server always sets must be there (a request without one is denied as InvalidRequest)."""

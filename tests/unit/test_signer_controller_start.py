@@ -60,7 +60,7 @@ def test_workers_wait_until_the_node_and_account_caches_have_listed() -> None:
     ctrl = controller(timeout=600)
     pool = ctrl.pool()
     assert [s.name for s in pool.waits_for] == ["nodes", "serviceaccounts"]
-    ctrl.nodes.reflector.synced.set()
+    ctrl.bindings.nodes.reflector.synced.set()
     clock = Clock()
     waited = wait_for_sync(
         pool.waits_for, threading.Event(), timeout=pool.sync_timeout, clock=clock, wait=clock.wait
@@ -68,7 +68,7 @@ def test_workers_wait_until_the_node_and_account_caches_have_listed() -> None:
     assert waited.timed_out == "serviceaccounts", "started before the ServiceAccount cache listed"
     assert clock.now == pytest.approx(100.0 + 600)
 
-    ctrl.service_accounts.reflector.synced.set()
+    ctrl.bindings.service_accounts.reflector.synced.set()
     assert wait_for_sync(pool.waits_for, threading.Event(), timeout=600, clock=Clock()).synced
     runtime = Runtime("signer", stop=ctrl._stop)
     runtime.add_pool(pool)
@@ -143,12 +143,18 @@ def test_while_the_pods_list_a_requests_pod_is_read_live_and_the_rest_from_the_c
         CAStore(kube, "podcert-system", "podcert-ca", utcnow),
         Metrics(),
     )
-    ctrl.nodes._on_list([{"metadata": {"name": "node-a", "uid": "node-uid-1"}}])
-    ctrl.service_accounts._on_list(
-        [{"metadata": {"namespace": "web", "name": "api", "uid": "sa-uid-1"}}]
-    )
+    # The node and ServiceAccount caches listed (at 50) after the request was seen (at 40).
+    for cache, item in (
+        (ctrl.bindings.nodes, {"metadata": {"name": "node-a", "uid": "node-uid-1"}}),
+        (
+            ctrl.bindings.service_accounts,
+            {"metadata": {"namespace": "web", "name": "api", "uid": "sa-uid-1"}},
+        ),
+    ):
+        cache._on_list([item])
+        cache.reflector.listed_at = 50.0
     request = make_request(signer_name=SIGNER)
-    facts = ctrl.facts(request)
+    facts = ctrl.facts(request, seen_at=40.0)
     assert live.reads == ["pod"], "read more than the pod live"
     assert facts.pod is not None and facts.pod.uid == "pod-uid-1"
     assert binding_problem(request, facts) is None

@@ -126,7 +126,9 @@ def deciding(
 ) -> Outcomes:
     """Every request gets `decision`; its settlement is recorded, not written."""
     out = Outcomes()
-    monkeypatch.setattr(ctrl, "facts", lambda request: model.Facts(None, None, None, ca=ISSUER))
+    monkeypatch.setattr(
+        ctrl, "facts", lambda request, seen_at: model.Facts(None, None, None, ca=ISSUER)
+    )
     monkeypatch.setattr(controller_module, "decide", lambda *args, **kwargs: decision)
 
     def apply(settlement: Settlement) -> None:

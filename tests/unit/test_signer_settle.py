@@ -318,7 +318,9 @@ def test_every_decision_kind_is_settled_once_or_put_off(
 ) -> None:
     ctrl = writer(Fakes())
     applied: list[Settlement] = []
-    monkeypatch.setattr(ctrl, "facts", lambda request: model.Facts(None, None, None, ca=ISSUER))
+    monkeypatch.setattr(
+        ctrl, "facts", lambda request, seen_at: model.Facts(None, None, None, ca=ISSUER)
+    )
     monkeypatch.setattr(controller_module, "decide", lambda *args, **kwargs: decision)
     monkeypatch.setattr(controller_module.objects, "request_from", lambda obj: REQUEST)
     monkeypatch.setattr(ctrl, "apply", lambda settlement: applied.append(settlement))

@@ -8,6 +8,7 @@ always read again."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, cast
 
 from cryptography import x509
@@ -76,9 +77,9 @@ def test_no_binding_problem_iff_decide_passes_its_binding_checks(found: model.Fa
 
 
 class Cached:
-    """A cache holding one value, whatever the key, after its full list."""
+    """A cache holding one value, whatever the key, listed after every request was seen."""
 
-    synced = True
+    listed_at = math.inf
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -119,10 +120,10 @@ def test_the_controller_reads_live_iff_decide_would_deny_on_the_cached_facts(
     kube = cast(SignerKube, live)
     cas = CAStore(kube, "podcert-system", "podcert-ca", utcnow)
     ctrl = Controller(kube, [SIGNER], default_policy([SIGNER], "cluster.local"), cas, Metrics())
-    ctrl.pods = Cached(cached.pod)  # type: ignore[assignment]
-    ctrl.nodes = Cached(cached.node)  # type: ignore[assignment]
-    ctrl.service_accounts = Cached(cached.service_account)  # type: ignore[assignment]
-    used = ctrl.facts(REQUEST)
+    ctrl.bindings.fresh_pods.cache = Cached(cached.pod)
+    ctrl.bindings.fresh_nodes.cache = Cached(cached.node)
+    ctrl.bindings.fresh_service_accounts.cache = Cached(cached.service_account)
+    used = ctrl.facts(REQUEST, seen_at=0.0)
     denied_on_cache = binding_denied(decide(REQUEST, cached, POLICY, NOW))
     assert bool(live.reads) == denied_on_cache
     if denied_on_cache:

@@ -1,0 +1,314 @@
+"""Facts as fresh as the request (`signer.fresh`): a change made before the signer saw a request
+is never missed, however far the watched caches lag, and a start-up backlog costs no GET.
+
+The order comes from the signer's own monotonic clock (resourceVersions compare only within one
+resource): a cache whose list was asked for after the request was seen is fresh enough, and so
+is a live answer asked for after it; anything older is read again. In CI this was a real miss:
+a ServiceAccount deleted just before the request still stood in the cache, and the signer
+issued (tests/integration/test_signer_facts.py, "service account deleted", under load)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any, cast
+
+from podcert.reflector import Reflector
+from signer import model
+from signer.castore import CAStore
+from signer.controller import Controller, utcnow
+from signer.decide import decide
+from signer.fresh import Fresh
+from signer.kube import SignerKube
+from signer.metrics import Metrics
+from signer.policy import default_policy
+from tests.signer_world import NOW, POLICY, SIGNER, make_request
+
+
+class Clock:
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Listed:
+    """A cache: its entries, and when the list they rest on was asked for."""
+
+    def __init__(self, listed_at: float, items: dict[Any, Any]) -> None:
+        self.listed_at, self.items = listed_at, items
+
+    def get(self, key: Any) -> Any:
+        return self.items.get(key)
+
+
+def fresh(
+    listed_at: float, cached: str | None, live: list[str | None], clock: Clock
+) -> tuple[Fresh[str, str], list[str]]:
+    """A Fresh over a cache holding `cached` for "k", whose live reads answer `live` in turn."""
+    answers = iter(live)
+    reads: list[str] = []
+
+    def read(key: str) -> str | None:
+        reads.append(key)
+        return next(answers)
+
+    cache = Listed(listed_at, {"k": cached} if cached is not None else {})
+    return Fresh(cache, read, clock), reads
+
+
+def test_a_cache_listed_after_the_request_was_seen_answers() -> None:
+    facts, reads = fresh(listed_at=50.0, cached="cached", live=[], clock=Clock())
+    assert facts.get("k", seen_at=50.0) == ("cached", True)
+    assert facts.get("k", seen_at=10.0) == ("cached", True)
+    assert reads == []
+
+
+def test_a_request_seen_after_the_cache_listed_is_read_live() -> None:
+    """The cache still holds what a change made before the request removed: not trusted."""
+    clock = Clock(100.0)
+    facts, reads = fresh(listed_at=50.0, cached="deleted since", live=[None], clock=clock)
+    assert facts.get("k", seen_at=60.0) == (None, False)
+    assert reads == ["k"]
+
+
+def test_a_live_answer_serves_the_requests_seen_before_it_was_asked() -> None:
+    """A node's many pods re-keying at once: one GET, not one each; a request seen after the
+    GET was asked for gets a GET of its own."""
+    clock = Clock(100.0)
+    facts, reads = fresh(listed_at=0.0, cached="old", live=["one", "two"], clock=clock)
+    assert facts.get("k", seen_at=90.0) == ("one", False)  # asked at 100
+    clock.now = 120.0
+    assert facts.get("k", seen_at=95.0) == ("one", False)
+    assert facts.get("k", seen_at=100.0) == ("one", False)
+    assert reads == ["k"]
+    assert facts.get("k", seen_at=110.0) == ("two", False), "asked before the request was seen"
+    assert reads == ["k", "k"]
+
+
+def test_of_two_reads_at_once_the_answer_asked_later_stays() -> None:
+    """Worker A asks first and is answered last: B's later answer is kept."""
+    clock = Clock(100.0)
+    answers: list[str] = []
+    facts: Fresh[str, str]
+
+    def read(key: str) -> str:
+        if not answers:
+            answers.append("A")
+            clock.now = 110.0
+            facts.read(key)  # B, asked at 110, answered while A is still out
+            return "A (asked at 100)"
+        return "B (asked at 110)"
+
+    facts = Fresh(Listed(0.0, {}), read, clock)
+    assert facts.read("k") == "A (asked at 100)"
+    assert facts.get("k", seen_at=105.0) == ("B (asked at 110)", False)
+
+
+def test_live_answers_kept_are_bounded_oldest_first() -> None:
+    clock = Clock(100.0)
+    facts = Fresh(Listed(0.0, {}), lambda key: f"live {key}", clock, kept=2)
+    for key in ("a", "b", "c"):
+        facts.read(key)
+    calls: list[str] = []
+    facts._read = lambda key: calls.append(key) or f"again {key}"  # type: ignore[method-assign]
+    assert facts.get("c", seen_at=50.0) == ("live c", False)
+    assert facts.get("b", seen_at=50.0) == ("live b", False)
+    assert facts.get("a", seen_at=50.0) == ("again a", False)
+    assert calls == ["a"]
+
+
+# --- the reflector's listed_at and its `after` ---------------------------------------------
+
+
+def test_listed_at_is_when_the_list_was_asked_for_once_it_went_through() -> None:
+    clock = Clock(10.0)
+    stop = threading.Event()
+    seen: list[float] = []
+
+    def list_fn() -> tuple[Iterator[int], str]:
+        clock.now = 12.0  # the answer takes time: the list was asked for at 10
+
+        def items() -> Iterator[int]:
+            yield 1
+            seen.append(reflector.listed_at)  # still the old one, half way through
+            yield 2
+
+        return items(), "7"
+
+    def watch(version: str) -> Iterator[dict[str, Any]]:
+        stop.set()
+        return iter(())
+
+    reflector = Reflector(
+        "nodes", list_fn, watch, lambda items: list(items), lambda k, o: None, stop, monotonic=clock
+    )
+    assert reflector.listed_at == -math.inf
+    reflector.run()
+    assert seen == [-math.inf]
+    assert reflector.listed_at == 10.0
+
+
+class NotYet(threading.Event):
+    """An event never set whose waits return at once; the second one stops the reflector."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        super().__init__()
+        self.stop, self.waits = stop, 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        if self.waits == 2:
+            self.stop.set()
+        return False
+
+
+def test_a_reflector_lists_only_after_its_event() -> None:
+    listed: list[str] = []
+
+    def reflector(after: threading.Event, stop: threading.Event) -> Reflector:
+        def list_fn() -> tuple[list[int], str]:
+            listed.append("listed")
+            stop.set()
+            return [], "1"
+
+        return Reflector(
+            "pods",
+            list_fn,
+            lambda v: iter(()),
+            lambda i: None,
+            lambda k, o: None,
+            stop,
+            after=after,
+        )
+
+    stop = threading.Event()
+    not_yet = NotYet(stop)
+    reflector(not_yet, stop).run()  # returns once stopped, without listing
+    assert (listed, not_yet.waits) == ([], 2)
+
+    after = threading.Event()
+    after.set()
+    reflector(after, threading.Event()).run()
+    assert listed == ["listed"]
+
+
+# --- the controller ------------------------------------------------------------------------
+
+
+class LiveKube:
+    """The API server as it is now: the request's ServiceAccount was deleted."""
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        self.reads.append("pod")
+        return {
+            "metadata": {"namespace": namespace, "name": name, "uid": "pod-uid-1"},
+            "spec": {"nodeName": "node-a", "serviceAccountName": "api"},
+            "status": {"phase": "Running"},
+        }
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        self.reads.append("node")
+        return {"metadata": {"name": name, "uid": "node-uid-1"}}
+
+    def get_service_account(self, namespace: str, name: str) -> None:
+        self.reads.append("serviceaccount")
+        return None
+
+
+def controller(kube: object, signers: list[str], clock: Clock) -> Controller:
+    k = cast(SignerKube, kube)
+    return Controller(
+        k,
+        signers,
+        default_policy(signers, "cluster.local"),
+        CAStore(k, "podcert-system", "podcert-ca", utcnow),
+        Metrics(),
+        monotonic=clock,
+    )
+
+
+def stale_caches(ctrl: Controller, listed_at: float) -> None:
+    """Caches that listed at `listed_at` and still show the request's ServiceAccount."""
+    ctrl.bindings.pods._on_list(
+        [
+            {
+                "metadata": {"namespace": "web", "name": "api-0", "uid": "pod-uid-1"},
+                "spec": {"nodeName": "node-a", "serviceAccountName": "api"},
+                "status": {"phase": "Running"},
+            }
+        ]
+    )
+    ctrl.bindings.nodes._on_list([{"metadata": {"name": "node-a", "uid": "node-uid-1"}}])
+    ctrl.bindings.service_accounts._on_list(
+        [{"metadata": {"namespace": "web", "name": "api", "uid": "sa-uid-1"}}]
+    )
+    for cache in ctrl.bindings.caches:
+        cache.reflector.listed_at = listed_at
+
+
+def test_a_service_account_deleted_before_the_request_was_seen_denies_it() -> None:
+    live = LiveKube()
+    clock = Clock(100.0)
+    ctrl = controller(live, [SIGNER], clock)
+    stale_caches(ctrl, listed_at=50.0)
+    request = make_request()
+    facts = ctrl.facts(request, seen_at=60.0)
+    assert live.reads == ["pod", "node", "serviceaccount"]
+    decision = decide(request, facts, POLICY, NOW)
+    assert isinstance(decision, model.Deny)
+    assert decision.reason == model.SERVICE_ACCOUNT_MISMATCH
+    read = {"resource": "serviceaccounts"}
+    assert ctrl.metrics.registry.get_sample_value("podcert_signer_live_reads_total", read) == 1.0
+
+
+def test_a_backlog_seen_before_the_caches_listed_reads_nothing_live() -> None:
+    live = LiveKube()
+    ctrl = controller(live, [SIGNER], Clock(100.0))
+    stale_caches(ctrl, listed_at=50.0)
+    facts = ctrl.facts(make_request(), seen_at=40.0)
+    assert live.reads == []
+    assert facts.service_account is not None
+
+
+def pcr(name: str, signer: str) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "web", "name": name, "resourceVersion": "1"},
+        "spec": {"signerName": signer},
+    }
+
+
+def test_the_caches_list_once_every_signer_name_has_listed_its_requests() -> None:
+    clock = Clock(10.0)
+    other = "podcert.dev/other"
+    ctrl = controller(object(), [SIGNER, other], clock)
+    ctrl._on_pcr_list(SIGNER, [pcr("a", SIGNER)])
+    assert not ctrl._pcrs_listed.is_set(), "the caches would list before the other's requests"
+    clock.now = 20.0
+    ctrl._on_pcr_list(other, [pcr("b", other)])
+    assert ctrl._pcrs_listed.is_set()
+    assert ctrl._seen == {("web", "a"): 10.0, ("web", "b"): 20.0}
+
+
+def test_a_signer_names_relist_keeps_the_others_requests_and_first_seen_times() -> None:
+    clock = Clock(10.0)
+    other = "podcert.dev/other"
+    ctrl = controller(object(), [SIGNER, other], clock)
+    ctrl._on_pcr_list(SIGNER, [pcr("a", SIGNER), pcr("gone", SIGNER)])
+    ctrl._on_pcr_list(other, [pcr("b", other)])
+    clock.now = 30.0
+    ctrl._on_pcr_event("ADDED", pcr("c", SIGNER))
+    clock.now = 40.0
+    ctrl._on_pcr_list(SIGNER, [pcr("a", SIGNER), pcr("c", SIGNER), pcr("d", SIGNER)])
+    assert set(ctrl._store) == {("web", "a"), ("web", "b"), ("web", "c"), ("web", "d")}
+    assert ctrl._seen == {
+        ("web", "a"): 10.0,
+        ("web", "b"): 10.0,
+        ("web", "c"): 30.0,
+        ("web", "d"): 40.0,
+    }
