@@ -207,6 +207,14 @@ class Rest:
         result: JSON = _DICT.decode(data) if data else {}
         return result
 
+    def write(self, method: str, path: str, *, body: Any) -> None:
+        """A write whose answer the caller does not use: its status checked (an ApiError as
+        from `request`), its body read to keep the connection and dropped undecoded."""
+        resp = self._send(method, path, None, body, "application/json", None)
+        data = self._body(resp)
+        if not 200 <= resp.status < 300:
+            raise _error(resp.status, data)
+
     def get(self, path: str, **query: str | int | bool) -> JSON | None:
         """The object, or None when it does not exist."""
         try:

@@ -152,6 +152,8 @@ def test_requests_share_one_kept_alive_connection(serve: Callable[..., Server]) 
 
     for i in range(3):
         assert rest.request("PUT", f"/api/v1/x{i}", body={"i": i}) == {"path": f"/api/v1/x{i}"}
+    assert rest.write("PUT", "/api/v1/y", body={"i": 3}) is None  # its answer read, not decoded
+    assert rest.request("GET", "/api/v1/z") == {"path": "/api/v1/z"}
 
     assert server.connections == 1
     first = server.requests[0]
@@ -268,6 +270,9 @@ def test_error_answers_keep_their_status_and_reason(serve: Callable[..., Server]
     )
     with pytest.raises(ApiError, match="502 Error: oops!"):
         rest.request("GET", "/text")
+    with pytest.raises(ApiError) as raised:
+        rest.write("PUT", "/conflict", body={})  # an answer not decoded, its status still checked
+    assert (raised.value.status, raised.value.message) == (409, "changed")
     assert server.connections == 1  # error answers leave the connection usable
 
 
