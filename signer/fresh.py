@@ -109,36 +109,36 @@ class Bindings:
         monotonic: Callable[[], float],
     ) -> None:
         self.kube = kube
-        # Each decoded as its shape (a few fields of each object), a page at a time.
-        self.pods: Cache[Key, model.Pod] = Cache(
-            "pods",
-            lambda: kube.list_all("pods", objects.PodShape),
-            lambda rv: kube.watch_all("pods", rv, objects.PodShape),
-            objects.key_of,
-            objects.pod_from,
-            stop,
-            after=after,
-            monotonic=monotonic,
+
+        def cache(
+            resource: str,
+            shape: type[Any],
+            key: Callable[[Any], K | None],
+            convert: Callable[[Any], V],
+        ) -> Cache[K, V]:
+            """Each decoded as its shape (a few fields of each object), a page at a time."""
+            return Cache(
+                resource,
+                lambda: kube.list_all(resource, shape),
+                lambda rv: kube.watch_all(resource, rv, shape),
+                key,
+                convert,
+                stop,
+                after=after,
+                monotonic=monotonic,
+            )
+
+        self.pods: Cache[Key, model.Pod] = cache(
+            "pods", objects.PodShape, objects.key_of, objects.pod_from
         )
-        self.nodes: Cache[str, model.Node] = Cache(
-            "nodes",
-            lambda: kube.list_all("nodes", objects.NodeShape),
-            lambda rv: kube.watch_all("nodes", rv, objects.NodeShape),
-            objects.name_of,
-            objects.node_from,
-            stop,
-            after=after,
-            monotonic=monotonic,
+        self.nodes: Cache[str, model.Node] = cache(
+            "nodes", objects.NodeShape, objects.name_of, objects.node_from
         )
-        self.service_accounts: Cache[Key, model.ServiceAccount] = Cache(
+        self.service_accounts: Cache[Key, model.ServiceAccount] = cache(
             "serviceaccounts",
-            lambda: kube.list_all("serviceaccounts", objects.ServiceAccountShape),
-            lambda rv: kube.watch_all("serviceaccounts", rv, objects.ServiceAccountShape),
+            objects.ServiceAccountShape,
             objects.key_of,
             objects.service_account_from,
-            stop,
-            after=after,
-            monotonic=monotonic,
         )
         self.fresh_pods: Fresh[Key, model.Pod] = Fresh(
             self.pods, self._read_pod, monotonic, live_reads.labels(resource="pods").inc

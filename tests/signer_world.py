@@ -87,3 +87,33 @@ def assert_api_server_accepts(
     assert plan.not_before + margin <= plan.begin_refresh_at <= plan.not_after - margin
     for moment in (plan.not_before, plan.not_after, plan.begin_refresh_at):
         assert moment.microsecond == 0
+
+
+class LiveKube:
+    """The API server's live reads for make_request()'s pod, node and ServiceAccount, counted:
+    the truth, everything as the request says, unless told that one of them is gone."""
+
+    def __init__(self, *, gone: frozenset[str] = frozenset()) -> None:
+        self.reads: list[str] = []
+        self.gone = gone
+
+    def _read(self, kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+        self.reads.append(kind)
+        return None if kind in self.gone else obj
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._read(
+            "pod",
+            {
+                "metadata": {"namespace": namespace, "name": name, "uid": "pod-uid-1"},
+                "spec": {"nodeName": "node-a", "serviceAccountName": "api"},
+                "status": {"phase": "Running"},
+            },
+        )
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        return self._read("node", {"metadata": {"name": name, "uid": "node-uid-1"}})
+
+    def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
+        meta = {"namespace": namespace, "name": name, "uid": "sa-uid-1"}
+        return self._read("serviceaccount", {"metadata": meta})

@@ -19,7 +19,7 @@ from signer.decide import binding_problem
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy
-from tests.signer_world import make_request
+from tests.signer_world import LiveKube, make_request
 
 SIGNER = "podcert.dev/test"
 DEADLINE = 10.0  # seconds a condition may take before the test fails
@@ -116,21 +116,6 @@ def test_a_stopping_controller_does_not_hold_its_workers() -> None:
     starter.join(DEADLINE)
     assert not starter.is_alive()
     assert not pool.started.is_set()
-
-
-class LiveKube:
-    """Live reads, counted; the pod is signer_world's, as its request says."""
-
-    def __init__(self) -> None:
-        self.reads: list[str] = []
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, object]:
-        self.reads.append("pod")
-        return {
-            "metadata": {"namespace": namespace, "name": name, "uid": "pod-uid-1"},
-            "spec": {"nodeName": "node-a", "serviceAccountName": "api"},
-            "status": {"phase": "Running"},
-        }
 
 
 def test_while_the_pods_list_a_requests_pod_is_read_live_and_the_rest_from_the_caches() -> None:

@@ -23,7 +23,7 @@ from signer.fresh import Fresh
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy
-from tests.signer_world import NOW, POLICY, SIGNER, make_request
+from tests.signer_world import NOW, POLICY, SIGNER, LiveKube, make_request
 
 
 class Clock:
@@ -198,29 +198,6 @@ def test_a_reflector_lists_only_after_its_event() -> None:
 # --- the controller ------------------------------------------------------------------------
 
 
-class LiveKube:
-    """The API server as it is now: the request's ServiceAccount was deleted."""
-
-    def __init__(self) -> None:
-        self.reads: list[str] = []
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        self.reads.append("pod")
-        return {
-            "metadata": {"namespace": namespace, "name": name, "uid": "pod-uid-1"},
-            "spec": {"nodeName": "node-a", "serviceAccountName": "api"},
-            "status": {"phase": "Running"},
-        }
-
-    def get_node(self, name: str) -> dict[str, Any]:
-        self.reads.append("node")
-        return {"metadata": {"name": name, "uid": "node-uid-1"}}
-
-    def get_service_account(self, namespace: str, name: str) -> None:
-        self.reads.append("serviceaccount")
-        return None
-
-
 def controller(kube: object, signers: list[str], clock: Clock) -> Controller:
     k = cast(SignerKube, kube)
     return Controller(
@@ -253,7 +230,7 @@ def stale_caches(ctrl: Controller, listed_at: float) -> None:
 
 
 def test_a_service_account_deleted_before_the_request_was_seen_denies_it() -> None:
-    live = LiveKube()
+    live = LiveKube(gone=frozenset({"serviceaccount"}))
     clock = Clock(100.0)
     ctrl = controller(live, [SIGNER], clock)
     stale_caches(ctrl, listed_at=50.0)

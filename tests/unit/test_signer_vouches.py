@@ -24,7 +24,7 @@ from signer.decide import binding_problem, decide
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy
-from tests.signer_world import ISSUER, NOW, POLICY, SIGNER, make_request
+from tests.signer_world import ISSUER, NOW, POLICY, SIGNER, LiveKube, make_request
 
 # The node's stub CSR: empty subject, signed with the subject key.
 STUB_CSR = (
@@ -86,29 +86,6 @@ class Cached:
 
     def get(self, key: object) -> Any:
         return self.value
-
-
-class LiveKube:
-    """Live reads answer with the truth (everything as the request says) and are counted."""
-
-    def __init__(self) -> None:
-        self.reads: list[str] = []
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        self.reads.append("pod")
-        return {
-            "metadata": {"namespace": namespace, "name": name, "uid": REQUEST.pod_uid},
-            "spec": {"nodeName": REQUEST.node_name, "serviceAccountName": "api"},
-            "status": {"phase": "Running"},
-        }
-
-    def get_node(self, name: str) -> dict[str, Any]:
-        self.reads.append("node")
-        return {"metadata": {"name": name, "uid": REQUEST.node_uid}}
-
-    def get_service_account(self, namespace: str, name: str) -> dict[str, Any]:
-        self.reads.append("serviceaccount")
-        return {"metadata": {"namespace": namespace, "name": name, "uid": "sa-uid-1"}}
 
 
 @settings(max_examples=300, deadline=None)
