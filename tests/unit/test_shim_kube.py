@@ -5,7 +5,7 @@ object holds."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
 import msgspec
@@ -22,6 +22,7 @@ from kubelet_shim.kube import (
 from kubelet_shim.state import object_key, pod_from, pod_uid
 from podcert.api.requests import outcome
 from podcert.rest import Rest
+from tests.canned_rest import CannedRest
 
 MANAGED = [
     {
@@ -175,29 +176,8 @@ def test_a_shaped_request_keeps_what_the_agent_reads(pcr: dict[str, Any]) -> Non
     assert "stubPKCS10Request" not in shaped["spec"]
 
 
-class FakeRest:
-    """Rest's list and watch over canned JSON, decoded into the shape asked for."""
-
-    def __init__(self, items: list[dict[str, Any]]) -> None:
-        self.raw = [json.dumps(item).encode() for item in items]
-        self.queries: list[Mapping[str, str]] = []
-
-    def list(
-        self, path: str, shape: type[Any], *, query: Mapping[str, str]
-    ) -> tuple[Iterator[Any], str]:
-        self.queries.append(query)
-        return iter([msgspec.json.decode(raw, type=shape) for raw in self.raw]), "41"
-
-    def watch(
-        self, path: str, resource_version: str, shape: type[Any], **query: str
-    ) -> Iterator[dict[str, Any]]:
-        self.queries.append(query)
-        for raw in self.raw:
-            yield {"type": "MODIFIED", "object": msgspec.json.decode(raw, type=shape)}
-
-
 def test_the_node_lists_and_watches_only_its_own_objects_as_shapes() -> None:
-    rest = FakeRest([full_pod()])
+    rest = CannedRest([full_pod()])
     kube = ShimKube(cast(Rest, rest), "node-a")
     items, version = kube.list_pods()
     assert version == "41"
@@ -206,7 +186,7 @@ def test_the_node_lists_and_watches_only_its_own_objects_as_shapes() -> None:
     assert [(e["type"], pod_from(e["object"])) for e in events] == [
         ("MODIFIED", pod_from(full_pod()))
     ]
-    rest = FakeRest([issued_request()])
+    rest = CannedRest([issued_request()])
     kube = ShimKube(cast(Rest, rest), "node-a")
     assert [outcome(r) for r in kube.list_pcrs()[0]] == ["Issued"]
     assert [e["object"]["metadata"]["name"] for e in kube.watch_pcrs("41")] == ["web-x7k2p"]

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import json
-from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
-import msgspec
 import pytest
 
 from podcert.api import keys
@@ -20,6 +17,7 @@ from podcert.rest import Rest
 from signer import certs, model, objects
 from signer.kube import SignerKube
 from signer.settle import settle
+from tests.canned_rest import CannedRest
 from tests.signer_world import ISSUER, KEY, NOW, SIGNER, make_request
 
 START = certs.truncate_to_second(NOW)
@@ -95,43 +93,8 @@ def issued() -> dict[str, Any]:
     return obj
 
 
-class FakeRest:
-    """Rest's list, watch, get and request over canned JSON, decoded into the shape asked for."""
-
-    def __init__(self, items: list[dict[str, Any]]) -> None:
-        self.raw = [json.dumps(item).encode() for item in items]
-        self.queries: list[Mapping[str, str]] = []
-        self.sent: list[tuple[str, str, Any]] = []
-
-    def list(
-        self, path: str, shape: type[Any], *, query: Mapping[str, str]
-    ) -> tuple[Iterator[Any], str]:
-        self.queries.append(query)
-        return iter([msgspec.json.decode(raw, type=shape) for raw in self.raw]), "41"
-
-    def watch(
-        self, path: str, resource_version: str, shape: type[Any], **query: str
-    ) -> Iterator[dict[str, Any]]:
-        self.queries.append(query)
-        for raw in self.raw:
-            yield {"type": "MODIFIED", "object": msgspec.json.decode(raw, type=shape)}
-        yield {
-            "type": "BOOKMARK",
-            "object": msgspec.json.decode(
-                b'{"kind": "PodCertificateRequest", "metadata": {"resourceVersion": "900"}}',
-                type=shape,
-            ),
-        }
-
-    def get(self, path: str) -> dict[str, Any] | None:
-        return cast(dict[str, Any], json.loads(self.raw[0]))
-
-    def write(self, method: str, path: str, *, body: Any) -> None:
-        self.sent.append((method, path, json.loads(msgspec.json.encode(body))))  # as Rest sends it
-
-
-def read(items: list[dict[str, Any]]) -> tuple[SignerKube, FakeRest]:
-    rest = FakeRest(items)
+def read(items: list[dict[str, Any]]) -> tuple[SignerKube, CannedRest]:
+    rest = CannedRest(items, bookmark="900")
     return SignerKube(cast(Rest, rest)), rest
 
 
