@@ -25,9 +25,10 @@ CPU per request comes from /proc/<pid>/stat: per process over that window, and f
 also whole-process (utime+stime of everything from exec to the last issuance, start-up
 included, over N), which is how the Go signer's 2.1-3.3 ms was measured (issue 14). The signer
 runs from compiled bytecode, as installed by pip (this environment sets PYTHONDONTWRITEBYTECODE,
-which would otherwise recompile podcert at every start). The ratio is signer / ceiling; each
-worker count reports the medians of `--rounds`, because a shared two-core VM drifts by +-20%
-from one minute to the next. `--profile DIR` records each signer run with py-spy (on-CPU
+which would otherwise recompile podcert at every start). "GETs" is the signer's live reads of
+pods, nodes and ServiceAccounts (`podcert_signer_live_reads_total`): a backlog listed before its
+caches costs none. The ratio is signer / ceiling; each worker count reports the medians of
+`--rounds`, because a shared two-core VM drifts by +-20% from one minute to the next. `--profile DIR` records each signer run with py-spy (on-CPU
 samples of the thread holding the interpreter lock).
 """
 
@@ -199,6 +200,7 @@ class Phase:
     failed: int = 0  # ... and failed
     whole_ms: float | None = None  # the signer's whole-process CPU ms per request
     first_s: float | None = None  # the signer's process start -> first issuance, seconds
+    live_reads: int | None = None  # the signer's GETs of pods/nodes/ServiceAccounts (backlog: 0)
 
 
 # --- the ceiling: the fastest status writer ----------------------------------------------------
@@ -356,6 +358,7 @@ def signer_phase(
             phase.failed,
             whole_ms=whole * 1000 / count,
             first_s=(observer.first - started) if observer.first is not None else None,
+            live_reads=live_reads(proc.metrics()),
         )
     finally:
         if spy is not None:
@@ -364,6 +367,17 @@ def signer_phase(
         if not proc.running:
             print(proc.output()[-2000:])
         proc.stop()
+
+
+def live_reads(metrics: str) -> int:
+    """podcert_signer_live_reads_total, summed over resources, from a /metrics page."""
+    return round(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("podcert_signer_live_reads_total{")
+        )
+    )
 
 
 def py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
@@ -420,7 +434,8 @@ def main() -> None:
             )
             print(
                 f"{'workers':>7} {'round':>5} {'ceiling/s':>9} {'signer/s':>8} {'ratio':>5}"
-                f" {'whole ms':>8} {'first s':>7}   CPU ms/request, 10-90 % (ceiling | signer)"
+                f" {'whole ms':>8} {'first s':>7} {'GETs':>4}   CPU ms/request, 10-90 %"
+                " (ceiling | signer)"
             )
             table = []
             for workers in args.workers:
@@ -432,7 +447,8 @@ def main() -> None:
                     print(
                         f"{workers:>7} {r + 1:>5} {top.rate:>9.0f} {got.rate:>8.0f}"
                         f" {rows.ratios()[-1]:>5.2f} {got.whole_ms or 0:>8.2f}"
-                        f" {got.first_s or 0:>7.2f}   {show_cpu(top.cpu_ms)} |"
+                        f" {got.first_s or 0:>7.2f} {got.live_reads or 0:>4}"
+                        f"   {show_cpu(top.cpu_ms)} |"
                         f" {show_cpu(got.cpu_ms)}{show_not_issued(top, got)}   load {load()}",
                         flush=True,
                     )
