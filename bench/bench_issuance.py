@@ -28,8 +28,9 @@ runs from compiled bytecode, as installed by pip (this environment sets PYTHONDO
 which would otherwise recompile podcert at every start). "GETs" is the signer's live reads of
 pods, nodes and ServiceAccounts (`podcert_signer_live_reads_total`): a backlog listed before its
 caches costs none. The ratio is signer / ceiling; each worker count reports the medians of
-`--rounds`, because a shared two-core VM drifts by +-20% from one minute to the next. `--profile DIR` records each signer run with py-spy (on-CPU
-samples of the thread holding the interpreter lock).
+`--rounds`, because a shared two-core VM drifts by +-20% from one minute to the next.
+`--profile DIR` records each signer run with py-spy (on-CPU samples of the thread holding the
+interpreter lock).
 """
 
 from __future__ import annotations
