@@ -40,6 +40,7 @@ import base64
 import datetime as dt
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -363,7 +364,7 @@ def signer_phase(
         )
     finally:
         if spy is not None:
-            spy.terminate()
+            spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT, not SIGTERM
             spy.wait(60)
         if not proc.running:
             print(proc.output()[-2000:])
