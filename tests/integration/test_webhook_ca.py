@@ -113,9 +113,10 @@ def bundle_is_current(devcluster: DevCluster) -> bool:
     return bool(bundle) and der_set(bundle) == trusted_roots(devcluster)
 
 
-def served_issuer(port: int, bundle: bytes) -> x509.Name:
+def served_issuer(port: int, bundle: bytes) -> bytes:
     """Connect as the API server does (SNI localhost, verifying against the caBundle it holds):
-    the issuer of the certificate the webhook serves. Raises if it does not verify."""
+    the issuing key (authority key identifier) of the certificate the webhook serves. Raises if
+    it does not verify. Not the issuer's name: two CAs made in one second share it."""
     context = ssl.create_default_context(cadata=bundle.decode())
     with (
         socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
@@ -123,7 +124,8 @@ def served_issuer(port: int, bundle: bytes) -> x509.Name:
     ):
         der = tls.getpeercert(binary_form=True)
     assert der is not None
-    return x509.load_der_x509_certificate(der).issuer
+    cert = x509.load_der_x509_certificate(der)
+    return cert.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value.key_identifier
 
 
 @dataclass
