@@ -15,7 +15,7 @@ for it:
   or a ServiceAccount's many pods re-keying at once cost one GET, not one each).
 
 Changes after the request was made are not waited for, as in the kubelet: the cache catches them
-when it can. A request that a cache would deny on is read live in any case (`Controller.facts`).
+when it can. What a cache would deny on is read live in any case (`Bindings.read`).
 """
 
 from __future__ import annotations
