@@ -54,6 +54,7 @@ from bench.bench_time_to_credential import cpu_seconds, exit_on_sigterm, rss_mib
 from devcluster import cluster, kube, processes
 from devcluster.identities import Paths
 from devcluster.stack import SIGNER_NAMESPACE
+from devcluster.supervise import end
 from podcert.api import keys
 from podcert.rest import JSON, ApiError, Rest, path_of
 
@@ -414,12 +415,7 @@ def run_signer(
         print(f"signer VmHWM (peak over the whole run): {hwm:.0f} MiB", flush=True)
     finally:
         watcher.stop.set()
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end(proc, 20)
 
 
 def run_audit(root: Path, tree: Path, runs: int) -> None:

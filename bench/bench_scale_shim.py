@@ -71,7 +71,7 @@ from bench.bench_scale import wait_ready as wait_readyz
 from bench.bench_time_to_credential import cpu_seconds, metric_total, rss_mib
 from devcluster import cluster, kube, pki, processes
 from devcluster.stack import BUNDLE, TRUST, identity_volume
-from devcluster.supervise import free_port
+from devcluster.supervise import end, free_port
 from kubelet_shim.kube import ROTATE_ANNOTATION
 from podcert.api.times import format_micro_time
 from podcert.api.volumes import volume_dir
@@ -464,12 +464,7 @@ def running(
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end(proc, 20)
 
 
 def start(shim: Shim, files: Files, t0: float, steady: float) -> None:

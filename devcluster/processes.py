@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any, Self
 import yaml
 
 from devcluster import kube
-from devcluster.supervise import free_port
+from devcluster.supervise import end, free_port
 from podcert.api.volumes import volume_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,14 +89,7 @@ class Process:
     def stop(self, timeout: float = 15.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return end(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL: no clean-up, as a crash or an OOM kill would leave it."""

@@ -322,13 +322,7 @@ class SpireDomain:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            supervise.end(proc, 15)
         shutil.rmtree(self.sockets, ignore_errors=True)
 
     def _spawn(self, args: list[str], name: str) -> None:

@@ -131,6 +131,18 @@ def get_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
         return False
 
 
+def end(proc: subprocess.Popen[bytes], grace: float) -> int:
+    """SIGTERM a child still running, SIGKILL it after `grace` seconds; its exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def stop(pid: int, binary: str, grace: float) -> None:
     if not pid or not alive(pid, binary):
         return

@@ -5,16 +5,17 @@ Used by the pytest session fixture in tests/conftest.py and by the benchmarks.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from devcluster import kube, nodes, nodestate
+from devcluster import cluster, kube, nodes, nodestate
 from devcluster.cluster import State
 
 T = TypeVar("T")
@@ -135,3 +136,15 @@ def eventually(
     raise AssertionError(
         f"timed out after {timeout}s waiting for {what or probe!r} (last: {last!r})"
     )
+
+
+@contextlib.contextmanager
+def running(root: Path) -> Iterator[DevCluster]:
+    """A devcluster up at `root` (its progress printed) for the block, taken down after it."""
+    state = cluster.up(root, progress=lambda line: print(line, flush=True))
+    try:
+        handle = DevCluster(root, state)
+        yield handle
+        handle.admin.close()  # type: ignore[no-untyped-call]
+    finally:
+        cluster.down(root)

@@ -2,12 +2,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from devcluster import cluster, nodes
-from devcluster.testing import DevCluster, Kubelet
+from devcluster import nodes
+from devcluster.testing import DevCluster, Kubelet, running
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -20,14 +19,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     """One real control plane (etcd, kube-apiserver, controller-manager, scheduler) for the whole
     session."""
-    root: Path = tmp_path_factory.mktemp("devcluster")
-    state = cluster.up(root, progress=lambda line: print(line, flush=True))
-    try:
-        handle = DevCluster(root, state)
+    with running(tmp_path_factory.mktemp("devcluster")) as handle:
         yield handle
-        handle.admin.close()
-    finally:
-        cluster.down(root)
 
 
 @pytest.fixture(scope="module")

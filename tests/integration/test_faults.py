@@ -26,7 +26,7 @@ from cryptography import x509
 from bundles import formats
 from devcluster import cluster, kube, processes
 from devcluster.identities import Paths
-from devcluster.testing import DevCluster, eventually
+from devcluster.testing import DevCluster, eventually, running
 from kubelet_shim.kube import request_rotation
 from podcert.api.volumes import PLUGIN_DIR
 from podcert.rest import JSON, Rest, path_of
@@ -66,14 +66,8 @@ KILL_ROUNDS = 12
 @pytest.fixture(scope="module")
 def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     """A devcluster of this module's own, free to be restarted and compacted."""
-    root = tmp_path_factory.mktemp("faults-devcluster")
-    state = cluster.up(root, progress=lambda line: print(line, flush=True))
-    try:
-        handle = DevCluster(root, state)
+    with running(tmp_path_factory.mktemp("faults-devcluster")) as handle:
         yield handle
-        handle.admin.close()  # type: ignore[no-untyped-call]
-    finally:
-        cluster.down(root)
 
 
 @pytest.fixture(scope="module")

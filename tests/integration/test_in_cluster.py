@@ -36,9 +36,9 @@ import pytest
 from cryptography import x509
 from kubernetes import client
 
-from devcluster import cluster, imagebuild, images, incluster, kube, nodes
+from devcluster import imagebuild, images, incluster, kube, nodes
 from devcluster.identities import Paths
-from devcluster.testing import DevCluster, Kubelet, eventually
+from devcluster.testing import DevCluster, Kubelet, eventually, running
 from podcert.rest import ApiError, Rest, path_of
 from tests.integration.kubelet_helpers import BUNDLE, KEEP_RUNNING, TRUST, certificates_in
 from tests.integration.test_chart import kustomize
@@ -105,14 +105,8 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
     session's carries earlier modules' leftovers (pods bound to nodes whose kubelets are gone,
     Services and pods named as the example pair's in `shop`), which a Deployment's pods could be
     scheduled beside or mistaken for."""
-    root = tmp_path_factory.mktemp("devcluster-incluster")
-    state = cluster.up(root, progress=lambda line: print(line, flush=True))
-    try:
-        handle = DevCluster(root, state)
+    with running(tmp_path_factory.mktemp("devcluster-incluster")) as handle:
         yield handle
-        handle.admin.close()
-    finally:
-        cluster.down(root)
 
 
 @pytest.fixture(scope="module")
