@@ -126,27 +126,6 @@ def real_kubelet(devcluster: DevCluster) -> Iterator[Kubelet]:
         kubelet.stop()
 
 
-def fresh_namespace(rest: Rest, namespace: str) -> None:
-    """No `namespace` left from an earlier module: test_end_to_end leaves pods named `api` and
-    `web` in `shop`, bound to a node whose kubelet is gone, which would never run and never go
-    away gracefully (no kubelet confirms their deletion). Start as a fresh cluster would."""
-    pods = rest.request("GET", path_of("v1", "pods", namespace)).get("items") or []
-    for pod in pods:
-        with contextlib.suppress(ApiError):
-            rest.request(
-                "DELETE",
-                path_of("v1", "pods", namespace, pod["metadata"]["name"]),
-                query={"gracePeriodSeconds": 0},
-            )
-    with contextlib.suppress(ApiError):
-        rest.request("DELETE", path_of("v1", "namespaces", None, namespace))
-    eventually(
-        lambda: rest.get(path_of("v1", "namespaces", None, namespace)) is None,
-        timeout=120,
-        what=f"namespace {namespace} gone",
-    )
-
-
 @pytest.fixture(scope="module")
 def in_cluster(
     devcluster: DevCluster, real_kubelet: Kubelet, tmp_path_factory: pytest.TempPathFactory
@@ -159,12 +138,8 @@ def in_cluster(
         archive.unlink()
     docs = kustomize(MANIFESTS / "examples" / "mtls")  # the signer's base, then the pair
     rest = Rest(devcluster.admin)
-    fresh_namespace(rest, SHOP)
     incluster.schedulable(rest, real_kubelet.name)
-    with (
-        incluster.only_node(rest, real_kubelet.name),
-        incluster.api_server_for_pods(devcluster.state),
-    ):
+    with incluster.api_server_for_pods(devcluster.state):
         server_side_apply(rest, docs)
         try:
             yield rest
