@@ -9,8 +9,9 @@ Where KUBEBUILDER_ASSETS names a folder that already holds both binaries (the co
 envtest convention), those are used and nothing is built.
 
 The tests' own Go programs (tests/interop/<name>: each a module with its go.mod and go.sum, e.g.
-the go-spiffe conformance checker) are built here too, into the same cache, keyed by their
-sources' hash so an edit rebuilds them (SPIRE's server and agent: `devcluster.spire`).
+the go-spiffe conformance checker and the reference program the differential tests ask) are built
+here too, into the same cache, keyed by their sources' hash so an edit rebuilds them (SPIRE's
+server and agent: `devcluster.spire`).
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ KUBERNETES_BINARIES = (*CONTROL_PLANE, REAL_KUBELET, HOLLOW_KUBELET, KUBE_PROXY)
 
 Progress = Callable[[str], None]
 
-# Go programs kept with the tests, each its own module (`ensure_interop`).
+# Go programs kept with the tests, each its own module (`ensure_interop`): go-spiffe's
+# conformance checker, and the reference implementations (client-go, apimachinery, encoding/pem,
+# go-spiffe's spiffeid, x/net's httpproxy) that podcert's plumbing is differentially tested against.
 INTEROP_ROOT = Path(__file__).resolve().parent.parent / "tests" / "interop"
-INTEROP_PROGRAMS = ("gospiffe",)
+INTEROP_PROGRAMS = ("gospiffe", "reference")
 
 
 class BuildError(RuntimeError):
