@@ -2,11 +2,14 @@
 
 A clusterTrustBundle source picks bundles by signer name and label selector; `pods` reads the
 selector with `parse_selector` and the shim matches each bundle's labels with `matches_selector`.
+What is valid and what matches are apimachinery's (`metav1.LabelSelectorAsSelector`, label keys
+as qualified names, values as label values), pinned by tests/integration/test_reference_selectors.py.
 Pure.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
@@ -15,6 +18,42 @@ from podcert.api.fields import ErrorKind, Report, is_map, string
 
 Operator = Literal["In", "NotIn", "Exists", "DoesNotExist"]
 OPERATORS: Final[tuple[Operator, ...]] = get_args(Operator)
+
+
+# apimachinery's validation.IsQualifiedName and IsValidLabelValue, character for character.
+_NAME: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+MAX_NAME: Final = 63  # a key's name part, and a value
+MAX_PREFIX: Final = 253  # a key's DNS subdomain prefix
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` is not a label key (`[prefix/]name`), or None when it is one."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and "/" in prefix:
+        return "must be a name with at most one '/' (prefix/name)"
+    if slash and not prefix:
+        return "prefix part must be non-empty"
+    if prefix and (len(prefix) > MAX_PREFIX or _SUBDOMAIN.fullmatch(prefix) is None):
+        return f"prefix part must be a lowercase DNS subdomain of at most {MAX_PREFIX} characters"
+    if not name:
+        return "name part must be non-empty"
+    if len(name) > MAX_NAME or _NAME.fullmatch(name) is None:
+        return (
+            f"name part must be at most {MAX_NAME} alphanumeric characters, '-', '_' or '.', "
+            "starting and ending with an alphanumeric character"
+        )
+    return None
+
+
+def value_problem(value: str) -> str | None:
+    """Why `value` is not a label value (empty, or a name part), or None when it is one."""
+    if value and (len(value) > MAX_NAME or _NAME.fullmatch(value) is None):
+        return (
+            f"must be empty or at most {MAX_NAME} alphanumeric characters, '-', '_' or '.', "
+            "starting and ending with an alphanumeric character"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -48,6 +87,10 @@ def parse_selector(raw: object, path: str, report: Report) -> LabelSelector | No
     raw_labels = raw.get("matchLabels") or {}
     if is_map(raw_labels) and all(isinstance(v, str) for v in raw_labels.values()):
         labels = sorted((k, str(v)) for k, v in raw_labels.items())
+        for key, value in labels:
+            for problem in (key_problem(key), value_problem(value)):
+                if problem is not None:
+                    counted("Invalid", f"{path}.matchLabels", f"{key!r}: {problem}")
     else:
         counted("Invalid", f"{path}.matchLabels", "must map strings to strings")
 
@@ -84,7 +127,13 @@ def _parse_requirement(report: Report, raw: object, path: str) -> Requirement | 
         report("Invalid", f"{path}.values", "must be a list of strings")
         return None
     values = tuple(str(v) for v in raw_values)
-    if key is None or operator is None:
+    problems = [f"{value!r}: {p}" for value in values if (p := value_problem(value)) is not None]
+    for problem in problems:
+        report("Invalid", f"{path}.values", problem)
+    if key is not None and (problem := key_problem(key)) is not None:
+        report("Invalid", f"{path}.key", f"{key!r}: {problem}")
+        return None
+    if key is None or operator is None or problems:
         return None
     if operator in ("In", "NotIn") and not values:
         report("Required", f"{path}.values", f"must be non-empty for {operator}")
