@@ -2,8 +2,8 @@
 
 A clusterTrustBundle source picks bundles by signer name and label selector; `pods` reads the
 selector with `parse_selector` and the shim matches each bundle's labels with `matches_selector`.
-What is valid and what matches are apimachinery's (`metav1.LabelSelectorAsSelector`, label keys
-as qualified names, values as label values), pinned by tests/integration/test_reference_selectors.py.
+What is valid and what matches are apimachinery's (`metav1.LabelSelectorAsSelector`: keys are
+qualified names, values label values), pinned by tests/integration/test_reference_selectors.py.
 Pure.
 """
 
@@ -130,8 +130,8 @@ def _parse_requirement(report: Report, raw: object, path: str) -> Requirement | 
     problems = [f"{value!r}: {p}" for value in values if (p := value_problem(value)) is not None]
     for problem in problems:
         report("Invalid", f"{path}.values", problem)
-    if key is not None and (problem := key_problem(key)) is not None:
-        report("Invalid", f"{path}.key", f"{key!r}: {problem}")
+    if key is not None and (bad_key := key_problem(key)) is not None:
+        report("Invalid", f"{path}.key", f"{key!r}: {bad_key}")
         return None
     if key is None or operator is None or problems:
         return None
