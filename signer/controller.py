@@ -106,7 +106,7 @@ class Controller:
         self._held_logged = float("-inf")
         self._lock = threading.Lock()
         self._store: dict[Key, JSON] = {}  # unsettled requests, latest seen
-        self._services: dict[str, dict[str, dict[str, str]]] = {}  # ns -> name -> selector
+        self._services: dict[str, dict[str, Mapping[str, str]]] = {}  # ns -> name -> selector
         # When each unsettled request was first seen (self.monotonic): it was made before then.
         self._seen: dict[Key, float] = {}
         # Set once every signer name's first list of requests came in: the caches list only
@@ -231,14 +231,14 @@ class Controller:
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
-    def _on_service_list(self, items: Iterable[JSON]) -> None:
-        services: dict[str, dict[str, dict[str, str]]] = {}
+    def _on_service_list(self, items: Iterable[objects.ServiceShape]) -> None:
+        services: dict[str, dict[str, Mapping[str, str]]] = {}
         for obj in items:
             _index_service(services, obj, present=True)
         with self._lock:
             self._services = services
 
-    def _on_service_event(self, kind: str, obj: JSON) -> None:
+    def _on_service_event(self, kind: str, obj: objects.ServiceShape) -> None:
         with self._lock:
             _index_service(self._services, obj, present=kind != "DELETED")
 
@@ -337,10 +337,11 @@ class Controller:
     def facts(self, request: model.Request, seen_at: float) -> model.Facts:
         """The request's pod, node and service account as they were at least when it was seen
         (`seen_at`, on self.monotonic: `signer.fresh`), its Service names and the CA."""
-        pod, node, sa = self.bindings.read(request, seen_at)
-        names: frozenset[str] = frozenset()
         dns = self.policy.for_signer(request.signer_name).dns
+        pod, node, sa = self.bindings.read(request, seen_at, labels=dns.services)
+        names: frozenset[str] = frozenset()
         if pod is not None and dns.services:
+            assert pod.labels is not None  # read whole when the cache did not keep them
             with self._lock:
                 services = dict(self._services.get(request.namespace, {}))
             names = objects.service_names(services, pod.namespace, pod.labels, dns.cluster_domain)
@@ -456,15 +457,16 @@ def _key(obj: Mapping[str, Any]) -> Key | None:
 
 
 def _index_service(
-    index: dict[str, dict[str, dict[str, str]]], obj: Mapping[str, Any], *, present: bool
+    index: dict[str, dict[str, Mapping[str, str]]], obj: objects.ServiceShape, *, present: bool
 ) -> None:
-    meta = obj.get("metadata") or {}
-    namespace, name = meta.get("namespace"), meta.get("name")
-    if not isinstance(namespace, str) or not isinstance(name, str):
+    """Keep the Service's selector when it gives its name to pods (`objects.service_selector`),
+    drop it when it is gone or gives its name to none (a type changed to ExternalName)."""
+    namespace, name = obj.metadata.namespace, obj.metadata.name
+    if not namespace or not name:
         return
-    selector = (obj.get("spec") or {}).get("selector") or {}
-    if present and isinstance(selector, Mapping) and selector:
-        index.setdefault(namespace, {})[name] = {str(k): str(v) for k, v in selector.items()}
+    selector = objects.service_selector(obj) if present else None
+    if selector is not None:
+        index.setdefault(namespace, {})[name] = selector
     else:
         index.get(namespace, {}).pop(name, None)
 

@@ -16,6 +16,11 @@ for it:
 
 Changes after the request was made are not waited for, as in the kubelet: the cache catches them
 when it can. What a cache would deny on is read live in any case (`Bindings.read`).
+
+A pod's labels are kept only while small (`signer.objects.LABELS_KEPT`), in the cache and among
+the kept live answers alike, so no tenant's labels grow the signer past a bound per pod. A
+decision that needs labels the pod's entry does not hold reads that pod live, which is as fresh
+as any read above, and uses the whole answer for itself only.
 """
 
 from __future__ import annotations
@@ -61,10 +66,11 @@ class Fresh(Generic[K, V]):
         monotonic: Callable[[], float],
         on_read: Callable[[], None] = lambda: None,
         kept: int = KEPT,
+        keep: Callable[[V | None], V | None] = lambda value: value,
     ) -> None:
         self.cache = cache
         self._read, self._monotonic, self._on_read = read, monotonic, on_read
-        self._kept = kept
+        self._kept, self._keep = kept, keep
         self._lock = threading.Lock()
         self._answers: dict[K, tuple[float, V | None]] = {}  # key -> (asked at, answer)
 
@@ -82,14 +88,16 @@ class Fresh(Generic[K, V]):
         return self.read(key), False
 
     def read(self, key: K) -> V | None:
-        """Read live (the answer is kept for requests seen before now)."""
+        """Read live: the answer whole; `keep` of it is kept for requests seen before now."""
         asked = self._monotonic()
         value = self._read(key)
         self._on_read()
         with self._lock:
             kept = self._answers.pop(key, None)
             # Two workers may read one key at once: the answer asked for later stays.
-            self._answers[key] = kept if kept is not None and kept[0] > asked else (asked, value)
+            if kept is None or kept[0] <= asked:
+                kept = (asked, self._keep(value))
+            self._answers[key] = kept
             if len(self._answers) > self._kept:
                 del self._answers[next(iter(self._answers))]
         return value
@@ -141,7 +149,11 @@ class Bindings:
             objects.service_account_from,
         )
         self.fresh_pods: Fresh[Key, model.Pod] = Fresh(
-            self.pods, self._read_pod, monotonic, live_reads.labels(resource="pods").inc
+            self.pods,
+            self._read_pod,
+            monotonic,
+            live_reads.labels(resource="pods").inc,
+            keep=objects.kept,
         )
         self.fresh_nodes: Fresh[str, model.Node] = Fresh(
             self.nodes, self._read_node, monotonic, live_reads.labels(resource="nodes").inc
@@ -158,14 +170,18 @@ class Bindings:
         return (self.pods, self.nodes, self.service_accounts)
 
     def read(
-        self, request: model.Request, seen_at: float
+        self, request: model.Request, seen_at: float, *, labels: bool = False
     ) -> tuple[model.Pod | None, model.Node | None, model.ServiceAccount | None]:
         """The request's pod, node and ServiceAccount as they were at least at `seen_at`. When
         decide's binding checks would find a problem in them, those that came from a cache are
-        read live, so that no request is denied on a cache that lags behind the API server."""
+        read live, so that no request is denied on a cache that lags behind the API server.
+        With `labels`, the pod (when it exists) comes with its labels whole: read live when
+        its entry does not hold them."""
         pod_key = (request.namespace, request.pod_name)
         sa_key = (request.namespace, request.service_account_name)
         pod, pod_cached = self.fresh_pods.get(pod_key, seen_at)
+        if labels and pod is not None and pod.labels is None:
+            pod, pod_cached = self.fresh_pods.read(pod_key), False
         node, node_cached = self.fresh_nodes.get(request.node_name, seen_at)
         sa, sa_cached = self.fresh_service_accounts.get(sa_key, seen_at)
         if binding_problem(request, model.Facts(pod, node, sa)) is not None:
@@ -176,7 +192,7 @@ class Bindings:
 
     def _read_pod(self, key: Key) -> model.Pod | None:
         found = self.kube.get_pod(*key)
-        return objects.pod_from(found) if found else None
+        return objects.pod_from(found, whole=True) if found else None
 
     def _read_node(self, name: str) -> model.Node | None:
         found = self.kube.get_node(name)

@@ -25,6 +25,7 @@ from podcert.api.events import ObjectRef, event_body
 from podcert.api.versions import group_version
 from podcert.discovery import certificates_versions
 from podcert.rest import JSON, ApiError, Rest, path_of
+from signer.objects import ServiceShape
 
 log = logging.getLogger("podcert.signer")
 
@@ -151,11 +152,13 @@ class SignerKube:
     def watch_all(self, resource: str, resource_version: str, shape: type[Any]) -> Iterator[JSON]:
         return self.rest.watch(path_of("v1", resource), resource_version, shape=shape)
 
-    def list_services(self) -> tuple[Iterator[JSON], str]:
-        return self.rest.list(path_of("v1", "services"))
+    def list_services(self) -> tuple[Iterator[ServiceShape], str]:
+        """Every Service, as its key, type and selector (nothing else is decoded)."""
+        return self.rest.list(path_of("v1", "services"), ServiceShape)
 
     def watch_services(self, resource_version: str) -> Iterator[JSON]:
-        return self.rest.watch(path_of("v1", "services"), resource_version)
+        """Events whose objects are `ServiceShape`s."""
+        return self.rest.watch(path_of("v1", "services"), resource_version, shape=ServiceShape)
 
     # --- events ----------------------------------------------------------------------------
 

@@ -107,7 +107,9 @@ class Pod(msgspec.Struct, frozen=True, gc=False):
     service_account_name: str
     phase: str = "Pending"
     deleting: bool = False
-    labels: Mapping[str, str] = msgspec.field(default_factory=dict)
+    # None: more labels than a cache keeps (`signer.objects.LABELS_KEPT`); read the pod live
+    # when they are needed.
+    labels: Mapping[str, str] | None = msgspec.field(default_factory=dict)
 
 
 class Node(msgspec.Struct, frozen=True, gc=False):

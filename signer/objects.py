@@ -7,6 +7,14 @@ The signer caches every pod, node and ServiceAccount of the cluster, so those th
 from shapes (`PodShape`...: the few fields the signer needs, decoded from a list page or a watch
 event with everything else skipped), and their values share what repeats between objects
 (namespaces, node and account names, phases, label sets) instead of holding a copy each.
+
+A pod's labels are the one field a tenant can make as large as the pod itself (Kubernetes bounds
+each label, not their number), so a cached pod is bounded whatever its labels: it holds them
+only while their JSON is at most `LABELS_KEPT` bytes. A shape reads them as raw JSON and measures
+that before decoding, so a larger map is never built at all; the pod then holds None, "not
+kept", and the one decision that reads labels (`dnsNames.services`) reads that pod live, whole,
+for itself only (`signer.fresh.Bindings.read`). The bound decides only where labels come from,
+never what a decision sees.
 """
 
 from __future__ import annotations
@@ -91,7 +99,8 @@ class _Meta(msgspec.Struct, frozen=True, gc=False):
 
 
 class _PodMeta(_Meta, frozen=True, gc=False):
-    labels: dict[str, str] | None = None
+    # Raw: measured before it is decoded (`_labels`), and never decoded when over the bound.
+    labels: msgspec.Raw = msgspec.Raw(b"null")
     deletionTimestamp: str | None = None
 
 
@@ -144,18 +153,41 @@ def name_of(obj: Mapping[str, Any] | Shape) -> str | None:
 
 # --- the cached values ---------------------------------------------------------------------------
 
+LABELS_KEPT: Final = 2048
+"""The largest label map a cached pod holds, in bytes of JSON as the API server writes it (the
+labels of the workloads seen in practice take a few hundred). A larger one is not kept: read
+live when a decision needs it."""
 _NO_LABELS: Final[Mapping[str, str]] = MappingProxyType({})
 _LABEL_SETS_MAX: Final = 1 << 16
 _label_sets: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
+_LABELS: Final = msgspec.json.Decoder(dict[str, str] | None)
 
 
-def _labels(raw: object) -> Mapping[str, str]:
-    """One shared, read-only mapping per distinct label set (the pods of a ReplicaSet share
-    theirs). The table of known sets is emptied when it grows past a bound, never grown without
-    one: mappings already handed out stay valid, later pods just share afresh."""
+def labels_size(labels: Mapping[str, str]) -> int:
+    """The bytes of `labels` as JSON without spaces (`{"k":"v",...}`), as the API server writes
+    them: a label's key and value never need escaping."""
+    return 1 + sum(len(k) + len(v) + 6 for k, v in labels.items()) if labels else 2
+
+
+def _labels(raw: object, *, whole: bool = False) -> Mapping[str, str] | None:
+    """A pod's labels as a read-only mapping, or None when they are over `LABELS_KEPT` and not
+    `whole` (raw JSON that long is not even decoded). Label sets that fit are shared, one mapping
+    per distinct set (the pods of a ReplicaSet share theirs); the table of known sets is emptied
+    when it grows past a bound, never grown without one: mappings already handed out stay valid,
+    later pods just share afresh. A `whole` set over the bound is the caller's alone."""
+    if isinstance(raw, msgspec.Raw):
+        if len(raw) > LABELS_KEPT and not whole:
+            return None
+        try:
+            raw = _LABELS.decode(raw)
+        except msgspec.DecodeError as err:
+            raise ObjectError(f"metadata.labels: {err}") from None
     if not isinstance(raw, Mapping) or not raw:
         return _NO_LABELS
-    items = tuple(sorted((str(k), str(v)) for k, v in raw.items()))
+    labels = {str(k): str(v) for k, v in raw.items()}
+    if labels_size(labels) > LABELS_KEPT:
+        return MappingProxyType(labels) if whole else None
+    items = tuple(sorted(labels.items()))
     found = _label_sets.get(items)
     if found is None:
         if len(_label_sets) >= _LABEL_SETS_MAX:
@@ -165,13 +197,22 @@ def _labels(raw: object) -> Mapping[str, str]:
     return found
 
 
+def kept(pod: model.Pod | None) -> model.Pod | None:
+    """`pod` as a cache keeps it: without its labels when they are over `LABELS_KEPT`."""
+    if pod is None or pod.labels is None or labels_size(pod.labels) <= LABELS_KEPT:
+        return pod
+    return msgspec.structs.replace(pod, labels=None)
+
+
 def _required(value: object, path: str) -> str:
     if not isinstance(value, str) or not value:
         raise ObjectError(f"{path}: expected a non-empty string, got {type(value).__name__}")
     return value
 
 
-def pod_from(obj: Mapping[str, Any] | PodShape) -> model.Pod:
+def pod_from(obj: Mapping[str, Any] | PodShape, *, whole: bool = False) -> model.Pod:
+    """The signer's view of a pod; its labels None when over `LABELS_KEPT`, unless `whole`
+    (a live read for one decision, never kept)."""
     if isinstance(obj, PodShape):
         shaped = obj.metadata
         return model.Pod(
@@ -182,7 +223,7 @@ def pod_from(obj: Mapping[str, Any] | PodShape) -> model.Pod:
             service_account_name=sys.intern(obj.spec.serviceAccountName or "default"),
             phase=sys.intern(obj.status.phase or "Pending"),
             deleting=bool(shaped.deletionTimestamp),
-            labels=_labels(shaped.labels),
+            labels=_labels(shaped.labels, whole=whole),
         )
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     return model.Pod(
@@ -195,7 +236,7 @@ def pod_from(obj: Mapping[str, Any] | PodShape) -> model.Pod:
         ),
         phase=sys.intern(_str(status, "phase", required=False) or "Pending"),
         deleting=bool(meta.get("deletionTimestamp")),
-        labels=_labels(meta.get("labels")),
+        labels=_labels(meta.get("labels"), whole=whole),
     )
 
 
@@ -263,6 +304,41 @@ def settled_status(
     """The object to PUT to /status for a Denied or Failed request."""
     generation = (pcr.get("metadata") or {}).get("generation")
     return {**pcr, "status": {"conditions": [_condition(kind, reason, message, now, generation)]}}
+
+
+# --- Services: what gives a pod its DNS names --------------------------------------------------
+
+ROUTING_SERVICE_TYPES: Final = frozenset({"ClusterIP", "NodePort", "LoadBalancer"})
+"""The Service types whose name leads to the pods their selector picks (a headless Service is a
+ClusterIP one with clusterIP None: its name resolves to the pods themselves). An ExternalName
+Service's name is a CNAME to somewhere else, whatever selector it carries; a type this list does
+not know gives no name either."""
+
+
+class _ServiceSpec(msgspec.Struct, frozen=True, gc=False):
+    type: Any = "ClusterIP"  # the API server's default, stored on every Service it admits
+    selector: Any = None
+
+
+class ServiceShape(msgspec.Struct, frozen=True, gc=False):
+    """What the signer reads of a Service: its key, version, type and selector (annotations,
+    ports and the rest are skipped unread)."""
+
+    metadata: _Meta = _Meta()
+    spec: _ServiceSpec = _ServiceSpec()
+
+
+def service_selector(obj: ServiceShape) -> Mapping[str, str] | None:
+    """The selector by which a Service gives its DNS name to pods, or None when it gives its
+    name to none: a type that does not route to its pods (`ROUTING_SERVICE_TYPES`), or no
+    selector (its endpoints are managed by hand), or one that is not a map of strings."""
+    spec = obj.spec
+    if spec.type not in ROUTING_SERVICE_TYPES or not isinstance(spec.selector, Mapping):
+        return None
+    selector = spec.selector
+    if not selector or not all(isinstance(v, str) for v in selector.values()):
+        return None
+    return {str(k): v for k, v in selector.items()}
 
 
 def service_names(

@@ -9,21 +9,33 @@ issued (tests/integration/test_signer_facts.py, "service account deleted", under
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import threading
 from collections.abc import Iterator
 from typing import Any, cast
 
+import msgspec
+
 from podcert.reflector import Reflector
-from signer import model
+from signer import model, objects
 from signer.castore import CAStore
 from signer.controller import Controller, utcnow
 from signer.decide import decide
 from signer.fresh import Fresh
 from signer.kube import SignerKube
 from signer.metrics import Metrics
-from signer.policy import default_policy
-from tests.signer_world import NOW, POLICY, SIGNER, LiveKube, make_request
+from signer.policy import Policy, default_policy
+from tests.signer_world import (
+    ISSUER,
+    NOW,
+    POLICY,
+    SERVICES_DNS,
+    SIGNER,
+    LiveKube,
+    make_request,
+)
 
 
 class Clock:
@@ -289,3 +301,118 @@ def test_a_signer_names_relist_keeps_the_others_requests_and_first_seen_times() 
         ("web", "c"): 30.0,
         ("web", "d"): 40.0,
     }
+
+
+# --- issue 24: labels a cache does not keep are read live, whole, for that decision only -------
+
+HUGE = {f"tenant.example/k{i:05d}": "v" * 40 for i in range(3000)} | {"app": "api"}
+
+
+class LabelledKube(LiveKube):
+    """The live pod carries `labels`."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        super().__init__()
+        self.labels = labels
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        found = super().get_pod(namespace, name)
+        assert found is not None
+        found["metadata"]["labels"] = self.labels
+        return found
+
+    def list_services(self) -> Any:
+        raise AssertionError("the tests hand the Services in")
+
+    watch_services = list_services
+
+
+def services_controller(kube: object, clock: Clock) -> Controller:
+    k = cast(SignerKube, kube)
+    ctrl = Controller(
+        k,
+        [SIGNER],
+        Policy({SIGNER: SERVICES_DNS}),
+        CAStore(k, "podcert-system", "podcert-ca", utcnow),
+        Metrics(),
+        monotonic=clock,
+    )
+    ctrl._on_service_list(
+        [
+            msgspec.json.decode(
+                json.dumps(
+                    {
+                        "metadata": {"namespace": "web", "name": name},
+                        "spec": {"type": kind, "selector": selector},
+                    }
+                ),
+                type=objects.ServiceShape,
+            )
+            for name, kind, selector in [
+                ("api", "ClusterIP", {"app": "api"}),
+                ("deep", "ClusterIP", {"tenant.example/k02999": "v" * 40}),
+                ("out", "ExternalName", {"app": "api"}),
+                ("other", "ClusterIP", {"app": "db"}),
+            ]
+        ]
+    )
+    return ctrl
+
+
+def test_a_pod_whose_labels_the_cache_does_not_keep_is_read_live_for_its_names() -> None:
+    live = LabelledKube(HUGE)
+    ctrl = services_controller(live, Clock(100.0))
+    stale_caches(ctrl, listed_at=50.0)
+    pod = live.get_pod("web", "api-0")
+    live.reads.clear()
+    ctrl.bindings.pods._on_event("MODIFIED", pod)
+    assert (cached := ctrl.bindings.pods.get(("web", "api-0"))) is not None
+    assert cached.labels is None, "the cache keeps no labels this large"
+
+    facts = ctrl.facts(make_request(), seen_at=40.0)  # a backlog: the cache is fresh enough
+    assert live.reads == ["pod"]
+    assert facts.service_dns_names == {
+        "api.web.svc",
+        "api.web.svc.cluster.local",
+        "deep.web.svc",
+        "deep.web.svc.cluster.local",
+    }
+    decision = decide(make_request(), dataclasses.replace(facts, ca=ISSUER), SERVICES_DNS, NOW)
+    assert isinstance(decision, model.Issue)
+    assert "deep.web.svc" in decision.plan.dns_names
+    answer = ctrl.bindings.fresh_pods.get(("web", "api-0"), seen_at=40.0)[0]
+    assert answer is not None and answer.labels is None, "the live answer kept without them"
+
+
+def test_a_live_read_gives_the_decision_every_label_and_keeps_none_over_the_bound() -> None:
+    """In steady state each request's pod is read live: one GET gives the names."""
+    live = LabelledKube(HUGE)
+    ctrl = services_controller(live, Clock(100.0))
+    stale_caches(ctrl, listed_at=50.0)
+    facts = ctrl.facts(make_request(), seen_at=60.0)
+    assert live.reads == ["pod", "node", "serviceaccount"]
+    assert "deep.web.svc" in facts.service_dns_names
+    kept = ctrl.bindings.fresh_pods._answers[("web", "api-0")][1]
+    assert kept is not None and kept.labels is None
+
+
+def test_small_labels_come_from_the_cache_with_no_live_read() -> None:
+    live = LabelledKube({"app": "api"})
+    ctrl = services_controller(live, Clock(100.0))
+    stale_caches(ctrl, listed_at=50.0)
+    ctrl.bindings.pods._on_event("MODIFIED", live.get_pod("web", "api-0"))
+    live.reads.clear()
+    facts = ctrl.facts(make_request(), seen_at=40.0)
+    assert live.reads == []
+    assert facts.service_dns_names == {"api.web.svc", "api.web.svc.cluster.local"}
+
+
+def test_without_service_names_a_pod_without_kept_labels_costs_no_read() -> None:
+    live = LabelledKube(HUGE)
+    ctrl = controller(live, [SIGNER], Clock(100.0))
+    stale_caches(ctrl, listed_at=50.0)
+    ctrl.bindings.pods._on_event("MODIFIED", live.get_pod("web", "api-0"))
+    live.reads.clear()
+    facts = ctrl.facts(make_request(), seen_at=40.0)
+    assert live.reads == []
+    assert facts.pod is not None and facts.service_dns_names == frozenset()

@@ -163,3 +163,112 @@ def test_nodes_and_service_accounts_read_as_shapes() -> None:
         type=objects.ServiceAccountShape,
     )
     assert objects.service_account_from(sa) == model.ServiceAccount("shop", "web", "s1")
+
+
+# --- issue 24: a pod's labels are kept only while small; Services give names by type ----------
+
+HUGE_LABELS = {f"tenant.example/k{i:05d}": "v" * 40 for i in range(7000)}
+
+
+def pod_json(labels: Any) -> bytes:
+    """A pod as the API server writes it (no spaces)."""
+    body = {**POD, "metadata": {**POD["metadata"], "labels": labels}}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def test_labels_size_is_the_bytes_the_api_server_writes() -> None:
+    for labels in ({}, {"app": "web"}, {"app": "web", "tier": "front"}, HUGE_LABELS):
+        assert objects.labels_size(labels) == len(json.dumps(labels, separators=(",", ":")))
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda body: msgspec.json.decode(body, type=objects.PodShape), id="shape"),
+        pytest.param(lambda body: json.loads(body), id="dict"),
+    ],
+)
+def test_a_pod_holds_its_labels_only_up_to_the_bound(read: Any) -> None:
+    def labels_at(size: int) -> dict[str, str]:
+        """One label whose map is `size` bytes of JSON."""
+        return {"k": "v" * (size - len('{"k":""}'))}
+
+    at_bound = labels_at(objects.LABELS_KEPT)
+    assert objects.pod_from(read(pod_json(at_bound))).labels == at_bound
+    assert objects.pod_from(read(pod_json(labels_at(objects.LABELS_KEPT + 1)))).labels is None
+    pod = objects.pod_from(read(pod_json(HUGE_LABELS)))
+    assert pod.labels is None
+    assert (pod.namespace, pod.name, pod.uid, pod.node_name) == (
+        "shop",
+        "web-1",
+        "pod-uid",
+        "node-a",
+    )
+
+
+def test_labels_over_the_bound_are_never_decoded_from_a_shape() -> None:
+    """Not even read as strings: a map of numbers this large fails nothing, and builds nothing."""
+    numbers = {f"k{i:05d}": i for i in range(1000)}
+    shape = msgspec.json.decode(pod_json(numbers), type=objects.PodShape)
+    assert objects.pod_from(shape).labels is None
+    wrong = msgspec.json.decode(pod_json({"app": 1}), type=objects.PodShape)
+    with pytest.raises(objects.ObjectError, match=r"metadata\.labels"):
+        objects.pod_from(wrong)
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda body: msgspec.json.decode(body, type=objects.PodShape), id="shape"),
+        pytest.param(lambda body: json.loads(body), id="dict"),
+    ],
+)
+def test_a_pod_read_whole_has_every_label_and_kept_drops_them(read: Any) -> None:
+    whole = objects.pod_from(read(pod_json(HUGE_LABELS)), whole=True)
+    assert whole.labels == HUGE_LABELS
+    kept = objects.kept(whole)
+    assert kept is not None and kept.labels is None
+    assert msgspec.structs.replace(kept, labels=whole.labels) == whole
+    small = objects.pod_from(POD, whole=True)
+    assert objects.kept(small) is small
+    assert objects.kept(None) is None
+
+
+def service(type_: str | None, selector: Any, **spec: Any) -> objects.ServiceShape:
+    body: dict[str, Any] = {"selector": selector, **spec}
+    if type_ is not None:
+        body["type"] = type_
+    obj = {"metadata": {"namespace": "shop", "name": "api", "resourceVersion": "9"}, "spec": body}
+    return msgspec.json.decode(json.dumps(obj), type=objects.ServiceShape)
+
+
+@pytest.mark.parametrize(
+    ("shape", "gives"),
+    [
+        pytest.param(service("ClusterIP", {"app": "api"}), True, id="ClusterIP gives its name"),
+        pytest.param(
+            service("ClusterIP", {"app": "api"}, clusterIP="None"),
+            True,
+            id="headless gives its name",
+        ),
+        pytest.param(service("NodePort", {"app": "api"}), True, id="NodePort gives its name"),
+        pytest.param(
+            service("LoadBalancer", {"app": "api"}), True, id="LoadBalancer gives its name"
+        ),
+        pytest.param(service(None, {"app": "api"}), True, id="no type is ClusterIP"),
+        pytest.param(
+            service("ExternalName", {"app": "api"}, externalName="evil.example"),
+            False,
+            id="ExternalName with a selector gives no name",
+        ),
+        pytest.param(service("Tunnel", {"app": "api"}), False, id="an unknown type gives none"),
+        pytest.param(service("ClusterIP", None), False, id="no selector gives none"),
+        pytest.param(service("ClusterIP", {}), False, id="an empty selector gives none"),
+        pytest.param(service("ClusterIP", {"app": 1}), False, id="a broken selector gives none"),
+        pytest.param(service("ClusterIP", ["app"]), False, id="a selector not a map gives none"),
+    ],
+)
+def test_only_services_that_route_to_their_pods_give_names(
+    shape: objects.ServiceShape, gives: bool
+) -> None:
+    assert objects.service_selector(shape) == ({"app": "api"} if gives else None)
