@@ -101,13 +101,32 @@ def _error(status: int, data: bytes) -> ApiError:
     return cls(status, reason or "Error", message)
 
 
+def _object(data: bytes, method: str, path: str) -> JSON:
+    """A 2xx answer's body: a JSON object (an empty body is an empty one)."""
+    if not data:
+        return {}
+    try:
+        result: JSON = _DICT.decode(data)
+    except msgspec.DecodeError:
+        raise ApiError(
+            0, "BadResponse", f"{method} {path}: the answer is not a JSON object"
+        ) from None
+    return result
+
+
 class Rest:
     """GET/POST/PUT/PATCH/DELETE and WATCH on API paths, with dict bodies.
 
     Bodies are encoded once, by msgspec, and requests written whole on a kept-alive connection
     (`podcert.transport`); the bearer token, when there is one, comes from the settings' token
     source on every request (it re-reads a rotated file itself). Safe to share between threads:
-    each request takes a connection of its own from the pool."""
+    each request takes a connection of its own from the pool.
+
+    Every failure of a request is an ApiError: the server's status and reason, or status 0 with
+    reason Unavailable (no answer, or it broke off: a write may or may not have been applied,
+    and is never sent twice by this client) or BadResponse (an answer that is not HTTP/1.1 as
+    h11 reads it, or a body that is not the JSON asked for). A token source that hands out what
+    is not a header value is a ClientConfigError."""
 
     def __init__(
         self, client: HasClientSettings, timeout: float = 30.0, user_agent: str = USER_AGENT
@@ -138,7 +157,12 @@ class Rest:
         head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
         token = self.settings.token
         if token is not None:
-            head += f"Authorization: Bearer {token()}\r\n".encode("latin-1")
+            value = token()
+            if not (value.isascii() and value.isprintable()):
+                # Token sources check this at load; one that did not is refused, not sent.
+                where = self.settings.source or "the client settings"
+                raise ClientConfigError(f"{where}: the bearer token is not one line of ASCII")
+            head += f"Authorization: Bearer {value}\r\n".encode("ascii")
         if length is not None:
             head += f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n".encode(
                 "latin-1"
@@ -155,7 +179,8 @@ class Rest:
         timeout: float | tuple[float, float] | None,
     ) -> transport.Response:
         """The answer, its body not read yet (watches stream it). Raises ApiError(0,
-        "Unavailable") when the API server cannot be reached or breaks off."""
+        "Unavailable") when the API server cannot be reached or breaks off, ApiError(0,
+        "BadResponse") when its answer is not HTTP/1.1."""
         target = self._endpoint.prefix + path
         if query:
             target += "?" + urlencode(
@@ -171,6 +196,10 @@ class Rest:
             raise self._unavailable(err) from None
 
     def _unavailable(self, err: OSError) -> ApiError:
+        if isinstance(err, transport.ProtocolError):
+            return ApiError(
+                0, "BadResponse", f"the API server at {self._endpoint.where} answered {err}"
+            )
         if isinstance(err, ssl.SSLCertVerificationError):
             cause = f"certificate verify failed: {err.verify_message}"
         elif isinstance(err, TimeoutError):
@@ -204,8 +233,7 @@ class Rest:
         data = self._body(resp)
         if not 200 <= resp.status < 300:
             raise _error(resp.status, data)
-        result: JSON = _DICT.decode(data) if data else {}
-        return result
+        return _object(data, method, path)
 
     def write(self, method: str, path: str, *, body: Any) -> None:
         """A write whose answer the caller does not use: its status checked (an ApiError as
@@ -326,8 +354,9 @@ class Rest:
                         continue
                     event = _EVENT.decode(line)
                     if event.type == "ERROR":
-                        status = _DICT.decode(event.object)
-                        raise _error(int(status.get("code", 500)), bytes(event.object))
+                        code = _DICT.decode(event.object).get("code")
+                        status = code if isinstance(code, int) and 400 <= code < 600 else 500
+                        raise _error(status, bytes(event.object))
                     yield {"type": event.type, "object": objects.decode(event.object)}
             ended = True
         except OSError as err:  # the API server went away mid-stream

@@ -8,18 +8,28 @@ headers with the email package and urllib3 wraps that again; a status PUT of 4 K
 0.54 ms of CPU through urllib3, about 0.28 ms through http.client and 0.14 ms here
 (bench/bench_rest.py, BENCHMARKS.md "Issuance throughput").
 
+An answer is framed as h11 frames it (tests/unit/test_http_framing.py holds the two together on
+generated answers): the same status line, header and chunk grammar, Content-Length and
+Transfer-Encoding rules, so bytes h11 refuses are a `ProtocolError` here too. A head is bounded
+(`MAX_LINE`, `MAX_HEADERS`) and so is a body (`MAX_BODY`); a body is read as it arrives, so a
+Content-Length that lies costs no more memory than the bytes that came.
+
 A `Pool` keeps idle connections for any thread to take, one request at a time each; a watch holds
 its connection until its stream ends. A connection the server closed while idle (it keeps them
-for a while only) is noticed before use, and a request that finds one closed anyway, before any
-byte of an answer came back, is sent once more on a new connection: the server dropped it unread.
-Every failure is an `OSError` (`ProtocolError` for an answer that is not HTTP/1.1); the
-connection it happened on is closed, never reused.
+for a while only) is noticed before use. A request that fails on a kept-alive connection anyway
+is sent again, once and on a new connection, only when it cannot have been applied twice (Go's
+net/http rules, which client-go follows): nothing of it was written, or its method is safe (GET,
+HEAD, OPTIONS, TRACE) and no byte of an answer came back. A POST, PUT, PATCH or DELETE that was
+written is never sent again: its caller learns the outcome is unknown. Every failure is an
+`OSError` (`ProtocolError` for an answer that is not HTTP/1.1 as h11 reads it); the connection
+it happened on is closed, never reused.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import re
 import select
 import socket
 import ssl
@@ -33,7 +43,22 @@ from podcert.kubeconfig import ClientSettings
 
 MAX_LINE: Final = 64 * 1024  # a status line, header or chunk-size line longer is not HTTP we read
 MAX_HEADERS: Final = 200
+MAX_BODY: Final = 1 << 30  # an answer (or one chunk of a stream) larger is not one we read
+PIECE: Final = 1 << 20  # a long body is read this much at a time, as it arrives
 IDLE_KEPT: Final = 32  # idle connections kept per pool; as many workers as that share it
+# Methods a server may be sent twice without a second effect (Go's Request.isReplayable).
+SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+# The grammar h11 reads answers with (h11/_abnf.py): RFC 9112 with its leniencies.
+_VCHAR_OR_OBS: Final = rb"[^\x00\s]"
+_STATUS: Final = re.compile(rb"HTTP/([0-9])\.([0-9]) ([0-9]{3})(?: (?:[ \t]|%s)*)?" % _VCHAR_OR_OBS)
+_FIELD: Final = re.compile(
+    rb"([-!#$%%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:%s+(?:[ \t]+%s+)*)?)[ \t]*"
+    % (_VCHAR_OR_OBS, _VCHAR_OR_OBS)
+)
+_FOLD: Final = re.compile(rb"[ \t]+")
+_CHUNK: Final = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*\r\n")
+_LENGTH: Final = re.compile(rb"[0-9]{1,20}")
 
 
 class ProtocolError(OSError):
@@ -41,8 +66,11 @@ class ProtocolError(OSError):
 
 
 class ClosedUnread(ConnectionError):
-    """A kept-alive connection was closed before any byte of an answer: the server dropped the
-    request without reading it, so it may be sent again."""
+    """A kept-alive connection was closed before any byte of an answer came back."""
+
+
+class Unsent(ConnectionError):
+    """A connection failed before any byte of the request was written on it."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +151,11 @@ class Connection:
         self.sock.close()
 
 
+class _Reader(Protocol):
+    def readline(self, size: int = -1, /) -> bytes: ...
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class Response:
     """An answer's status and headers, its body not read yet. `read()` the whole of it, or
     iterate `chunks()`; then `Pool.release` keeps the connection for the next request if the
@@ -130,33 +163,45 @@ class Response:
 
     def __init__(self, conn: Connection, method: str, status_line: bytes) -> None:
         self.conn = conn
-        status, headers = _head(conn.reader, status_line)
+        version, status, head = _head(conn.reader, status_line)
         while 100 <= status < 200:  # interim answers (100 Continue): the real one follows
-            status, headers = _head(conn.reader)
+            if status == 101:
+                raise ProtocolError("101 Switching Protocols, to a request that asked none")
+            version, status, head = _head(conn.reader)
         self.status = status
-        self.headers = headers
-        self.keep = headers.get("connection", "").lower() != "close"
-        self.chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        self.headers = head.fields
+        self.keep = version >= (1, 1) and "close" not in _tokens(head.fields.get("connection"))
+        self.chunked = False
         self.done = False
         self.length: int | None = None
         if method == "HEAD" or status in (204, 304):
             self.length = 0
-        elif not self.chunked:
-            length = headers.get("content-length")
-            if length is None:
-                self.keep = False  # the body runs to the end of the connection
-            elif length.isdigit():
-                self.length = int(length)
-            else:
-                raise ProtocolError(f"Content-Length {length[:40]!r} is not a number")
+        elif head.chunked:
+            self.chunked = True
+            if head.length is not None:
+                # Framed by its chunks, as RFC 9112 says; a server that also sends a length
+                # may not mean the same bytes, so the connection is not reused after it.
+                self.keep = False
+        elif head.length is not None:
+            if head.length > MAX_BODY:
+                raise ProtocolError(f"an answer of {head.length} bytes, over {MAX_BODY}")
+            self.length = head.length
+        else:
+            self.keep = False  # the body runs to the end of the connection
 
     def read(self) -> bytes:
         if self.chunked:
-            return b"".join(self.chunks())
+            pieces, total = [], 0
+            for chunk in self.chunks():
+                total += len(chunk)
+                if total > MAX_BODY:
+                    raise ProtocolError(f"a chunked answer over {MAX_BODY} bytes")
+                pieces.append(chunk)
+            return b"".join(pieces)
         if self.length is None:
-            data = self.conn.reader.read()
+            data = _read_to_end(self.conn.reader)
         else:
-            data = self.conn.reader.read(self.length)
+            data = _read_exactly(self.conn.reader, self.length)
             if len(data) < self.length:
                 raise ProtocolError("the answer ended before its Content-Length")
         self.done = True
@@ -173,50 +218,119 @@ class Response:
             line = reader.readline(MAX_LINE)
             if not line.endswith(b"\n"):
                 raise ProtocolError("the answer ended inside its chunked body")
-            try:
-                size = int(line.split(b";", 1)[0], 16)
-            except ValueError:
-                raise ProtocolError("a chunk size that is not a number") from None
-            if size == 0:
+            size = _CHUNK.fullmatch(line)
+            if size is None:
+                raise ProtocolError(f"not a chunk size line: {line[:40]!r}")
+            length = int(size[1], 16)
+            if length == 0:
                 _headers(reader)  # trailers, then the blank line
                 self.done = True
                 return
-            data = reader.read(size)
-            if len(data) < size or reader.readline(MAX_LINE) not in (b"\r\n", b"\n"):
-                raise ProtocolError("the answer ended inside a chunk")
+            if length > MAX_BODY:
+                raise ProtocolError(f"a chunk of {length} bytes, over {MAX_BODY}")
+            data = _read_exactly(reader, length)
+            if len(data) < length or reader.read(2) != b"\r\n":
+                raise ProtocolError("the answer ended inside a chunk, or a chunk overran")
             yield data
 
 
-class _Lines(Protocol):
-    def readline(self, size: int = -1, /) -> bytes: ...
+def _read_exactly(reader: _Reader, size: int) -> bytes:
+    """`size` bytes, or fewer when the connection ends first; memory grows with what came."""
+    if size <= PIECE:
+        return reader.read(size)
+    pieces: list[bytes] = []
+    left = size
+    while left:
+        piece = reader.read(min(left, PIECE))
+        if not piece:
+            break
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
 
 
-def _head(reader: _Lines, line: bytes | None = None) -> tuple[int, dict[str, str]]:
+def _read_to_end(reader: _Reader) -> bytes:
+    pieces: list[bytes] = []
+    total = 0
+    while piece := reader.read(PIECE):
+        total += len(piece)
+        if total > MAX_BODY:
+            raise ProtocolError(f"an answer over {MAX_BODY} bytes")
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+def _tokens(value: str | None) -> set[str]:
+    """A comma-separated header's values, lower case (Connection)."""
+    return {t.strip() for t in value.lower().split(",")} if value else set()
+
+
+@dataclass(frozen=True)
+class _Head:
+    fields: dict[str, str]  # lower-case name: value (repeated names joined by ", ")
+    length: int | None  # Content-Length, checked as h11 does
+    chunked: bool  # Transfer-Encoding: chunked (the only coding there is for us)
+
+
+def _line(raw: bytes) -> bytes:
+    """A head line without its ending: LF, or CRLF (h11 takes both)."""
+    raw = raw[:-1]
+    return raw[:-1] if raw.endswith(b"\r") else raw
+
+
+def _head(reader: _Reader, line: bytes | None = None) -> tuple[tuple[int, int], int, _Head]:
+    """(HTTP version, status, headers) of an answer whose status line is `line` (else read)."""
     if line is None:
         line = reader.readline(MAX_LINE)
     if not line:
         raise ProtocolError("the server closed the connection without an answer")
-    parts = line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+    if not line.endswith(b"\n"):
+        raise ProtocolError("the answer ended inside its status line")
+    status = _STATUS.fullmatch(_line(line))
+    if status is None or status[1] != b"1":
         raise ProtocolError(f"not an HTTP/1.1 answer: {line[:60]!r}")
-    return int(parts[1]), _headers(reader)
+    return (1, int(status[2])), int(status[3]), _headers(reader)
 
 
-def _headers(reader: _Lines) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for _ in range(MAX_HEADERS):
-        line = reader.readline(MAX_LINE)
-        if line in (b"\r\n", b"\n"):
-            return headers
-        if not line.endswith(b"\n"):
+def _headers(reader: _Reader) -> _Head:
+    lines: list[bytes] = []
+    while True:
+        raw = reader.readline(MAX_LINE)
+        if not raw.endswith(b"\n"):
             raise ProtocolError("the answer ended inside its headers")
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep:
-            raise ProtocolError("a header line without a colon")
-        name = name.strip().lower()
-        value = value.strip()
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    raise ProtocolError(f"more than {MAX_HEADERS} header lines")
+        line = _line(raw)
+        if not line:
+            break
+        if len(lines) == MAX_HEADERS:
+            raise ProtocolError(f"more than {MAX_HEADERS} header lines")
+        if fold := _FOLD.match(line):  # obsolete line folding: one value on two lines
+            if not lines:
+                raise ProtocolError("a continuation line before any header")
+            lines[-1] += b" " + line[fold.end() :]
+        else:
+            lines.append(line)
+    fields: dict[str, str] = {}
+    length: bytes | None = None
+    chunked = False
+    for line in lines:
+        field = _FIELD.fullmatch(line)
+        if field is None:
+            raise ProtocolError(f"not a header line: {line[:60]!r}")
+        name, value = field[1].lower().decode("ascii"), field[2]
+        if name == "content-length":
+            lengths = {v.strip() for v in value.split(b",")}
+            if len(lengths) != 1 or _LENGTH.fullmatch(one := lengths.pop()) is None:
+                raise ProtocolError(f"Content-Length {value[:40]!r} is not a number")
+            if length is not None and length != one:
+                raise ProtocolError("two Content-Lengths")
+            length = one
+        elif name == "transfer-encoding":
+            if chunked or value.lower() != b"chunked":
+                raise ProtocolError(f"Transfer-Encoding {value[:40]!r}: only chunked is read")
+            chunked = True
+        text = value.decode("latin-1")
+        fields[name] = f"{fields[name]}, {text}" if name in fields else text
+    return _Head(fields, int(length) if length is not None else None, chunked)
 
 
 def _tunnel(sock: socket.socket, endpoint: Endpoint) -> None:
@@ -227,7 +341,7 @@ def _tunnel(sock: socket.socket, endpoint: Endpoint) -> None:
     sock.sendall(f"{head}\r\n".encode("latin-1"))
     reader = sock.makefile("rb", buffering=0)  # no read past the proxy's answer
     try:
-        status, _ = _head(reader)
+        _, status, _ = _head(reader)
     finally:
         reader.close()
     if status != 200:
@@ -237,12 +351,33 @@ def _tunnel(sock: socket.socket, endpoint: Endpoint) -> None:
 # How a kept-alive connection the server closed shows when a request is sent on it.
 _CLOSED: Final = (
     ClosedUnread,
+    Unsent,
     ConnectionResetError,
     ConnectionAbortedError,
     BrokenPipeError,
     ssl.SSLEOFError,
     ssl.SSLZeroReturnError,
 )
+
+
+def _write(sock: socket.socket, data: bytes) -> None:
+    """`sock.sendall(data)`, telling apart a failure before any byte went out (`Unsent`)."""
+    view = memoryview(data)
+    sent = 0
+    try:
+        while sent < len(view):
+            sent += sock.send(view[sent:])
+    except _CLOSED as err:
+        if sent == 0:
+            raise Unsent(f"the connection failed before the request was written: {err}") from err
+        raise
+
+
+def may_resend(method: str, err: BaseException) -> bool:
+    """Whether a request that failed with `err` on a kept-alive connection, before any byte of
+    an answer, may be sent again: it cannot have reached the server, or sending it twice has
+    no second effect."""
+    return isinstance(err, Unsent) or (method in SAFE_METHODS and isinstance(err, _CLOSED))
 
 
 class Pool:
@@ -258,25 +393,25 @@ class Pool:
         self, head: bytes, body: bytes | None, method: str, connect: float, read: float
     ) -> Response:
         """Write the request on an idle connection (or a new one) and read the answer's head.
-        `connect` and `read` are timeouts in seconds (each wait on the socket, not the whole)."""
+        `connect` and `read` are timeouts in seconds (each wait on the socket, not the whole).
+        Sent at most twice, the second time on a new connection (`may_resend`)."""
         data = head + body if body is not None else head
+        conn = self._take()
         while True:
-            conn = self._take()
             fresh = conn is None
             if conn is None:
                 conn = Connection(self.endpoint, connect)
             try:
                 conn.sock.settimeout(read)
-                conn.sock.sendall(data)
+                _write(conn.sock, data)
                 status_line = conn.reader.readline(MAX_LINE)
                 if not status_line:
                     raise ClosedUnread("the server closed the connection without an answer")
-            except _CLOSED:
+            except _CLOSED as err:
                 conn.close()
-                if fresh:
+                if fresh or not may_resend(method, err):
                     raise
-                # A kept-alive connection the server had closed: nothing of an answer came
-                # back, so it dropped the request unread. Send it again on a new connection.
+                conn = None  # a kept-alive connection the server had closed: once more, anew
                 continue
             except BaseException:
                 conn.close()

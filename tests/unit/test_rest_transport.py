@@ -1,7 +1,8 @@
 """`podcert.rest.Rest` over its own HTTP/1.1 connections (`podcert.transport`), against a small
 scripted server on loopback: kept-alive connections are reused, one the server closed is replaced
-(and a request it dropped unread is sent again), a watch streams its events line by line across
-chunks, and every way the server can go away is a retryable `ApiError` naming where it was.
+(a GET it dropped unread is sent again, once; a POST it may have applied never is), a watch
+streams its events line by line across chunks, and every way the server can go away is a
+retryable `ApiError` naming where it was.
 
 Found earlier by tests/integration/test_faults.py: an API server going away mid-watch must be a
 plain retry for the reflectors, not an unexpected error with a traceback.
@@ -23,7 +24,7 @@ import trustme
 
 from devcluster.testing import eventually
 from podcert import transport
-from podcert.kubeconfig import ClientSettings
+from podcert.kubeconfig import ClientConfigError, ClientSettings
 from podcert.rest import ApiError, Gone, Rest
 
 
@@ -202,6 +203,106 @@ def test_a_request_dropped_unread_on_a_kept_alive_connection_is_sent_again(
 
     assert rest.request("GET", "/second") == {"n": 1}
     assert [r.target for r in server.requests] == ["/first", "/second", "/second"]
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param("POST", id="a create"),
+        pytest.param("PUT", id="an update"),
+        pytest.param("PATCH", id="a patch"),
+        pytest.param("DELETE", id="a delete"),
+    ],
+)
+def test_a_written_write_without_an_answer_is_never_sent_again(
+    serve: Callable[..., Server], method: str
+) -> None:
+    """The server (or a proxy) may have applied it: a second copy could create a second object.
+    The caller learns the outcome is unknown (a retryable ApiError), as from client-go."""
+
+    def handler(n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            if request.method == method:
+                sock.shutdown(socket.SHUT_RDWR)  # read and gone, no answer
+                return
+            sock.sendall(answer(200, {"n": n}))
+
+    server = serve(handler)
+    rest = rest_for(server)
+    rest.request("GET", "/first")  # the write goes on this kept-alive connection
+    with pytest.raises(ApiError) as raised:
+        rest.request(method, "/apis/x/v1/namespaces/a/things", body={"spec": {}})
+    assert (raised.value.status, raised.value.reason) == (0, "Unavailable")
+    assert [r.method for r in server.requests] == ["GET", method]
+    assert server.connections == 1
+
+
+def test_a_get_dropped_unread_is_sent_again_once_on_a_new_connection_only(
+    serve: Callable[..., Server],
+) -> None:
+    """Every kept-alive connection dead but looking alive: the GET goes out on one of them, then
+    once on a new connection, and not on each idle connection in turn."""
+
+    def handler(n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            if request.target == "/again":
+                sock.shutdown(socket.SHUT_RDWR)
+                return
+            sock.sendall(answer(200, {"n": n}))
+
+    server = serve(handler)
+    rest = rest_for(server)
+    # Three connections at once, all kept idle afterwards.
+    held = [rest._send("GET", "/hold", None, None, "application/json", None) for _ in range(3)]
+    for response in held:
+        rest._body(response)
+    for conn in rest._pool._idle:
+        conn.idle_closed = lambda: False  # type: ignore[method-assign]
+    assert server.connections == 3
+
+    with pytest.raises(ApiError):
+        rest.request("GET", "/again")
+    assert [r.target for r in server.requests].count("/again") == 2
+    assert server.connections == 4
+
+
+class _DeadSocket:
+    """A kept-alive connection whose first write fails: nothing of the request left."""
+
+    def settimeout(self, _t: float) -> None:
+        pass
+
+    def send(self, _data: bytes) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    sendall = send
+
+
+class _DeadConnection:
+    sock = _DeadSocket()
+    reader = None
+    reused = True
+
+    def idle_closed(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_write_of_which_nothing_was_written_is_sent_on_a_new_connection(
+    serve: Callable[..., Server],
+) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while server.read(reader) is not None:
+            sock.sendall(answer(201, {"created": True}))
+
+    server = serve(handler)
+    rest = rest_for(server)
+    rest._pool._idle.append(_DeadConnection())  # type: ignore[arg-type]
+
+    assert rest.request("POST", "/things", body={}) == {"created": True}
+    assert [r.method for r in server.requests] == ["POST"]
 
 
 def test_a_new_connection_closed_unread_is_an_error_not_a_loop(
@@ -476,3 +577,68 @@ def test_idle_connections_kept_are_bounded() -> None:
     pool.release(first)  # type: ignore[arg-type]
     pool.release(second)  # type: ignore[arg-type]
     assert list(pool._idle) == [first.conn] and second.conn.closed
+
+
+# --- odd answers: each one a typed error ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello", id="a 200 not JSON"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n[1,2]", id="a 200 JSON list"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n{}", id="Content-Length ²"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000000000\r\n\r\n{}",
+            id="Content-Length 10^15",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\n{}\r\n0\r\n\r\n",
+            id="chunk size 0x2",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0_2\r\n{}\r\n0\r\n\r\n",
+            id="chunk size 0_2",
+        ),
+    ],
+)
+def test_an_odd_answer_is_a_bad_response_api_error(
+    serve: Callable[..., Server], raw: bytes
+) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        sock.sendall(raw)
+        sock.shutdown(socket.SHUT_WR)
+
+    server = serve(handler)
+    with pytest.raises(ApiError) as raised:
+        rest_for(server).request("GET", "/api/v1/x")
+    assert (raised.value.status, raised.value.reason) == (0, "BadResponse")
+    assert raised.value.retryable
+
+
+def test_a_watch_error_event_with_an_odd_code_is_an_api_error(
+    serve: Callable[..., Server],
+) -> None:
+    status = {"kind": "Status", "code": "gone", "reason": "Expired", "message": "?"}
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        sock.sendall(chunked(event("ERROR", status)) + b"0\r\n\r\n")
+
+    server = serve(handler)
+    with pytest.raises(ApiError) as raised:
+        list(rest_for(server).watch("/api/v1/pods", "1"))
+    assert (raised.value.status, raised.value.reason) == (500, "Expired")
+
+
+def test_a_token_that_is_no_header_value_is_refused_not_sent(
+    serve: Callable[..., Server],
+) -> None:
+    server = serve(lambda _n, reader, _sock: server.read(reader))
+    rest = Rest(ClientSettings(server.url, None, token=lambda: "t€ken", source="kubeconfig k"))
+    with pytest.raises(ClientConfigError) as raised:
+        rest.get("/x")
+    assert str(raised.value) == "kubeconfig k: the bearer token is not one line of ASCII"
+    assert "t€ken" not in str(raised.value)
+    assert server.requests == []
