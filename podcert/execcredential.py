@@ -153,6 +153,10 @@ def _credential(output: bytes, version: str, now: float) -> tuple[str, float]:
     token = status.get("token")
     if not isinstance(token, str) or not token.strip() or not token.strip().isprintable():
         raise ExecError("exec: status.token is not one line of text")
+    if not token.isascii():
+        # A header value is bytes; a bearer token (RFC 6750) is ASCII, and sent as UTF-8 or
+        # Latin-1 it would mean different things to different servers.
+        raise ExecError("exec: status.token is not ASCII text (it goes in a header)")
     expiry = status.get("expirationTimestamp")
     if expiry is None:
         return token.strip(), float("inf")

@@ -159,6 +159,8 @@ BAD_ANSWERS = [
     ),
     pytest.param(answer(""), "status.token is not one line", id="an empty token"),
     pytest.param(answer(SECRET + "\r\nX-Injected: 1"), "not one line", id="a header injection"),
+    pytest.param(answer(SECRET + "€"), "status.token is not ASCII", id="a token holding a euro"),
+    pytest.param(answer("é" + SECRET), "status.token is not ASCII", id="a Latin-1 letter"),
     pytest.param(answer(expiry="yesterday"), "not an RFC 3339 time", id="a bad expiry"),
     pytest.param(answer(expiry="2001-01-01T00:00:00Z"), "already expired", id="expired"),
 ]
