@@ -119,20 +119,37 @@ def ensure_service_account(api: client.ApiClient, namespace: str, name: str) -> 
 
 
 def service_account_kubeconfig(
-    root: Path, namespace: str, name: str, seconds: int = 24 * 3600
+    root: Path,
+    namespace: str,
+    name: str,
+    seconds: int = 24 * 3600,
+    *,
+    bound_to: Any = None,
 ) -> Path:
-    """A kubeconfig holding a bound token for the ServiceAccount (TokenRequest API)."""
+    """A kubeconfig holding a bound token for the ServiceAccount (TokenRequest API). `bound_to`
+    (a Pod or Node object read with this client) binds the token to that object as the kubelet
+    binds a pod's: it stops working when the object goes, and names the node (the pod's) in the
+    user's extra `authentication.kubernetes.io/node-name`."""
     paths = Paths(root.resolve())
+    bound, which = None, ""
+    if bound_to is not None:
+        kind = bound_to.kind or ("Pod" if bound_to.metadata.namespace else "Node")
+        bound = client.V1BoundObjectReference(
+            api_version="v1", kind=kind, name=bound_to.metadata.name, uid=bound_to.metadata.uid
+        )
+        which = f".{kind.lower()}.{bound_to.metadata.name}"
     with admin_client(paths.root) as api:
         ensure_service_account(api, namespace, name)
         token = client.CoreV1Api(api).create_namespaced_service_account_token(
             name,
             namespace,
             client.AuthenticationV1TokenRequest(
-                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds)
+                spec=client.V1TokenRequestSpec(
+                    audiences=[], expiration_seconds=seconds, bound_object_ref=bound
+                )
             ),
         )
-    out = paths.root / "serviceaccounts" / f"{namespace}.{name}.kubeconfig"
+    out = paths.root / "serviceaccounts" / f"{namespace}.{name}{which}.kubeconfig"
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     user = f"system:serviceaccount:{namespace}:{name}"
     if token.status is None or not token.status.token:

@@ -1,7 +1,8 @@
 """Run podcert's own components as real processes against the devcluster, with real identities.
 
-The signer runs as its ServiceAccount with exactly the RBAC in manifests/signer/rbac.yaml; used by
-the integration tests, the benchmarks and the demo.
+The signer runs as its ServiceAccount with exactly the RBAC in manifests/signer/rbac.yaml and
+the admission policy on its ClusterTrustBundle writes in manifests/signer/trust-bundle-policy.yaml;
+used by the integration tests, the benchmarks and the demo.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ from podcert.api.volumes import volume_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SIGNER_RBAC = REPO / "manifests" / "signer" / "rbac.yaml"
+SIGNER_TRUST_BUNDLE_POLICY = REPO / "manifests" / "signer" / "trust-bundle-policy.yaml"
 DEFAULT_SIGNER = "podcert.dev/workload"
+# The federated trust domains' signer name rbac.yaml grants `attest` on (kept as shipped).
+FEDERATED_SIGNER = "podcert.dev/federated"
+SHIPPED_SIGNER_USER = "system:serviceaccount:podcert-system:podcert-signer"
 
 
 def signer_rbac(
@@ -57,6 +62,37 @@ def signer_rbac(
                 rule["resourceNames"] = [webhook_configuration]
         out.append(doc)
     return out
+
+
+def cel_strings(values: Sequence[str]) -> str:
+    """A CEL list literal of strings (names and signer names hold no quote)."""
+    assert all("'" not in v and "\\" not in v for v in values), values
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def signer_trust_bundle_policy(
+    namespace: str, signer_names: Sequence[str], suffix: str = ""
+) -> list[dict[str, Any]]:
+    """manifests/signer/trust-bundle-policy.yaml for the signer of another namespace and signer
+    names (plus the federated name rbac.yaml grants), under an object-name suffix. Only the
+    user and the names change: every check stays as shipped."""
+    docs = [d for d in yaml.safe_load_all(SIGNER_TRUST_BUNDLE_POLICY.read_text()) if d]
+    user = f"system:serviceaccount:{namespace}:podcert-signer"
+    for doc in docs:
+        if suffix:
+            doc["metadata"]["name"] = f"{doc['metadata']['name']}-{suffix}"
+        spec = doc["spec"]
+        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            spec["policyName"] = f"{spec['policyName']}-{suffix}" if suffix else spec["policyName"]
+            continue
+        [condition] = spec["matchConditions"]
+        assert SHIPPED_SIGNER_USER in condition["expression"], condition
+        condition["expression"] = condition["expression"].replace(SHIPPED_SIGNER_USER, user)
+        [names] = spec["variables"]
+        assert names["name"] == "signerNames", names
+        assert names["expression"] == cel_strings([DEFAULT_SIGNER, FEDERATED_SIGNER]), names
+        names["expression"] = cel_strings([*signer_names, FEDERATED_SIGNER])
+    return docs
 
 
 @dataclass
@@ -139,10 +175,12 @@ def install_signer_identity(
     suffix: str,
     webhook_configuration: str | None = None,
 ) -> Path:
-    """Namespace, ServiceAccount and least RBAC for a signer; returns its token kubeconfig."""
+    """Namespace, ServiceAccount, least RBAC and the trust-bundle admission policy for a
+    signer; returns its token kubeconfig."""
     with kube.admin_client(root) as api:
         kube.ensure_namespace(api, namespace)
         kube.apply(api, signer_rbac(namespace, signer_names, suffix, webhook_configuration))
+        kube.apply(api, signer_trust_bundle_policy(namespace, signer_names, suffix))
     return kube.service_account_kubeconfig(root, namespace, "podcert-signer")
 
 

@@ -33,3 +33,10 @@ imagePullPolicy: {{ . }}
 {{- if .Values.federation.signerName }}{{ .Values.federation.signerName }}
 {{- else }}{{ include "podcert.firstSigner" . | splitList "/" | first }}/federated{{ end }}
 {{- end }}
+
+{{/* The names whose ClusterTrustBundles the signer may write, as a CEL list literal: the served
+signer names, then the federation's. */}}
+{{- define "podcert.trustBundleSignersCEL" -}}
+{{- if not .Values.signerNames }}{{ fail "signerNames: name at least one signer" }}{{ end -}}
+[{{- range .Values.signerNames }}'{{ . }}', {{ end }}'{{ include "podcert.federatedSigner" . }}']
+{{- end }}
