@@ -185,11 +185,14 @@ def test_the_monitoring_base_ships_alerts_scraping_and_the_dashboard_for_grafana
     assert namespaces == {deployment["metadata"]["namespace"]}
 
 
-def test_the_signer_base_restricts_the_webhook_port_with_a_valid_network_policy(
+def test_the_signer_base_restricts_the_webhook_and_metrics_ports_with_a_valid_network_policy(
     devcluster: DevCluster,
 ) -> None:
-    """Issue 18: the NetworkPolicy is part of the signer base (so the dry-run above covers it),
-    and the API server accepts it, named ports included."""
+    """Issues 18 and 24 (7): the NetworkPolicy is part of the signer base (so the dry-run above
+    covers it), and the API server accepts it, named ports included: the webhook port from the
+    API server's addresses only, the metrics port from the monitoring namespace only (the
+    kubelet's probes come from the node, which NetworkPolicy leaves allowed), no port from
+    anyone, and no other port at all (the bundle endpoint is off in this base)."""
     [policy] = [d for d in kustomize(MANIFESTS / "signer") if d["kind"] == "NetworkPolicy"]
     kube.ensure_namespace(devcluster.admin, "podcert-system")
     rest = Rest(devcluster.admin)
@@ -197,9 +200,15 @@ def test_the_signer_base_restricts_the_webhook_port_with_a_valid_network_policy(
     out = rest.request(
         "POST", path_of(gv, plural, "podcert-system"), query={"dryRun": "All"}, body=policy
     )
+    assert out["spec"]["policyTypes"] == ["Ingress"]
     ingress = out["spec"]["ingress"]
-    assert [rule["ports"][0]["port"] for rule in ingress] == ["webhook", "metrics"]
+    assert [[p["port"] for p in rule["ports"]] for rule in ingress] == [["webhook"], ["metrics"]]
+    open_to_all = [rule["ports"] for rule in ingress if not rule.get("from")]
+    assert open_to_all == [], "a port any pod may reach"
     assert ingress[0]["from"][0]["ipBlock"]["cidr"]
+    assert ingress[1]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
 
 
 def test_the_signer_pod_passes_the_restricted_pod_security_level(devcluster: DevCluster) -> None:
