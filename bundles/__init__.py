@@ -1,18 +1,19 @@
 """The library a consuming application uses: read its credential, trust its peers, follow rotation.
 
 `formats` parses credential and trust bundles, `spiffe` reads SPIFFE IDs, `authz` decides which
-peers may talk to us, and `source` hands out current `ssl.SSLContext`s as files rotate. Nothing
+peers may talk to us, `source` hands out current `ssl.SSLContext`s as files rotate, and
+`handshake` makes those contexts refuse an unauthorized peer inside the TLS handshake. Nothing
 here imports the signer, the node shim, `kubernetes` or `aiohttp`.
 """
 
 from bundles.authz import (
+    ANY_TRUST_DOMAIN,
     Authorizer,
     Verdict,
     allow_any_of,
     allow_ids,
     allow_trust_domain,
     allow_workloads,
-    authorize_peer_certificate,
 )
 from bundles.formats import (
     BundleError,
@@ -22,14 +23,17 @@ from bundles.formats import (
     load_credential_files,
     load_trust_bundle,
 )
+from bundles.handshake import PeerRefusedError
 from bundles.source import SourceError, TLSSource
 from bundles.spiffe import CertificateIdError, SpiffeId, SpiffeIdError, spiffe_id_of, workload_of
 
 __all__ = [
+    "ANY_TRUST_DOMAIN",
     "Authorizer",
     "BundleError",
     "CertificateIdError",
     "Credential",
+    "PeerRefusedError",
     "SourceError",
     "SpiffeId",
     "SpiffeIdError",
@@ -40,7 +44,6 @@ __all__ = [
     "allow_ids",
     "allow_trust_domain",
     "allow_workloads",
-    "authorize_peer_certificate",
     "load_credential",
     "load_credential_files",
     "load_trust_bundle",

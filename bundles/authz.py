@@ -1,9 +1,19 @@
 """Peer authorization by SPIFFE ID, as small predicate factories (py-spiffe `authorize_*` style).
 
-TLS proves that the peer holds a key certified by our trust bundle; these predicates decide whether
+TLS proves that the peer holds a key certified by a root we trust; these predicates decide whether
 that identity may talk to us. A decision is a value (`Verdict`) with a sentence fit for a log line,
 never an exception, so a hostile or broken peer certificate cannot crash a handler. The example
-services and the signer policy reuse the same factories. Pure: no I/O, no clock.
+services reuse the same factories. Pure: no I/O, no clock.
+
+Every rule names the trust domains it admits: `allow_ids` and `allow_trust_domain` by their
+argument, `allow_workloads` by its required `trust_domain` (the local one, or `ANY_TRUST_DOMAIN`
+said out loud). A federated partner chooses its own paths freely, so a rule that matched
+`/ns/shop/sa/web` in every trust domain would let any partner impersonate every local workload.
+
+Peers are judged by the chain TLS verified, never by the leaf alone (`authorize_peer_chain`): a
+federated trust domain's root vouches for that trust domain's IDs only, and a chain that ends at
+a root we do not know (a library that loaded more roots into a shared context) is refused.
+`bundles.handshake` runs that judgement inside the handshake.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from bundles.formats import BundleError, load_certificate
 from bundles.spiffe import (
@@ -32,6 +43,8 @@ class Verdict:
 
 
 Authorizer = Callable[[SpiffeId], Verdict]
+
+ANY_TRUST_DOMAIN: Final = "*"  # allow_workloads(..., trust_domain=ANY_TRUST_DOMAIN): every one
 
 
 def allow_ids(ids: Iterable[str | SpiffeId]) -> Authorizer:
@@ -65,17 +78,19 @@ def allow_trust_domain(trust_domain: str) -> Authorizer:
 
 
 def allow_workloads(
-    namespace_glob: str, service_account_glob: str, trust_domain: str | None = None
+    namespace_glob: str, service_account_glob: str, *, trust_domain: str
 ) -> Authorizer:
-    """Allow `/ns/<ns>/sa/<sa>` IDs whose namespace and service account match the globs.
+    """Allow `/ns/<ns>/sa/<sa>` IDs of `trust_domain` whose namespace and service account match
+    the globs.
 
-    Globs are fnmatch patterns matched case-sensitively (`*`, `?`, `[...]`); with no
-    trust_domain any trust domain matches.
+    Globs are fnmatch patterns matched case-sensitively (`*`, `?`, `[...]`). `trust_domain` is
+    required: pass the local one (e.g. `TLSSource.trust_domain`), a partner's, or
+    `ANY_TRUST_DOMAIN` to admit the same path from every trust domain any trusted root vouches
+    for, federated partners included.
     """
-    td = parse_trust_domain(trust_domain) if trust_domain is not None else None
+    td = None if trust_domain == ANY_TRUST_DOMAIN else parse_trust_domain(trust_domain)
     rule = f"namespace {namespace_glob!r} / service account {service_account_glob!r}"
-    if td is not None:
-        rule += f" in trust domain {td}"
+    rule += f" in trust domain {td}" if td is not None else " in any trust domain"
 
     def authorize(peer: SpiffeId) -> Verdict:
         if td is not None and not peer.member_of(td):
@@ -109,41 +124,29 @@ def allow_any_of(*authorizers: Authorizer) -> Authorizer:
     return authorize
 
 
-def authorize_peer_certificate(der: bytes | None, authorizer: Authorizer) -> Verdict:
-    """Authorize a peer by its leaf certificate, e.g. `ssl_object.getpeercert(binary_form=True)`.
-
-    A missing, unparsable, or ID-less certificate gives a denied verdict, never an exception.
-    """
-    if not der:
-        return Verdict(False, "The peer presented no certificate.")
-    try:
-        cert = load_certificate(der)
-    except BundleError as exc:
-        return Verdict(False, f"The peer certificate cannot be parsed: {_clause(exc)}.")
-    try:
-        peer = spiffe_id_of(cert)
-    except CertificateIdError as exc:
-        return Verdict(False, f"The peer certificate carries no usable SPIFFE ID: {_clause(exc)}.")
-    return authorizer(peer)
-
-
 def authorize_peer_chain(
-    chain: Sequence[bytes] | None, federated: Mapping[bytes, str], authorizer: Authorizer
+    chain: Sequence[bytes] | None, trusted: Mapping[bytes, str | None], authorizer: Authorizer
 ) -> Verdict:
     """Authorize a peer by the chain TLS verified (DER, leaf first, trust anchor last).
 
-    `federated` maps each root of a federated trust domain (DER) to that trust domain: such a
-    root vouches for IDs of its own trust domain only (SPIFFE federation), so a peer whose
-    chain ends there must hold an ID in that domain. A chain ending at one of our own roots is
-    judged by `authorizer` alone, as `authorize_peer_certificate` judges it.
+    `trusted` maps every root the TLS context trusts (DER) to the federated trust domain it
+    belongs to, or to None for one of our own roots. A federated root vouches for IDs of its
+    own trust domain only (SPIFFE federation), so a peer whose chain ends there must hold an ID
+    in that domain; a chain ending at a root not in `trusted` is refused; a chain ending at one
+    of our own roots is judged by `authorizer` alone. A missing, unparsable or ID-less leaf gives
+    a denied verdict, never an exception.
     """
     if not chain:
         return Verdict(False, "The peer presented no certificate, or TLS verified no chain.")
-    verdict = authorize_peer_certificate(chain[0], allow_all)
-    if not verdict:
-        return verdict
-    peer = spiffe_id_of(load_certificate(chain[0]))
-    anchor = federated.get(chain[-1])
+    try:
+        peer = spiffe_id_of(load_certificate(chain[0]))
+    except BundleError as exc:
+        return Verdict(False, f"The peer certificate cannot be parsed: {_clause(exc)}.")
+    except CertificateIdError as exc:
+        return Verdict(False, f"The peer certificate carries no usable SPIFFE ID: {_clause(exc)}.")
+    if chain[-1] not in trusted:
+        return Verdict(False, f"{peer} chains to a root that is neither ours nor a federated one.")
+    anchor = trusted[chain[-1]]
     if anchor is not None and not peer.member_of(anchor):
         return Verdict(
             False,
@@ -151,11 +154,6 @@ def authorize_peer_chain(
             "for its own IDs only.",
         )
     return authorizer(peer)
-
-
-def allow_all(peer: SpiffeId) -> Verdict:
-    """Any peer with a valid SPIFFE ID (for composing checks; never a policy on its own)."""
-    return Verdict(True, f"{peer} has a valid SPIFFE ID.")
 
 
 def _clause(text: object) -> str:

@@ -7,9 +7,16 @@ leaf, chain leads to a root of the trust bundle at `now`), and only then swaps i
 client contexts with one assignment. Anything half-written or inconsistent is never served: the
 previous contexts stay, and the failure is kept in `last_error`.
 
+Peers are authorized inside the handshake (`bundles.handshake`): `server_context(authorizer)` and
+`client_context(authorizer)` hand out contexts that refuse, before a byte of application data,
+a peer whose chain or SPIFFE ID `authorizer` does not allow, and a federated trust domain's root
+vouches only for that domain's IDs. Contexts are cached per authorizer and per material, so pass
+the same authorizer object each time (aiohttp keys its connection pool by the context).
+
 Rotation semantics: open connections keep the context they were made with; new handshakes use the
-new one. inotify (watchfiles) only wakes the watcher early; the content re-check every `interval`
-seconds is what guarantees that the source converges.
+new one (a server listens once with `server_context(...)`, whose `sni_callback` moves every new
+handshake onto the newest material). inotify (watchfiles) only wakes the watcher early; the
+content re-check every `interval` seconds is what guarantees that the source converges.
 """
 
 from __future__ import annotations
@@ -19,30 +26,38 @@ import datetime as dt
 import hashlib
 import logging
 import os
-import secrets
 import ssl
-import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from cryptography.hazmat.primitives import serialization
 
-from bundles.authz import Authorizer, Verdict, authorize_peer_certificate, authorize_peer_chain
+from bundles.authz import Authorizer, Verdict, authorize_peer_chain
 from bundles.formats import (
     MAX_BUNDLE_BYTES,
     BundleError,
     Credential,
     TrustBundle,
     describe,
-    dump_certificates,
     load_credential,
     load_credential_files,
     load_trust_bundle,
     verify_chain,
 )
+from bundles.handshake import (
+    PeerCheck,
+    RefusalHook,
+    Side,
+    build_contexts,
+    check_of,
+    load_contexts,
+    verified_chain,
+)
+from bundles.spiffe import CertificateIdError
 
 if TYPE_CHECKING:
     # Only the async watch uses asyncio, and its caller has it loaded: the shim and the audit
@@ -57,10 +72,11 @@ StrPath = str | os.PathLike[str]
 
 DEFAULT_INTERVAL: Final = 2.0  # seconds between content re-checks when no inotify event comes
 _DEBOUNCE_MS: Final = 300  # the atomic writer finishes in well under this
+_MAX_CONTEXTS: Final = 32  # (side, authorizer, hook) kinds kept per material, oldest dropped
 
-# Linux: the credential for load_cert_chain goes into an anonymous memory file (never on disk).
-# Tests switch this off to exercise the temporary-directory fallback.
-_USE_MEMFD: bool = hasattr(os, "memfd_create") and Path("/proc/self/fd").is_dir()
+__all__ = ["SourceError", "StrPath", "TLSSource", "build_contexts", "verified_chain"]
+
+_ContextKey = tuple[Side, Authorizer, RefusalHook | None]
 
 
 class SourceError(Exception):
@@ -78,9 +94,10 @@ class _Material:
     digests: tuple[bytes, ...]
     credential: Credential
     trust_bundle: TrustBundle
-    server: ssl.SSLContext
-    client: ssl.SSLContext
-    federated: Mapping[bytes, str]  # a federated root (DER) -> its trust domain
+    everything: TrustBundle  # our roots, then the federated ones: what a context trusts
+    trusted: Mapping[bytes, str | None]  # each of those (DER) -> its federated domain, or None
+    # Contexts made from this material, by kind; filled as they are asked for.
+    contexts: dict[_ContextKey, ssl.SSLContext] = field(default_factory=dict)
 
 
 class TLSSource:
@@ -103,13 +120,19 @@ class TLSSource:
         self._split = isinstance(credential, tuple)
         credential_paths = credential if isinstance(credential, tuple) else (credential,)
         # Federated trust domains' bundles (trust domain -> file): trusted for that domain's
-        # IDs only, which `authorize` enforces after each handshake.
+        # IDs only, which every handshake enforces.
         self._federated = tuple(sorted((federated or {}).items()))
         federated_paths = tuple(path for _, path in self._federated)
         self._paths = tuple(Path(p) for p in (*credential_paths, trust_bundle, *federated_paths))
-        self._anchors: Mapping[bytes, str] = {}
+        self._trusted_ever: Mapping[bytes, str | None] = {}
         self._clock = clock or _utc_now
         self._lock = threading.Lock()
+        self._contexts_lock = threading.Lock()
+        self._wanted: dict[_ContextKey, None] = {}  # kinds asked for, oldest first
+        # Every context made here -> the credential it presents, for as long as it lives.
+        self._presents: weakref.WeakKeyDictionary[ssl.SSLContext, Credential] = (
+            weakref.WeakKeyDictionary()
+        )
         self._subscribers: list[Subscriber] = []
         self._last_error: Exception | None = None
         try:
@@ -120,20 +143,40 @@ class TLSSource:
 
     # --- what consumers use -------------------------------------------------------------------
 
-    def server_context(self) -> ssl.SSLContext:
-        """For `ssl=` of a server: requires and verifies client certificates."""
-        return self._material.server
+    def server_context(
+        self, authorizer: Authorizer, *, on_refusal: RefusalHook | None = None
+    ) -> ssl.SSLContext:
+        """For `ssl=` of a server: requires a client certificate, and refuses inside the
+        handshake a client `authorizer` does not allow (`on_refusal(verdict)` hears of it).
 
-    def client_context(self) -> ssl.SSLContext:
-        """For `ssl=` of a client: verifies the server chain, not its hostname.
-
-        Peer identity is the SPIFFE ID, checked with `bundles.authz` after the handshake.
+        Listen with it once: its `sni_callback` moves each new handshake onto the newest
+        material (certificate, key and trusted roots), so a server follows rotation. Setting
+        another `sni_callback` on it, or listening with a context of your own, forfeits that.
         """
-        return self._material.client
+        return self._context("server", authorizer, on_refusal)
+
+    def client_context(
+        self, authorizer: Authorizer, *, on_refusal: RefusalHook | None = None
+    ) -> ssl.SSLContext:
+        """For `ssl=` of a client: verifies the server's chain (not its hostname: a pod
+        certificate names a workload) and refuses inside the handshake a server `authorizer`
+        does not allow, before a byte of the request is sent.
+
+        Ask again for each new connection (or request): after a rotation it is a new context.
+        """
+        return self._context("client", authorizer, on_refusal)
 
     @property
     def credential(self) -> Credential:
         return self._material.credential
+
+    @property
+    def trust_domain(self) -> str | None:
+        """The trust domain of our own SPIFFE ID (the local one), or None if the leaf has none."""
+        try:
+            return self._material.credential.spiffe_id.trust_domain
+        except CertificateIdError:
+            return None
 
     @property
     def trust_bundle(self) -> TrustBundle:
@@ -144,17 +187,24 @@ class TLSSource:
         """Why the latest refresh rejected what it read; None once the files are good again."""
         return self._last_error
 
-    def authorize(
-        self, ssl_object: ssl.SSLObject | ssl.SSLSocket | None, authorizer: Authorizer
-    ) -> Verdict:
-        """Who the peer of a finished handshake is, and whether `authorizer` lets it in; a
-        peer vouched for by a federated trust domain's root must be of that trust domain."""
-        anchors = self._anchors or self._material.federated
-        if ssl_object is None:
+    def credential_of(self, context: ssl.SSLContext) -> Credential | None:
+        """The credential a context from this source presents (e.g. `ssl_object.context` of a
+        served connection, however many rotations ago it was made), else None."""
+        return self._presents.get(context)
+
+    def authorize(self, connection: object, authorizer: Authorizer) -> Verdict:
+        """Judge the peer of a finished handshake again, e.g. with a stricter authorizer.
+
+        `connection` is an `ssl.SSLSocket`, an `ssl.SSLObject`, or the `_ssl` object under
+        either (httpx's sync `ssl_object`). A peer vouched for by a federated trust domain's
+        root must be of that trust domain; a chain ending at a root this source never trusted
+        is refused.
+        """
+        if connection is None:
             return Verdict(False, "The connection is not TLS.")
-        if not self._federated:  # only our own roots: the leaf tells all
-            return authorize_peer_certificate(ssl_object.getpeercert(binary_form=True), authorizer)
-        return authorize_peer_chain(verified_chain(ssl_object), anchors, authorizer)
+        check = check_of(getattr(connection, "context", None))
+        trusted = check.trusted if check is not None else self._trusted_ever
+        return authorize_peer_chain(verified_chain(connection), trusted, authorizer)
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(credential)` after each successful swap; returns an unsubscribe function.
@@ -210,8 +260,9 @@ class TLSSource:
         first_federated = len(contents) - len(self._federated)
         trust_bundle = load_trust_bundle(contents[first_federated - 1])
         verify_chain(credential, trust_bundle, self._clock())
-        own = {r.public_bytes(serialization.Encoding.DER) for r in trust_bundle.roots}
-        federated: dict[bytes, str] = {}
+        trusted: dict[bytes, str | None] = {
+            r.public_bytes(serialization.Encoding.DER): None for r in trust_bundle.roots
+        }
         everything = list(trust_bundle.roots)
         for (trust_domain, path), data in zip(
             self._federated, contents[first_federated:], strict=True
@@ -222,11 +273,54 @@ class TLSSource:
                 raise BundleError(f"federated trust bundle {path} ({trust_domain}): {exc}") from exc
             for root in roots:
                 der = root.public_bytes(serialization.Encoding.DER)
-                if der not in own and der not in federated:  # our own roots stay ours
-                    federated[der] = trust_domain
+                if der not in trusted:  # our own roots stay ours
+                    trusted[der] = trust_domain
                     everything.append(root)
-        server, client = build_contexts(credential, TrustBundle(tuple(everything)))
-        return _Material(digests, credential, trust_bundle, server, client, federated)
+        material = _Material(
+            digests, credential, trust_bundle, TrustBundle(tuple(everything)), trusted
+        )
+        # Every kind of context asked for so far is made now, off the caller's thread; with
+        # none yet, one plain context proves OpenSSL takes the material.
+        with self._contexts_lock:
+            kinds = list(self._wanted)
+            if kinds:
+                material.contexts.update(zip(kinds, self._load(material, kinds), strict=True))
+            else:
+                load_contexts(credential, material.everything, [("server", None)])
+        return material
+
+    def _load(self, material: _Material, kinds: list[_ContextKey]) -> list[ssl.SSLContext]:
+        wanted = [
+            (side, PeerCheck(material.trusted, authorizer, on_refusal))
+            for side, authorizer, on_refusal in kinds
+        ]
+        contexts = load_contexts(material.credential, material.everything, wanted)
+        for kind, context in zip(kinds, contexts, strict=True):
+            self._presents[context] = material.credential
+            if kind[0] == "server":
+                context.sni_callback = _follow(self, kind)
+        return contexts
+
+    def _context(
+        self, side: Side, authorizer: Authorizer, on_refusal: RefusalHook | None
+    ) -> ssl.SSLContext:
+        kind: _ContextKey = (side, authorizer, on_refusal)
+        material = self._material
+        context = material.contexts.get(kind)
+        if context is not None:
+            return context
+        with self._contexts_lock:
+            self._wanted.pop(kind, None)
+            self._wanted[kind] = None
+            while len(self._wanted) > _MAX_CONTEXTS:
+                del self._wanted[next(iter(self._wanted))]
+            context = material.contexts.get(kind)
+            if context is None:
+                (context,) = self._load(material, [kind])
+                material.contexts[kind] = context
+                while len(material.contexts) > _MAX_CONTEXTS:
+                    del material.contexts[next(iter(material.contexts))]
+        return context
 
     def _reload(self) -> _Material | None:
         """Swap in new material if the files changed and are valid; the new material or None."""
@@ -250,8 +344,8 @@ class TLSSource:
                 log.exception("keeping the previous TLS material after an unexpected error")
                 self._last_error = exc
                 return None
-            # Connections made with the previous material are still authorized against it.
-            self._anchors = {**self._material.federated, **material.federated}
+            # Connections made with the previous material are still judged against its roots.
+            self._trusted_ever = {**self._material.trusted, **material.trusted}
             self._material = material  # one assignment: readers see old or new, never a mix
             self._last_error = None
         log.info(
@@ -340,19 +434,6 @@ class _Halt:
         self._own = True
 
 
-def verified_chain(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> list[bytes] | None:
-    """The chain TLS verified for the peer (DER, leaf first, trust anchor last), or None.
-    Public from Python 3.13; before it, the same method of the `_ssl` object underneath."""
-    getter = getattr(ssl_object, "get_verified_chain", None)
-    if getter is None:
-        getter = getattr(getattr(ssl_object, "_sslobj", None), "get_verified_chain", None)
-    if getter is None:
-        return None
-    chain = getter()
-    # 3.13 gives DER bytes; 3.10-3.12 `_ssl.Certificate`s (2 is `_ssl.ENCODING_DER`).
-    return [c if isinstance(c, bytes) else bytes(c.public_bytes(2)) for c in chain or ()]
-
-
 def _read_capped(path: Path) -> bytes:
     # One read of at most the cap (+1 so the parser reports the size): a huge or endless file
     # (a FIFO, /dev/zero) cannot exhaust memory.
@@ -360,52 +441,17 @@ def _read_capped(path: Path) -> bytes:
         return file.read(MAX_BUNDLE_BYTES + 1)
 
 
-def build_contexts(
-    credential: Credential, trust_bundle: TrustBundle
-) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """(server, client) contexts: TLS 1.2+ (1.3 preferred), mutual, trusting only the bundle."""
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    # Identity is the SPIFFE ID in a URI SAN, checked by bundles.authz; there is no hostname.
-    client.check_hostname = False
-    cadata = trust_bundle.der()
-    # load_cert_chain reads only from a path. The key goes there encrypted under a one-time
-    # password, inside a memfd (never on disk) where available, else in a 0600 file inside a
-    # private 0700 temporary directory; either is gone when this block ends.
-    password = secrets.token_urlsafe(32)
-    key_pem = credential.key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(password.encode("ascii")),
-    )
-    with _transient_file(key_pem + dump_certificates(credential.chain)) as path:
-        for context in (server, client):
-            context.minimum_version = ssl.TLSVersion.TLSv1_2  # OpenSSL negotiates 1.3 first
-            context.verify_mode = ssl.CERT_REQUIRED
-            context.load_verify_locations(cadata=cadata)
-            context.load_cert_chain(path, password=password)
-    return server, client
+def _follow(source: TLSSource, kind: _ContextKey) -> Callable[[Any, str | None, Any], None]:
+    """A server context's sni_callback (OpenSSL calls it on every ClientHello, with or without
+    SNI): moves the handshake onto the newest material's context of the same kind. Holds the
+    source weakly, so a context kept by a listener does not keep a dropped source alive."""
+    ref = weakref.ref(source)
 
+    def select(connection: Any, server_name: str | None, context: Any) -> None:
+        current = ref()
+        if current is not None:
+            newest = current._context(*kind)
+            if connection.context is not newest:
+                connection.context = newest
 
-@contextlib.contextmanager
-def _transient_file(data: bytes) -> Iterator[str]:
-    """A path OpenSSL can open, holding `data` only for the duration of the block."""
-    if _USE_MEMFD:
-        try:
-            fd = os.memfd_create("podcert-credential", os.MFD_CLOEXEC)
-        except OSError:  # seccomp or an old kernel: fall through to the temporary directory
-            pass
-        else:
-            try:
-                with os.fdopen(os.dup(fd), "wb") as file:
-                    file.write(data)
-                yield f"/proc/self/fd/{fd}"
-            finally:
-                os.close(fd)
-            return
-    with tempfile.TemporaryDirectory(prefix="podcert-") as directory:
-        path = Path(directory) / "credential.pem"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        yield str(path)
+    return select

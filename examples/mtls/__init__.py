@@ -8,6 +8,12 @@ the peer is by SPIFFE ID with `bundles.authz`, never by hostname.
 
 This module holds what the two share: the command-line options for the projected files and the
 peer rules, and the serial of a certificate as the audit log writes it.
+
+A workload rule names a trust domain or means our own: `--allow-workload shop/web` admits
+`spiffe://<our trust domain>/ns/shop/sa/web` only (our trust domain is that of our own
+certificate's SPIFFE ID), never a federated partner's `/ns/shop/sa/web`;
+`--allow-workload spire.test/shop/web` names the partner's, and `'*/shop/web'` says "any trust
+domain" out loud.
 """
 
 from __future__ import annotations
@@ -16,12 +22,19 @@ import argparse
 import asyncio
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cryptography import x509
 
-from bundles.authz import Authorizer, allow_any_of, allow_ids, allow_trust_domain, allow_workloads
+from bundles.authz import (
+    ANY_TRUST_DOMAIN,
+    Authorizer,
+    allow_any_of,
+    allow_ids,
+    allow_trust_domain,
+    allow_workloads,
+)
 from bundles.source import StrPath
 from bundles.spiffe import parse_trust_domain
 
@@ -98,28 +111,56 @@ def add_peer_arguments(parser: argparse.ArgumentParser, prefix: str, who: str) -
         dest="workloads",
         action="append",
         default=[],
-        metavar="NAMESPACE/SERVICEACCOUNT",
-        help="/ns/<ns>/sa/<sa> IDs whose namespace and service account match these globs",
+        metavar="[TRUST_DOMAIN/]NAMESPACE/SERVICEACCOUNT",
+        help="/ns/<ns>/sa/<sa> IDs whose namespace and service account match these globs, in "
+        "TRUST_DOMAIN ('*': any trust domain, federated ones included); without it, in our own "
+        "trust domain (our certificate's), never a federated one (repeatable)",
     )
 
 
-def authorizer_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Authorizer:
-    """One authorizer from the peer options; a usage error when no rule is given or one is bad."""
-    rules: list[Authorizer] = []
+Rules = Callable[[str | None], Authorizer]  # our own trust domain -> the authorizer
+
+
+def authorizer_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Rules:
+    """The peer options, checked now (a usage error when no rule is given or one is bad), as a
+    function of our own trust domain, known once the credential is read.
+
+    That function raises ValueError when a workload rule without a trust domain meets a
+    credential that carries no SPIFFE ID (no trust domain of our own to mean).
+    """
+    fixed: list[Authorizer] = []
+    workloads: list[tuple[str | None, str, str]] = []
     try:
         if args.ids:
-            rules.append(allow_ids(args.ids))
-        rules += [allow_trust_domain(td) for td in args.trust_domains]
+            fixed.append(allow_ids(args.ids))
+        fixed += [allow_trust_domain(td) for td in args.trust_domains]
         for pattern in args.workloads:
-            namespace, slash, service_account = pattern.partition("/")
-            if not slash:
-                parser.error(f"{pattern!r} is not NAMESPACE/SERVICEACCOUNT")
-            rules.append(allow_workloads(namespace, service_account))
+            *trust_domain, namespace, service_account = pattern.split("/")
+            if len(trust_domain) > 1 or not namespace or not service_account:
+                parser.error(f"{pattern!r} is not [TRUST_DOMAIN/]NAMESPACE/SERVICEACCOUNT")
+            td = trust_domain[0] if trust_domain else None
+            if td is not None and td != ANY_TRUST_DOMAIN:
+                td = parse_trust_domain(td)
+            workloads.append((td, namespace, service_account))
     except ValueError as exc:
         parser.error(str(exc))
-    if not rules:
+    if not fixed and not workloads:
         parser.error("no peer rule: nobody could talk to us")
-    return rules[0] if len(rules) == 1 else allow_any_of(*rules)
+
+    def build(local_trust_domain: str | None) -> Authorizer:
+        rules = list(fixed)
+        for td, namespace, service_account in workloads:
+            td = td or local_trust_domain
+            if td is None:
+                raise ValueError(
+                    f"workload rule {namespace}/{service_account} means our own trust domain, "
+                    "and our certificate carries no SPIFFE ID; write "
+                    "TRUST_DOMAIN/NAMESPACE/SERVICEACCOUNT"
+                )
+            rules.append(allow_workloads(namespace, service_account, trust_domain=td))
+        return rules[0] if len(rules) == 1 else allow_any_of(*rules)
+
+    return build
 
 
 def serial_of(certificate: x509.Certificate) -> str:

@@ -9,8 +9,10 @@ Rotation without a restart: each request passes the TLSSource's current client c
 `ssl=`; aiohttp keys its connection pool by that context, so after a rotation new connections use
 the new material while requests already in flight finish on the old ones.
 
-The server's identity is its SPIFFE ID, checked right after the handshake and before a byte of the
-request is sent (hostname checks are off: a pod certificate names a workload, not a host).
+The server's identity is its SPIFFE ID, judged inside the TLS handshake by the source's client
+context (`bundles.handshake`), so a server that is not allowed never receives a byte of the
+request; aiohttp reports it as a certificate error carrying the reason (hostname checks are off:
+a pod certificate names a workload, not a host).
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.tracing import Trace
 
 from bundles.authz import Authorizer
 from bundles.source import SourceError, TLSSource
@@ -44,39 +44,6 @@ from examples.mtls import (
 )
 
 log = logging.getLogger("examples.mtls.client")
-
-
-class ServerNotAllowed(aiohttp.ClientConnectionError):
-    """The server's certificate verified, but its SPIFFE ID is not the one we talk to."""
-
-
-class _AuthorizingConnector(aiohttp.TCPConnector):
-    """A TCPConnector that authorizes the server's SPIFFE ID on every new connection.
-
-    `_create_connection` is the hook aiohttp's own connectors (Unix sockets, named pipes)
-    override; the check runs after the TLS handshake and before the connection is used.
-    """
-
-    def __init__(self, authorizer: Authorizer, source: TLSSource, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._authorizer = authorizer
-        self._source = source
-
-    async def _create_connection(  # the signature is aiohttp's, `timeout` included
-        self,
-        req: aiohttp.ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
-    ) -> ResponseHandler:
-        protocol = await super()._create_connection(req, traces, timeout)
-        transport = protocol.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport else None
-        verdict = self._source.authorize(ssl_object, self._authorizer)
-        if not verdict:
-            if transport is not None:
-                transport.close()
-            raise ServerNotAllowed(f"refusing to talk to {req.url.host}: {verdict.reason}")
-        return protocol
 
 
 class IdentityClient:
@@ -96,7 +63,7 @@ class IdentityClient:
 
     async def __aenter__(self) -> IdentityClient:
         # Idle connections are dropped soon, so connections made with old material age out.
-        connector = _AuthorizingConnector(self._authorizer, self.source, keepalive_timeout=5)
+        connector = aiohttp.TCPConnector(keepalive_timeout=5)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=10)
         )
@@ -117,7 +84,8 @@ class IdentityClient:
         if self._session is None:
             raise RuntimeError("use `async with IdentityClient(...)`")
         try:
-            async with self._session.get(self.url, ssl=self.source.client_context()) as response:
+            context = self.source.client_context(self._authorizer)
+            async with self._session.get(self.url, ssl=context) as response:
                 text = await response.text()
                 if response.status != 200:
                     raise aiohttp.ClientResponseError(
@@ -189,13 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     credential = credential_paths(parser, args)
-    authorizer = authorizer_from(parser, args)
+    rules = authorizer_from(parser, args)
     if args.rate <= 0:
         parser.error("--rate must be positive")
     setup_logging(args.log_level)
     try:
         source = TLSSource(credential, args.trust_bundle, federated=federated_paths(parser, args))
-    except SourceError as exc:
+        authorizer = rules(source.trust_domain)
+    except (SourceError, ValueError) as exc:
         log.error("%s", exc)
         return 1
     return asyncio.run(_run(IdentityClient(source, authorizer, args.url), args))

@@ -5,17 +5,20 @@
         --allow-workload 'shop/*' --port 8443
 
 Rotation without a restart: asyncio fixes a server's `ssl.SSLContext` when it starts listening,
-so the listening context is only a dispatcher whose `sni_callback` (called on every ClientHello,
-with or without SNI) moves the handshake onto the TLSSource's current context — certificate, key
-and trusted roots alike. Connections keep the context they were made with; new ones get the new.
+so the server listens with the TLSSource's server context, whose `sni_callback` (called on every
+ClientHello, with or without SNI) moves the handshake onto the source's current context —
+certificate, key and trusted roots alike. Connections keep the context they were made with; new
+ones get the new.
 
 Connections made before a rotation are drained, not cut: the next answer on such a connection
 carries `Connection: close`, so the client's following request opens a new connection and sees
 the new certificate, and no request fails.
 
-Authorization: the handshake proves the client holds a key our trust bundle certifies; a
-middleware then checks its SPIFFE ID before any handler runs, answers 403 and closes the
-connection when the ID is not allowed, and logs one line saying who was refused and why.
+Authorization happens inside the TLS handshake (`bundles.handshake`): a client whose chain does
+not verify, whose chain ends at a federated trust domain's root while it claims an ID of another
+trust domain, or whose SPIFFE ID the rules do not allow never completes it. Its connection is
+closed before a byte of its request is read and no handler runs; the server logs one line
+saying who was refused and why, and counts it in `refused`.
 """
 
 from __future__ import annotations
@@ -26,14 +29,13 @@ import json
 import logging
 import ssl
 import sys
-import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
 
-from bundles.authz import Authorizer
+from bundles.authz import Authorizer, Verdict
 from bundles.formats import BundleError, load_certificate
 from bundles.source import SourceError, TLSSource
 from bundles.spiffe import CertificateIdError, spiffe_id_of
@@ -51,7 +53,6 @@ from examples.mtls import (
 log = logging.getLogger("examples.mtls.server")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_CLIENT_DER = web.RequestKey("client_der", bytes)  # the authorized client's leaf (DER)
 
 
 class IdentityServer:
@@ -64,62 +65,43 @@ class IdentityServer:
         self.refused = 0
         # Client leaf serials in the order first seen: shows clients rotating.
         self.client_serials: Counter[str] = Counter()
-        self._serials: weakref.WeakKeyDictionary[ssl.SSLContext, str] = weakref.WeakKeyDictionary()
         self._runner: web.AppRunner | None = None
 
     # --- TLS ----------------------------------------------------------------------------------
 
     def ssl_context(self) -> ssl.SSLContext:
-        """The listening context: it only dispatches each handshake to the current one."""
-        dispatcher = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        dispatcher.minimum_version = ssl.TLSVersion.TLSv1_2
-        dispatcher.verify_mode = ssl.CERT_REQUIRED  # no client certificate, no handshake
-        dispatcher.sni_callback = self._select
-        return dispatcher
+        """The listening context: it refuses unauthorized clients inside the handshake, and
+        moves each handshake onto the source's current material."""
+        return self.source.server_context(self.authorizer, on_refusal=self._refuse)
 
-    def _select(self, connection: ssl.SSLObject, server_name: str | None, _: Any) -> None:
-        context, serial = self._current()
-        self._serials[context] = serial
-        connection.context = context
-
-    def _current(self) -> tuple[ssl.SSLContext, str]:
-        """The current server context and the serial of the leaf inside it, read consistently."""
-        while True:
-            credential = self.source.credential
-            context = self.source.server_context()
-            if self.source.credential is credential:  # no swap in between
-                return context, serial_of(credential.leaf)
+    def _refuse(self, verdict: Verdict) -> None:
+        self.refused += 1
+        log.warning("refused client: %s", verdict.reason)
 
     # --- HTTP ---------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._authorize])
+        app = web.Application(middlewares=[self._drain])
         app.router.add_get("/", self._whoami)
         app.router.add_get("/stats", self._stats)
         return app
 
     @web.middleware
-    async def _authorize(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        transport = request.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport else None
-        der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
-        verdict = self.source.authorize(ssl_object, self.authorizer)
-        if der is None or not verdict:
-            self.refused += 1
-            log.warning("refused client %s: %s", request.remote, verdict.reason)
-            # Close the connection too: a refused peer gets nothing more on it.
-            raise web.HTTPForbidden(text=verdict.reason + "\n", headers={"Connection": "close"})
-        request[_CLIENT_DER] = der
+    async def _drain(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The handshake authorized the client; a connection made with material since rotated
+        gets its answer, then is closed, so the client reconnects to the new certificate."""
         response = await handler(request)
-        if ssl_object is not None and ssl_object.context is not self.source.server_context():
-            response.force_close()  # made with material since rotated: answer, then close
+        ssl_object = _ssl_object(request)
+        if ssl_object is not None and ssl_object.context is not self.ssl_context():
+            response.force_close()
         return response
 
     async def _whoami(self, request: web.Request) -> web.Response:
-        peer = _describe_peer(request[_CLIENT_DER])
-        transport = request.transport
-        ssl_object = transport.get_extra_info("ssl_object") if transport else None
-        server_serial = self._serials.get(ssl_object.context) if ssl_object else None
+        ssl_object = _ssl_object(request)
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
+        peer = _describe_peer(der or b"")
+        presented = self.source.credential_of(ssl_object.context) if ssl_object else None
+        server_serial = serial_of(presented.leaf) if presented else None
         self.served += 1
         if peer["serial"] not in self.client_serials:
             log.info(
@@ -163,6 +145,12 @@ class IdentityServer:
             self._runner = None
 
 
+def _ssl_object(request: web.Request) -> ssl.SSLObject | None:
+    transport = request.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport else None
+    return ssl_object if isinstance(ssl_object, ssl.SSLObject) else None
+
+
 def _describe_peer(der: bytes) -> dict[str, str]:
     try:
         cert = load_certificate(der)
@@ -179,11 +167,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8443)
     args = parser.parse_args(argv)
     credential = credential_paths(parser, args)
-    authorizer = authorizer_from(parser, args)
+    rules = authorizer_from(parser, args)
     setup_logging(args.log_level)
     try:
         source = TLSSource(credential, args.trust_bundle, federated=federated_paths(parser, args))
-    except SourceError as exc:
+        authorizer = rules(source.trust_domain)
+    except (SourceError, ValueError) as exc:
         log.error("%s", exc)
         return 1
     return asyncio.run(_serve(IdentityServer(source, authorizer), args))

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bundles.authz import (
+    ANY_TRUST_DOMAIN,
     Authorizer,
     Verdict,
     allow_any_of,
     allow_ids,
     allow_trust_domain,
     allow_workloads,
-    authorize_peer_certificate,
     authorize_peer_chain,
 )
 from bundles.spiffe import SpiffeId, SpiffeIdError
@@ -26,6 +26,11 @@ CHECKOUT = SpiffeId.parse(WORKLOAD)  # spiffe://cluster.local/ns/shop/sa/checkou
 PAYMENTS = SpiffeId.parse("spiffe://cluster.local/ns/pay/sa/payments")
 FOREIGN = SpiffeId.parse("spiffe://partner.example/ns/shop/sa/checkout")
 NODE = SpiffeId.parse("spiffe://cluster.local/node/worker-1")
+LOCAL = "cluster.local"
+
+
+def local(namespace_glob: str, service_account_glob: str) -> Authorizer:
+    return allow_workloads(namespace_glob, service_account_glob, trust_domain=LOCAL)
 
 
 def test_allow_ids_allows_exactly_the_listed_ids() -> None:
@@ -60,21 +65,32 @@ def test_allow_trust_domain_refuses_a_malformed_trust_domain() -> None:
 @pytest.mark.parametrize(
     ("authorizer", "peer", "allowed"),
     [
-        pytest.param(allow_workloads("shop", "checkout"), CHECKOUT, True, id="exact names"),
-        pytest.param(allow_workloads("*", "checkout"), FOREIGN, True, id="any trust domain"),
+        pytest.param(local("shop", "checkout"), CHECKOUT, True, id="exact names"),
         pytest.param(
-            allow_workloads("*", "*", trust_domain="cluster.local"),
+            local("shop", "checkout"),
             FOREIGN,
             False,
-            id="denied outside the given trust domain",
+            id="denied: the same path in a federated trust domain",
         ),
-        pytest.param(allow_workloads("sh?p", "check*"), CHECKOUT, True, id="glob wildcards"),
-        pytest.param(allow_workloads("[ps]*", "*"), PAYMENTS, True, id="glob character class"),
-        pytest.param(allow_workloads("shop", "pay*"), CHECKOUT, False, id="other account"),
-        pytest.param(allow_workloads("SHOP", "checkout"), CHECKOUT, False, id="case-sensitive"),
-        pytest.param(allow_workloads("*", "*"), NODE, False, id="denied when not a pod ID"),
+        pytest.param(
+            allow_workloads("*", "checkout", trust_domain=ANY_TRUST_DOMAIN),
+            FOREIGN,
+            True,
+            id="any trust domain, when said so",
+        ),
+        pytest.param(
+            allow_workloads("*", "*", trust_domain="partner.example"),
+            FOREIGN,
+            True,
+            id="a partner's trust domain, when named",
+        ),
+        pytest.param(local("sh?p", "check*"), CHECKOUT, True, id="glob wildcards"),
+        pytest.param(local("[ps]*", "*"), PAYMENTS, True, id="glob character class"),
+        pytest.param(local("shop", "pay*"), CHECKOUT, False, id="other account"),
+        pytest.param(local("SHOP", "checkout"), CHECKOUT, False, id="case-sensitive"),
+        pytest.param(local("*", "*"), NODE, False, id="denied when not a pod ID"),
     ],
-)  # fmt: skip
+)
 def test_allow_workloads_matches_namespace_and_service_account_globs(
     authorizer: Authorizer, peer: SpiffeId, allowed: bool
 ) -> None:
@@ -84,13 +100,26 @@ def test_allow_workloads_matches_namespace_and_service_account_globs(
     assert verdict.reason.endswith(".")
 
 
+def test_a_workload_rule_cannot_be_built_without_a_trust_domain() -> None:
+    """Finding 1 of issue 24: with no trust domain a rule used to match every trust domain,
+    so a federated partner's /ns/shop/sa/web passed as ours. Now the rule must name one."""
+    rule: Callable[..., Authorizer] = allow_workloads
+    with pytest.raises(TypeError, match="trust_domain"):
+        rule("shop", "web")
+    with pytest.raises(SpiffeIdError):
+        allow_workloads("shop", "web", trust_domain="")
+
+
 def test_workload_reasons_say_what_was_expected() -> None:
     authorize = allow_workloads("shop", "pay*", trust_domain="cluster.local")
     assert authorize(CHECKOUT).reason == (
         f"{CHECKOUT} does not match namespace 'shop' / service account 'pay*' "
         "in trust domain cluster.local."
     )
+    assert authorize(FOREIGN).reason == f"{FOREIGN} is not in trust domain cluster.local."
     assert "is not a /ns/<namespace>/sa/<service account> ID" in authorize(NODE).reason
+    anywhere = allow_workloads("shop", "checkout", trust_domain=ANY_TRUST_DOMAIN)
+    assert anywhere(FOREIGN).reason.endswith("in any trust domain.")
 
 
 def test_allow_any_of_returns_the_first_allowing_verdict() -> None:
@@ -117,7 +146,7 @@ def test_a_verdict_is_truthy_only_when_allowed() -> None:
     assert not Verdict(False, "no")
 
 
-# --- peer certificates ------------------------------------------------------------------------
+# --- peer chains -------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +158,18 @@ def _der(ca: Authority, *uris: str, san: bool = True) -> bytes:
     return ca.leaf(*uris, san=san).public_bytes(serialization.Encoding.DER)
 
 
-def test_a_peer_certificate_is_authorized_by_its_spiffe_id(ca: Authority) -> None:
-    verdict = authorize_peer_certificate(_der(ca, WORKLOAD), allow_ids([WORKLOAD]))
+def _root(ca: Authority) -> bytes:
+    return ca.cert.public_bytes(serialization.Encoding.DER)
+
+
+def _ours(ca: Authority) -> dict[bytes, str | None]:
+    return {_root(ca): None}
+
+
+def test_a_peer_chain_is_authorized_by_its_leafs_spiffe_id(ca: Authority) -> None:
+    verdict = authorize_peer_chain(
+        [_der(ca, WORKLOAD), _root(ca)], _ours(ca), allow_ids([WORKLOAD])
+    )
     assert verdict == Verdict(True, f"{WORKLOAD} is the allowed ID.")
 
 
@@ -153,19 +192,22 @@ def test_a_peer_certificate_is_authorized_by_its_spiffe_id(ca: Authority) -> Non
 def test_unusable_or_unauthorized_peers_get_a_denied_verdict(
     ca: Authority, make_der: Callable[[Authority], bytes | None], reason: str
 ) -> None:
-    verdict = authorize_peer_certificate(make_der(ca), allow_ids([WORKLOAD]))
+    leaf = make_der(ca)
+    chain = None if leaf is None else [leaf, _root(ca)] if leaf else []
+    verdict = authorize_peer_chain(chain, _ours(ca), allow_ids([WORKLOAD]))
     assert not verdict.allowed
     assert reason in verdict.reason
     assert verdict.reason.endswith(".") and not verdict.reason.endswith("..")
 
 
+_VALID_DER = Authority().leaf(WORKLOAD).public_bytes(serialization.Encoding.DER)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=2048))
 def test_random_bytes_as_a_peer_certificate_are_denied_never_raised(der: bytes) -> None:
-    assert not authorize_peer_certificate(der, allow_trust_domain("cluster.local")).allowed
-
-
-_VALID_DER = Authority().leaf(WORKLOAD).public_bytes(serialization.Encoding.DER)
+    chain = [der, _VALID_DER]
+    assert not authorize_peer_chain(chain, {_VALID_DER: None}, allow_trust_domain(LOCAL)).allowed
 
 
 @pytest.mark.filterwarnings(
@@ -180,7 +222,8 @@ def test_corrupted_peer_certificates_give_a_verdict_never_an_exception(
     data = bytearray(_VALID_DER)
     for position, value in flips:
         data[position] = value
-    verdict = authorize_peer_certificate(bytes(data), allow_trust_domain("cluster.local"))
+    chain = [bytes(data), b"root"]
+    verdict = authorize_peer_chain(chain, {b"root": None}, allow_trust_domain(LOCAL))
     assert isinstance(verdict, Verdict)
 
 
@@ -191,19 +234,31 @@ def test_a_federated_root_vouches_only_for_its_own_trust_domain(ca: Authority) -
     """A chain TLS verified ends at a root: one of a federated trust domain's may certify only
     that domain's IDs; one of ours leaves the peer to the authorizer alone."""
     theirs = Authority("partner root")
-    ours_der, theirs_der = (a.cert.public_bytes(serialization.Encoding.DER) for a in (ca, theirs))
-    federated = {theirs_der: "partner.example"}
+    ours_der, theirs_der = _root(ca), _root(theirs)
+    trusted: dict[bytes, str | None] = {ours_der: None, theirs_der: "partner.example"}
     foreign_ok = [_der(theirs, str(FOREIGN)), theirs_der]
     foreign_lying = [_der(theirs, WORKLOAD), theirs_der]
     ours_ok = [_der(ca, WORKLOAD), ours_der]
-    assert authorize_peer_chain(foreign_ok, federated, allow_ids([FOREIGN]))
-    lying = authorize_peer_chain(foreign_lying, federated, allow_ids([WORKLOAD]))
+    assert authorize_peer_chain(foreign_ok, trusted, allow_ids([FOREIGN]))
+    lying = authorize_peer_chain(foreign_lying, trusted, allow_ids([WORKLOAD]))
     assert not lying
     assert lying.reason == (
         f"{WORKLOAD} chains to a root of federated trust domain partner.example, which "
         "vouches for its own IDs only."
     )
-    assert authorize_peer_chain(ours_ok, federated, allow_ids([WORKLOAD]))
-    assert not authorize_peer_chain(ours_ok, federated, allow_ids([FOREIGN]))
-    assert not authorize_peer_chain(None, federated, allow_ids([FOREIGN]))
-    assert not authorize_peer_chain([b"junk", theirs_der], federated, allow_ids([FOREIGN]))
+    assert authorize_peer_chain(ours_ok, trusted, allow_ids([WORKLOAD]))
+    assert not authorize_peer_chain(ours_ok, trusted, allow_ids([FOREIGN]))
+    assert not authorize_peer_chain(None, trusted, allow_ids([FOREIGN]))
+    assert not authorize_peer_chain([b"junk", theirs_der], trusted, allow_ids([FOREIGN]))
+
+
+def test_a_chain_ending_at_a_root_we_never_trusted_is_refused(ca: Authority) -> None:
+    """A library may load more roots into a shared context (requests loads certifi's): a
+    chain OpenSSL verified to one of those is still no peer of ours."""
+    public = Authority("some public root")
+    verdict = authorize_peer_chain(
+        [_der(public, WORKLOAD), _root(public)], _ours(ca), allow_ids([WORKLOAD])
+    )
+    assert verdict == Verdict(
+        False, f"{WORKLOAD} chains to a root that is neither ours nor a federated one."
+    )

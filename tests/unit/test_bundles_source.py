@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from bundles import handshake as handshake_module
 from bundles import source as source_module
-from bundles.authz import allow_ids, authorize_peer_certificate
+from bundles.authz import allow_ids
 from bundles.formats import (
     ChainError,
     Credential,
@@ -35,6 +36,8 @@ from tests.unit.test_bundles_formats import NOW, Authority, pkcs8
 
 SERVER_ID = "spiffe://cluster.local/ns/shop/sa/checkout"
 CLIENT_ID = "spiffe://cluster.local/ns/shop/sa/frontend"
+ALLOW_CLIENT = allow_ids([CLIENT_ID])  # one object per rule: contexts are cached per authorizer
+ALLOW_SERVER = allow_ids([SERVER_ID])
 DEADLINE = 10.0  # seconds; generous, only reached when something is broken
 
 
@@ -179,18 +182,23 @@ def error_of(source: TLSSource) -> Exception | None:
 
 
 def connect(server: TLSSource, client: TLSSource) -> Link:
-    return Link(server.server_context(), client.client_context())
+    return Link(server.server_context(ALLOW_CLIENT), client.client_context(ALLOW_SERVER))
+
+
+def contexts(source: TLSSource) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    return source.server_context(ALLOW_CLIENT), source.client_context(ALLOW_SERVER)
 
 
 # --- loading and contexts ---------------------------------------------------------------------
 
 
 def test_initial_load_builds_strict_mutual_tls_contexts(server: TLSSource, ca: Authority) -> None:
-    server_side, client_side = server.server_context(), server.client_context()
+    server_side, client_side = contexts(server)
     assert server_side.verify_mode == client_side.verify_mode == ssl.CERT_REQUIRED
     assert client_side.check_hostname is False
     assert server_side.minimum_version == client_side.minimum_version == ssl.TLSVersion.TLSv1_2
     assert str(server.credential.spiffe_id) == SERVER_ID
+    assert server.trust_domain == "cluster.local"
     assert server.trust_bundle.roots == (ca.cert,)
     assert server.last_error is None
 
@@ -200,14 +208,15 @@ def test_a_real_handshake_proves_both_spiffe_ids(server: TLSSource, client: TLSS
     assert link.client.version() == "TLSv1.3"
     assert link.server_leaf() == der(server.credential)
     assert link.client_leaf() == der(client.credential)
-    assert authorize_peer_certificate(link.client_leaf(), allow_ids([CLIENT_ID])).allowed
-    assert authorize_peer_certificate(link.server_leaf(), allow_ids([SERVER_ID])).allowed
+    assert server.authorize(link.server, ALLOW_CLIENT).allowed
+    assert client.authorize(link.client, ALLOW_SERVER).allowed
+    assert not server.authorize(link.server, ALLOW_SERVER).allowed
 
 
 def test_tls_1_2_peers_are_still_served(server: TLSSource, client: TLSSource) -> None:
-    legacy = client.client_context()
+    legacy = client.client_context(allow_ids([SERVER_ID]))
     legacy.maximum_version = ssl.TLSVersion.TLSv1_2
-    assert Link(server.server_context(), legacy).client.version() == "TLSv1.2"
+    assert Link(server.server_context(ALLOW_CLIENT), legacy).client.version() == "TLSv1.2"
 
 
 def test_a_client_without_a_certificate_is_refused(server: TLSSource, ca: Authority) -> None:
@@ -215,7 +224,7 @@ def test_a_client_without_a_certificate_is_refused(server: TLSSource, ca: Author
     anonymous.check_hostname = False
     anonymous.load_verify_locations(cadata=ca.pem.decode())
     with pytest.raises(ssl.SSLError):
-        Link(server.server_context(), anonymous)
+        Link(server.server_context(ALLOW_CLIENT), anonymous)
 
 
 def test_the_first_load_fails_loudly_without_material(tmp_path: Path, ca: Authority) -> None:
@@ -233,12 +242,12 @@ def test_the_first_load_fails_loudly_without_material(tmp_path: Path, ca: Author
 
 
 def test_unchanged_files_change_nothing(server: TLSSource, server_volume: Volume) -> None:
-    before = server.server_context(), server.client_context()
+    before = contexts(server)
     notified: list[Credential] = []
     server.subscribe(notified.append)
     server_volume.publish()  # same content, new directory: only the content counts
     assert server.refresh() is False
-    assert (server.server_context(), server.client_context()) == before
+    assert contexts(server) == before
     assert notified == []
 
 
@@ -262,14 +271,14 @@ def test_a_mismatched_pair_mid_rotation_is_rejected_and_the_old_contexts_kept(
     server: TLSSource, client: TLSSource, client_volume: Volume, ca: Authority
 ) -> None:
     old = client.credential
-    contexts = client.server_context(), client.client_context()
+    before = contexts(client)
     renewed = ca.issue(CLIENT_ID)
     # The new key is on disk, the chain is still the old one: a torn key/chain pair.
     client_volume.publish(**{"key.pem": pkcs8(renewed.key)})
 
     assert client.refresh() is False
     assert isinstance(client.last_error, KeyMismatchError)
-    assert (client.server_context(), client.client_context()) == contexts
+    assert contexts(client) == before
     assert connect(server, client).client_leaf() == der(old)
 
     client_volume.publish(**{"chain.pem": dump_certificates(renewed.chain)})
@@ -285,25 +294,25 @@ def test_a_half_written_bundle_is_rejected_until_complete(
     (tmp_path / "trust.pem").write_bytes(ca.pem)
     (tmp_path / "credential.pem").write_bytes(dump_credential(ca.issue(SERVER_ID)))
     source = TLSSource(tmp_path / "credential.pem", tmp_path / "trust.pem", clock=clock)
-    context = source.server_context()
+    context = source.server_context(ALLOW_CLIENT)
     renewed = dump_credential(ca.issue(SERVER_ID))
 
     (tmp_path / "credential.pem").write_bytes(renewed[: len(renewed) - 100])
     assert source.refresh() is False
     assert isinstance(source.last_error, MalformedPemError)
-    assert source.server_context() is context
+    assert source.server_context(ALLOW_CLIENT) is context
 
     (tmp_path / "credential.pem").write_bytes(renewed)
     assert source.refresh() is True
-    assert source.server_context() is not context
+    assert source.server_context(ALLOW_CLIENT) is not context
 
 
 def test_a_vanished_file_keeps_the_old_material(server: TLSSource, server_volume: Volume) -> None:
-    context = server.server_context()
+    context = server.server_context(ALLOW_CLIENT)
     (server_volume / "credential.pem").unlink()
     assert server.refresh() is False
     assert isinstance(server.last_error, FileNotFoundError)
-    assert server.server_context() is context
+    assert server.server_context(ALLOW_CLIENT) is context
 
 
 def test_a_leaf_not_yet_valid_is_taken_once_the_clock_reaches_it(
@@ -336,7 +345,7 @@ def test_a_ca_rotation_reaches_the_trust_bundle_before_the_leaf(
 ) -> None:
     new_ca = Authority("podcert root 2")
     new_leaf = dump_credential(new_ca.issue(SERVER_ID))
-    stale_client = client.client_context()
+    stale_client = client.client_context(ALLOW_SERVER)
 
     # A leaf of the new CA before the trust bundle carries the CA: refused.
     server_volume.publish(**{"credential.pem": new_leaf})
@@ -355,7 +364,7 @@ def test_a_ca_rotation_reaches_the_trust_bundle_before_the_leaf(
 
     # A context built before the CA change does not trust the new server leaf.
     with pytest.raises(ssl.SSLCertVerificationError):
-        Link(server.server_context(), stale_client)
+        Link(server.server_context(ALLOW_CLIENT), stale_client)
 
 
 def test_an_unexpected_failure_keeps_serving_and_is_recorded(
@@ -365,11 +374,11 @@ def test_an_unexpected_failure_keeps_serving_and_is_recorded(
         raise RuntimeError("bug in validation")
 
     monkeypatch.setattr(source_module, "verify_chain", broken)
-    context = server.server_context()
+    context = server.server_context(ALLOW_CLIENT)
     server_volume.publish(**{"credential.pem": dump_credential(ca.issue(SERVER_ID))})
     assert server.refresh() is False
     assert isinstance(server.last_error, RuntimeError)
-    assert server.server_context() is context
+    assert server.server_context(ALLOW_CLIENT) is context
 
 
 # --- subscribers ------------------------------------------------------------------------------
@@ -403,7 +412,7 @@ def test_a_failing_subscriber_does_not_stop_the_others(
 @contextlib.contextmanager
 def spy_on_transient_files(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, object]]]:
     seen: list[dict[str, object]] = []
-    real = source_module._transient_file
+    real = handshake_module._transient_file
 
     @contextlib.contextmanager
     def spy(data: bytes) -> Iterator[str]:
@@ -418,11 +427,11 @@ def spy_on_transient_files(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dic
             )
             yield path
 
-    monkeypatch.setattr(source_module, "_transient_file", spy)
+    monkeypatch.setattr(handshake_module, "_transient_file", spy)
     yield seen
 
 
-@pytest.mark.skipif(not source_module._USE_MEMFD, reason="memfd is Linux-only")
+@pytest.mark.skipif(not handshake_module._USE_MEMFD, reason="memfd is Linux-only")
 def test_on_linux_the_key_file_is_an_anonymous_memfd(
     server_volume: Volume, monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:
@@ -439,7 +448,7 @@ def test_without_memfd_the_key_goes_encrypted_into_a_private_directory_then_away
     tmp_path: Path,
     clock: Clock,
 ) -> None:
-    monkeypatch.setattr(source_module, "_USE_MEMFD", False)
+    monkeypatch.setattr(handshake_module, "_USE_MEMFD", False)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(scratch))
