@@ -337,7 +337,13 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
         if isinstance(bootstraps, str):  # checked at start-up; a file changed since
             raise ValueError(bootstraps)
         signer.federator = Federator(
-            kube, federated, bootstraps, leading.is_set, runtime.stopping, utcnow
+            kube,
+            federated,
+            bootstraps,
+            leading.is_set,
+            runtime.stopping,
+            utcnow,
+            local_roots=cas.trusted_roots,  # never published as another domain's
         )
     cas.on_change(signer.on_ca_change)
     return signer

@@ -30,6 +30,18 @@ A fetched bundle (`accept`) replaces the last one only when it is a well-formed 
 (SPIFFE Trust Domain and Bundle, section 4) whose `x509-svid` keys each carry exactly one
 certificate matching the key, with at least one root valid now, and whose `spiffe_sequence`
 does not go back. Anything else is a `Rejected` naming the field: the last good bundle stays.
+
+What is published for a domain are roots only, each owned by that one domain:
+
+- a root is a self-signed CA certificate: basicConstraints CA:TRUE (and keyCertSign when it
+  has a keyUsage), issuer equal to subject, its signature verifying with its own key
+  (`root_problem`); an intermediate or a leaf in a bundle is refused (`not-a-ca`,
+  `not-self-signed`), the bundle's other roots kept;
+- `claim`: a root this signer holds itself (`local-root`), or one another federated domain
+  holds now (its last accepted bundle, else its published ClusterTrustBundle, else its
+  bootstrap bundle: `owned-by-another-domain`), is refused for the domain that lists it later.
+  The first holder keeps it, whatever the names' order; a bundle left with no root is
+  `Rejected`. Every refusal is a `RootRefused` naming the domain, the certificate and why.
 """
 
 from __future__ import annotations
@@ -38,14 +50,14 @@ import base64
 import binascii
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 from urllib.parse import urlsplit
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography import exceptions, x509
+from cryptography.hazmat.primitives import hashes, serialization
 
 from bundles.spiffe import SpiffeId, SpiffeIdError
 from signer import spiffebundle
@@ -87,14 +99,35 @@ class Federation:
     domains: tuple[FederatedDomain, ...]
 
 
+RootProblem = Literal["not-a-ca", "not-self-signed", "local-root", "owned-by-another-domain"]
+
+
+@dataclass(frozen=True)
+class RootRefused:
+    """A certificate `trust_domain`'s bundle listed that is not trusted for that domain."""
+
+    trust_domain: str
+    certificate: str  # its subject and SHA-256 fingerprint (`describe`)
+    problem: RootProblem
+    detail: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.trust_domain}: certificate {self.certificate} refused"
+            f" ({self.problem}): {self.detail}"
+        )
+
+
 @dataclass(frozen=True)
 class Bundle:
-    """A federated trust domain's bundle as last accepted."""
+    """A federated trust domain's bundle as last accepted: the roots trusted for it, and the
+    certificates it listed that were refused."""
 
     trust_domain: str
     roots: tuple[x509.Certificate, ...]
     sequence: int | None = None
     refresh_hint: dt.timedelta | None = None
+    refused: tuple[RootRefused, ...] = ()
 
     def ders(self) -> frozenset[bytes]:
         return frozenset(r.public_bytes(serialization.Encoding.DER) for r in self.roots)
@@ -102,10 +135,12 @@ class Bundle:
 
 @dataclass(frozen=True)
 class Rejected:
-    """Why a fetched bundle was not taken; `field` names the part of the document at fault."""
+    """Why a fetched bundle was not taken; `field` names the part of the document at fault,
+    `refused` the certificates refused on the way (when none was left to trust)."""
 
     field: str
     reason: str
+    refused: tuple[RootRefused, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.field}: {self.reason}"
@@ -165,12 +200,106 @@ def parse_bundle(body: bytes, trust_domain: str, now: dt.datetime) -> Bundle | R
     valid = [r for r in roots.values() if r.not_valid_before_utc <= now <= r.not_valid_after_utc]
     if not valid:
         return Rejected("keys", f"none of the {len(roots)} x509-svid roots is valid now")
+    kept: list[x509.Certificate] = []
+    refused: list[RootRefused] = []
+    for cert in valid:
+        problem = root_problem(cert)
+        if problem is None:
+            kept.append(cert)
+        else:
+            refused.append(RootRefused(trust_domain, describe(cert), *problem))
+    if not kept:
+        return _nothing_left(refused)
     return Bundle(
         trust_domain=trust_domain,
-        roots=tuple(valid),
+        roots=tuple(kept),
         sequence=sequence,
         refresh_hint=dt.timedelta(seconds=hint) if hint else None,
+        refused=tuple(refused),
     )
+
+
+def _nothing_left(refused: Sequence[RootRefused]) -> Rejected:
+    reasons = "; ".join(f"{r.certificate}: {r.problem}" for r in refused)
+    return Rejected("keys", f"no root left to trust ({reasons})", tuple(refused))
+
+
+# --- what may be published as a domain's root ---------------------------------------------------
+
+
+def describe(cert: x509.Certificate) -> str:
+    """A certificate as a log line names it: its subject and SHA-256 fingerprint."""
+    subject = cert.subject.rfc4514_string() or "(empty subject)"
+    return f"{subject!r} sha256:{cert.fingerprint(hashes.SHA256()).hex()}"
+
+
+def root_problem(cert: x509.Certificate) -> tuple[RootProblem, str] | None:
+    """Why `cert` is no root (None when it is one): a root is a CA certificate (basicConstraints
+    CA:TRUE; keyCertSign when it has a keyUsage) that issued itself and whose signature
+    verifies with its own key."""
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        usage = _optional_key_usage(cert)
+    except x509.ExtensionNotFound:
+        return "not-a-ca", "no basicConstraints extension"
+    except ValueError as err:  # a malformed or duplicated extension
+        return "not-a-ca", f"unreadable extensions: {err}"
+    if not constraints.ca:
+        return "not-a-ca", "basicConstraints CA:FALSE (a leaf)"
+    if usage is not None and not usage.key_cert_sign:
+        return "not-a-ca", "keyUsage without keyCertSign"
+    if cert.issuer != cert.subject:
+        return "not-self-signed", f"issued by {cert.issuer.rfc4514_string()!r} (an intermediate)"
+    try:
+        cert.verify_directly_issued_by(cert)
+    except (ValueError, TypeError, exceptions.InvalidSignature):
+        return "not-self-signed", "its signature does not verify with its own key"
+    return None
+
+
+def _optional_key_usage(cert: x509.Certificate) -> x509.KeyUsage | None:
+    try:
+        return cert.extensions.get_extension_for_class(x509.KeyUsage).value
+    except x509.ExtensionNotFound:
+        return None
+
+
+def claim(
+    bundle: Bundle, others: Mapping[str, Collection[bytes]], local: Collection[bytes]
+) -> Bundle | Rejected:
+    """`bundle` without the roots it may not have: this signer's own (`local`, DER) and those
+    other federated domains hold now (`others`: trust domain -> its roots, DER). The holder
+    keeps a root; the domain listing it later is refused it."""
+    kept: list[x509.Certificate] = []
+    refused = list(bundle.refused)
+    for root in bundle.roots:
+        der = root.public_bytes(serialization.Encoding.DER)
+        owners = sorted(
+            td for td, ders in others.items() if td != bundle.trust_domain and der in ders
+        )
+        if der in local:
+            refused.append(
+                RootRefused(
+                    bundle.trust_domain,
+                    describe(root),
+                    "local-root",
+                    "one of this signer's own roots",
+                )
+            )
+        elif owners:
+            refused.append(
+                RootRefused(
+                    bundle.trust_domain,
+                    describe(root),
+                    "owned-by-another-domain",
+                    f"a root of federated trust domain {', '.join(owners)}",
+                )
+            )
+        else:
+            kept.append(root)
+    if not kept:
+        return _nothing_left(refused)
+    return replace(bundle, roots=tuple(kept), refused=tuple(refused))
 
 
 def _optional_uint(document: Mapping[str, Any], name: str) -> int | Rejected | None:
