@@ -4,7 +4,8 @@ Per (pod UID, volume, source index): what its request says (`request_event`) or 
 run left on disk (`chain_on_disk`) becomes an event; the step's actions become a new key and a
 request made as the node, or the files to write; a credential turning overdue or expired becomes
 one Event. Private keys live in a `Pending` state until written and then only in the pod's
-files; they are never logged.
+files (and, while a create's outcome is unknown, in the pod's `Memory`, for the retry that
+must name the same request); they are never logged.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from cryptography import x509
 
 from bundles import formats
 from kubelet_shim import projection
-from kubelet_shim.kube import ShimApi, pcr_body
+from kubelet_shim.kube import ForeignRequest, ShimApi, pcr_body, request_name
 from kubelet_shim.metrics import Metrics
 from kubelet_shim.projection import ProjectionState
 from kubelet_shim.state import Caches, Memory, Outcome, Pod, Tracked, VolumePlan, log_context
@@ -227,12 +228,17 @@ class CertificateSources:
         reason: str,
         outcome: Outcome,
     ) -> tuple[str, keys.PrivateKey] | None:
-        """A new key and a request for it, made as the node. None (and a retry) on API trouble."""
+        """A new key and a request for it, made as the node. None (and a retry) on API trouble.
+        The key of a create whose outcome is unknown is kept for the next try: the request's
+        name follows from it, so a create the API server did apply is found, not doubled."""
         extra = log_context(pod, source.volume)
-        key = keys.generate(source.key_type)
+        work = source.key(pod.ref.uid)
+        key = memory.unanswered.get(work) or keys.generate(source.key_type)
+        memory.unanswered[work] = key
         try:
             body = pcr_body(
                 pod.ref,
+                name=request_name(pod.ref, work, source.signer_name, keys.public_der(key)),
                 signer_name=source.signer_name,
                 service_account=pod.volumes.service_account,
                 service_account_uid=self.kube.service_account_uid(
@@ -246,6 +252,8 @@ class CertificateSources:
             )
             created = self.kube.create_pcr(pod.ref.namespace, body)
         except ApiError as err:
+            if isinstance(err, ForeignRequest):
+                del memory.unanswered[work]  # that name is taken: the next key names another
             self.metrics.errors.labels(operation="create_request").inc()
             outcome.retry = True
             log.warning("cannot create request: %s", err, extra=extra)
@@ -262,6 +270,7 @@ class CertificateSources:
                     self.clock(),
                 )
             return None
+        del memory.unanswered[work]
         name = str(created["metadata"]["name"])
         memory.noted.discard(("refused", source.volume, source.index))
         self.metrics.requests.labels(signer=source.signer_name, reason=reason).inc()

@@ -5,21 +5,31 @@ NodeRestriction allow: list/watch pods and PodCertificateRequests only with a sp
 selector, get its Node and the ServiceAccounts of its pods, create requests for pods bound to it,
 list/watch ClusterTrustBundles, create Events. Nodes may NOT delete PodCertificateRequests
 (NodeRestriction refuses the operation); that needs the optional second, non-node identity.
+
+A request's name is fixed by what it asks for (`request_name`: the pod's UID, the source, the
+key), not left to generateName, so a create cannot become two requests: one applied twice by
+something between (a proxy, a client that resends) or sent again after its answer was lost
+meets 409 AlreadyExists, and `create_pcr` adopts the request it finds under that name once it
+has checked it is this node's request for the same pod, source and key.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import msgspec
+from cryptography import x509
 
+from podcert.api import keys
 from podcert.api.events import ObjectRef, event_body
-from podcert.api.requests import STUB_CSR, KeyForm
+from podcert.api.pods import WorkKey
+from podcert.api.requests import STUB_CSR, KeyForm, RequestError, Spec, parse_request
 from podcert.api.times import format_micro_time
 from podcert.api.versions import group_version
 from podcert.discovery import certificates_versions, key_form
@@ -32,6 +42,15 @@ _S = TypeVar("_S", bound=msgspec.Struct)
 COMPONENT = "podcert-shim"
 # The emergency-rotation annotation: credentials issued before this instant are re-keyed then.
 ROTATE_ANNOTATION = "podcert.dev/rotate-before"
+# A request's name: this much of its pod's name, "-", then DIGEST hex digits of what it asks
+# for; a DNS subdomain of 63 characters at most, as the names generateName makes.
+NAME_PREFIX: Final = 38
+DIGEST: Final = 24
+
+
+class ForeignRequest(ApiError):
+    """409: a request of that name exists and is not this node's for that pod, source and key
+    (never by chance: the name holds 96 bits of a digest of the key); a new key is the way on."""
 
 
 # --- what the agent decodes of its objects -------------------------------------------------
@@ -233,17 +252,47 @@ class ShimKube:
         return str(found["metadata"]["uid"])
 
     def create_pcr(self, namespace: str, body: JSON) -> JSON:
+        """Create the request `body` names, or adopt the one already under that name when it is
+        this node's request for the same pod, source and key (a create applied before, its
+        answer lost). Raises ForeignRequest for a namesake that is not, else ApiError."""
         body = {
             **body,
             "apiVersion": group_version(self.pcr_version),
             "kind": "PodCertificateRequest",
         }
         try:
-            return self.rest.request("POST", self._pcrs(namespace), body=body)
+            try:
+                return self.rest.request("POST", self._pcrs(namespace), body=body)
+            except ApiError as err:
+                if err.status != 409 or err.reason != "AlreadyExists":
+                    raise
+            return self._adopt(namespace, body)
         except ApiError:
             # A recreated Node has a new UID; ask again next time instead of repeating a stale one.
             self._node_uid = None
             raise
+
+    def _adopt(self, namespace: str, body: JSON) -> JSON:
+        name = str(body["metadata"]["name"])
+        # A list by name on this node: what the Node authorizer allows without waiting for its
+        # graph to learn of the request (a get may be refused until it has).
+        found = self.rest.request(
+            "GET",
+            self._pcrs(namespace),
+            query={"fieldSelector": f"{self._on_node},metadata.name={name}"},
+        )
+        for existing in found.get("items") or []:
+            if same_request(existing, body):
+                log.info(
+                    "adopted the request a lost answer left",
+                    extra={"namespace": namespace, "request": name},
+                )
+                return dict(existing)
+        raise ForeignRequest(
+            409,
+            "AlreadyExists",
+            f"request {namespace}/{name} exists and is not this node's for this key",
+        )
 
     def delete_pcr(self, namespace: str, name: str, uid: str) -> bool:
         """Delete a request of a pod that is gone; False when this shim may not (no cleanup
@@ -293,9 +342,53 @@ class ShimKube:
             )
 
 
+def request_name(pod: PodRef, source: WorkKey, signer_name: str, public_der: bytes) -> str:
+    """The name of the request for `source` (a pod's podCertificate source) with the key whose
+    SubjectPublicKeyInfo is `public_der`: the same inputs, the same name, so a create sent or
+    applied twice meets its own first copy. The pod's name leads, as with the kubelet's
+    generateName, cut so the whole stays within 63 characters and a DNS subdomain."""
+    digest = hashlib.sha256()
+    for part in (source.pod_uid, source.volume, str(source.source_index), signer_name):
+        digest.update(part.encode() + b"\0")
+    digest.update(public_der)
+    prefix = pod.name[:NAME_PREFIX].rstrip("-.")
+    return f"{prefix}-{digest.hexdigest()[:DIGEST]}" if prefix else digest.hexdigest()[:DIGEST]
+
+
+def same_request(existing: object, body: JSON) -> bool:
+    """Whether `existing` (an API object) asks what `body` asks: the same spec, the same key
+    (a stub CSR is signed anew at each attempt, so keys are compared, not CSRs)."""
+    try:
+        found, ours = parse_request(existing).spec, parse_request({**body, "status": {}}).spec
+        return _facts(found) == _facts(ours) and _public_key(found) == _public_key(ours)
+    except (RequestError, ValueError):
+        return False
+
+
+def _facts(spec: Spec) -> tuple[object, ...]:
+    return (
+        spec.signer_name,
+        spec.pod_name,
+        spec.pod_uid,
+        spec.service_account_name,
+        spec.service_account_uid,
+        spec.node_name,
+        spec.node_uid,
+        spec.max_expiration_seconds,
+        dict(spec.unverified_user_annotations),
+    )
+
+
+def _public_key(spec: Spec) -> bytes:
+    if spec.stub_pkcs10_request:
+        return keys.spki_der(x509.load_der_x509_csr(spec.stub_pkcs10_request).public_key())
+    return spec.pkix_public_key
+
+
 def pcr_body(
     pod: PodRef,
     *,
+    name: str,
     signer_name: str,
     service_account: str,
     service_account_uid: str,
@@ -305,8 +398,9 @@ def pcr_body(
     key_fields: Mapping[str, str],
     user_annotations: Mapping[str, str],
 ) -> JSON:
-    """A PodCertificateRequest owned by its pod (so the garbage collector takes it with the pod).
-    `key_fields` carry the subject key (`podcert.api.requests.key_fields`)."""
+    """A PodCertificateRequest named `name` (`request_name`), owned by its pod (so the garbage
+    collector takes it with the pod). `key_fields` carry the subject key
+    (`podcert.api.requests.key_fields`)."""
     spec: dict[str, Any] = {
         "signerName": signer_name,
         "podName": pod.name,
@@ -322,8 +416,7 @@ def pcr_body(
         spec["unverifiedUserAnnotations"] = dict(user_annotations)
     return {
         "metadata": {
-            # The API server truncates a long prefix before adding its random suffix.
-            "generateName": f"{pod.name}-",
+            "name": name,
             "namespace": pod.namespace,
             "ownerReferences": [
                 {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}

@@ -19,6 +19,7 @@ from typing import Any, Final
 from kubelet_shim import projection, trust
 from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
 from kubelet_shim.projection import ProjectionState
+from podcert.api.keys import PrivateKey
 from podcert.api.pods import PodVolumes, TrustBundleSource, WorkKey, parse_pod
 from podcert.api.times import parse_time
 from podcert.rest import JSON
@@ -82,6 +83,10 @@ class Memory:
     adopted: set[WorkKey] = field(default_factory=set)  # disk content already considered
     reported: dict[WorkKey, ProjectionState] = field(default_factory=dict)  # for stale events
     noted: set[tuple[object, ...]] = field(default_factory=set)  # one-off events already sent
+    # The key of each source's create whose outcome is not known (no answer, or an error):
+    # the next create for that source uses it again, so it names the same request and meets
+    # the first one if the API server applied it. Dropped once a create is answered.
+    unanswered: dict[WorkKey, PrivateKey] = field(default_factory=dict, repr=False)
 
     def first(self, note: tuple[object, ...]) -> bool:
         """True the first time `note` is seen (one-off events are not repeated per reconcile)."""

@@ -58,6 +58,7 @@ def shim_request(key: keys.PrivateKey, pod_uid: str = POD_UID, **spec: Any) -> d
     """The API object of a request the shim makes on 1.35, as the API server returns it."""
     body = pcr_body(
         PodRef("web", "web-0", POD_UID),
+        name="web-0-x1",
         signer_name=SIGNER,
         service_account="default",
         service_account_uid="sa-uid",

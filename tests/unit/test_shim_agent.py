@@ -32,7 +32,7 @@ from kubelet_shim.agent import Agent, Settings
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.build import Config, Shim
 from kubelet_shim.certificates import request_event
-from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
+from kubelet_shim.kube import ROTATE_ANNOTATION, ForeignRequest, PodRef, same_request
 from kubelet_shim.projection import ProjectionState
 from kubelet_shim.storage import FileSpec, MemoryStorage
 from podcert.api import keys
@@ -107,6 +107,8 @@ class FakeKube:
     deleted: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str, str]] = field(default_factory=list)
     fail_create: ApiError | None = None
+    lose_answers: int = 0  # creates applied whose answer then never comes
+    names: list[str] = field(default_factory=list)  # the name of every create asked for
     may_delete: bool = True
 
     def list_pods(self) -> tuple[list[JSON], str]:
@@ -125,18 +127,29 @@ class FakeKube:
         return f"sa-uid-{name}"
 
     def create_pcr(self, namespace: str, body: JSON) -> JSON:
+        """As ShimKube's: a name already taken is adopted when the request there is the same
+        (`same_request`), refused (ForeignRequest) when it is not."""
+        name = body["metadata"]["name"]
+        self.names.append(name)
         if self.fail_create is not None:
             raise self.fail_create
+        for existing in self.created:
+            if existing["metadata"]["name"] == name:
+                if same_request(existing, body):
+                    return existing
+                raise ForeignRequest(409, "AlreadyExists", f"{name} is another's")
         obj = {
             **body,
             "metadata": {
                 **body["metadata"],
-                "name": f"{body['metadata']['generateName']}{len(self.created)}",
                 "namespace": namespace,
                 "uid": f"pcr-uid-{len(self.created)}",
             },
         }
         self.created.append(obj)
+        if self.lose_answers:
+            self.lose_answers -= 1
+            raise ApiError(0, "Unavailable", "the connection broke before the answer")
         return obj
 
     def delete_pcr(self, namespace: str, name: str, uid: str) -> bool:
@@ -272,7 +285,7 @@ def test_first_reconcile_requests_a_certificate_as_the_node_for_the_pod(rig: Rig
     state = rig.apply(pod)
     assert isinstance(state, projection.Pending)
     [pcr] = rig.kube.created
-    assert pcr["metadata"]["generateName"] == "web-"
+    assert pcr["metadata"]["name"].startswith("web-")
     assert pcr["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": UID}
     ]
@@ -501,6 +514,45 @@ def test_api_refusal_to_create_is_retried_and_told_once(rig: Rig) -> None:
     assert len(rig.kube.created) == 1
 
 
+def test_a_create_whose_answer_was_lost_is_adopted_on_the_retry_not_doubled(rig: Rig) -> None:
+    """The API server applied the create; the answer never came (a proxy dropped it). The retry
+    asks again for the same key under the same name, meets the first, and adopts it."""
+    rig.kube.lose_answers = 1
+    pod = make_pod([cert_volume()])
+    rig.agent.on_pod_event("ADDED", pod)
+    assert rig.agent.reconcile(UID).retry
+    assert isinstance(rig.state(pod), projection.NotYetIssued)
+    assert not rig.agent.reconcile(UID).retry
+
+    [pcr] = rig.kube.created
+    state = rig.state(pod)
+    assert isinstance(state, projection.Pending)
+    assert state.request_name == pcr["metadata"]["name"]
+    rig.issue(pcr)
+    credential = formats.load_credential(rig.files()["bundle.pem"])
+    assert keys.public_der(credential.key) == keys.spki_der(credential.leaf.public_key())
+
+
+@pytest.mark.parametrize(
+    ("error", "same"),
+    [
+        pytest.param(ApiError(0, "Unavailable", "no answer"), True, id="no answer: same key"),
+        pytest.param(ApiError(503, "ServiceUnavailable", "etcd"), True, id="a 503: same key"),
+        pytest.param(ForeignRequest(409, "AlreadyExists", "x"), False, id="a namesake: new key"),
+    ],
+)
+def test_a_create_is_retried_under_its_name_unless_the_name_is_anothers(
+    rig: Rig, error: ApiError, same: bool
+) -> None:
+    rig.kube.fail_create = error
+    rig.agent.on_pod_event("ADDED", make_pod([cert_volume()]))
+    assert rig.agent.reconcile(UID).retry
+    rig.kube.fail_create = None
+    assert not rig.agent.reconcile(UID).retry
+    first, second = rig.kube.names
+    assert (first == second) is same
+
+
 def test_a_failed_write_keeps_the_key_for_the_retry_without_a_new_request(rig: Rig) -> None:
     pod = make_pod([cert_volume()])
     rig.apply(pod)
@@ -707,7 +759,9 @@ def test_a_volume_behind_a_link_gets_no_request_one_event_and_retries(rig: Rig) 
     rig.agent.on_pod_event("ADDED", pod)
     outcome = rig.agent.reconcile(UID)
     assert outcome.retry, "looked at again with backoff"
-    assert [p["metadata"]["name"] for p in rig.kube.created] == ["web-0"], "only 'other' asked"
+    [asked] = rig.kube.created
+    assert asked["spec"]["stubPKCS10Request"]
+    assert rig.kube.names == [asked["metadata"]["name"]], "only 'other' asked"
     assert rig.agent.reconcile(UID).retry
     [message] = unsafe_events(rig)
     assert "identity" in message and "symbolic link" in message

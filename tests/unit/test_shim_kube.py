@@ -5,7 +5,8 @@ object holds."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import msgspec
@@ -13,15 +14,21 @@ import pytest
 
 from kubelet_shim.kube import (
     ROTATE_ANNOTATION,
+    ForeignRequest,
+    PodRef,
     PodShape,
     RequestShape,
     ShimKube,
+    pcr_body,
     pod_object,
+    request_name,
     request_object,
 )
 from kubelet_shim.state import object_key, pod_from, pod_uid
-from podcert.api.requests import outcome
-from podcert.rest import Rest
+from podcert.api import keys
+from podcert.api.pods import WorkKey
+from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm, key_fields, outcome
+from podcert.rest import ApiError, Rest
 from tests.canned_rest import CannedRest
 
 MANAGED = [
@@ -194,3 +201,122 @@ def test_the_node_lists_and_watches_only_its_own_objects_as_shapes() -> None:
         {"fieldSelector": "spec.nodeName=node-a"},
         {"fieldSelector": "spec.nodeName=node-a"},
     ]
+
+
+# --- creates a replay cannot double -----------------------------------------------------------
+
+POD = PodRef("shop", "web", "7d1c4c9e-0000-4000-8000-000000000001")
+SOURCE = WorkKey(POD.uid, "identity", 0)
+
+
+def body_for(key: keys.PrivateKey, form: KeyForm = STUB_CSR, **spec: Any) -> dict[str, Any]:
+    body = pcr_body(
+        POD,
+        name=request_name(POD, SOURCE, "podcert.dev/workload", keys.public_der(key)),
+        signer_name="podcert.dev/workload",
+        service_account="web",
+        service_account_uid="sa-1",
+        node_name="node-a",
+        node_uid="node-1",
+        max_expiration_seconds=86400,
+        key_fields=key_fields(form, key, POD.uid),
+        user_annotations={},
+    )
+    body["spec"].update(spec)
+    return body
+
+
+class CreateRest:
+    """POST: 409 AlreadyExists when `existing` holds the name; GET: the list it is found by."""
+
+    def __init__(self, existing: list[dict[str, Any]]) -> None:
+        self.existing = existing
+        self.asked: list[tuple[str, str, Mapping[str, Any] | None]] = []
+
+    def request(
+        self, method: str, path: str, *, query: Mapping[str, Any] | None = None, body: Any = None
+    ) -> dict[str, Any]:
+        self.asked.append((method, path, query))
+        if method == "POST":
+            if any(e["metadata"]["name"] == body["metadata"]["name"] for e in self.existing):
+                raise ApiError(409, "AlreadyExists", "already exists")
+            return {**body, "metadata": {**body["metadata"], "uid": "new"}}
+        return {"items": self.existing}
+
+
+def stored(body: dict[str, Any]) -> dict[str, Any]:
+    return {**body, "metadata": {**body["metadata"], "uid": "first"}, "status": {}}
+
+
+def test_a_create_applied_before_is_adopted_when_it_asks_the_same_for_the_same_key() -> None:
+    key = keys.generate("ECDSAP256")
+    first = body_for(key)
+    rest = CreateRest([stored(first)])
+    again = body_for(key)  # the retry: its stub CSR signed anew
+    assert again["spec"]["stubPKCS10Request"] != first["spec"]["stubPKCS10Request"]
+
+    adopted = ShimKube(cast(Rest, rest), "node-a").create_pcr("shop", again)
+
+    assert adopted["metadata"]["uid"] == "first"
+    name = first["metadata"]["name"]
+    assert rest.asked[-1] == (
+        "GET",
+        "/apis/certificates.k8s.io/v1/namespaces/shop/podcertificaterequests",
+        {"fieldSelector": f"spec.nodeName=node-a,metadata.name={name}"},
+    )
+
+
+@pytest.mark.parametrize(
+    "existing",
+    [
+        pytest.param(lambda key: body_for(keys.generate("ECDSAP256")), id="another key"),
+        pytest.param(lambda key: body_for(key, podUID="another-pod"), id="another pod"),
+        pytest.param(lambda key: body_for(key, signerName="evil.test/x"), id="another signer"),
+        pytest.param(lambda key: body_for(key, maxExpirationSeconds=3600), id="another lifetime"),
+        pytest.param(
+            lambda key: body_for(key, stubPKCS10Request="bm90IGEgQ1NS"), id="a CSR unreadable"
+        ),
+    ],
+)
+def test_a_namesake_that_asks_something_else_is_not_adopted(
+    existing: Callable[[keys.PrivateKey], dict[str, Any]],
+) -> None:
+    key = keys.generate("ECDSAP256")
+    ours = body_for(key)
+    namesake = stored(existing(key))
+    namesake["metadata"]["name"] = ours["metadata"]["name"]
+    with pytest.raises(ForeignRequest) as raised:
+        ShimKube(cast(Rest, CreateRest([namesake])), "node-a").create_pcr("shop", ours)
+    assert raised.value.status == 409
+
+
+def test_a_proven_key_is_adopted_by_its_key_too() -> None:
+    key = keys.generate("ED25519")
+    rest = CreateRest([stored(body_for(key, PROOF_OF_POSSESSION))])
+    kube = ShimKube(cast(Rest, rest), "node-a")
+    assert kube.create_pcr("shop", body_for(key, PROOF_OF_POSSESSION))["metadata"]["uid"] == "first"
+
+
+@pytest.mark.parametrize(
+    "pod_name",
+    [
+        pytest.param("web", id="a short name"),
+        pytest.param("a" * 253, id="the longest pod name"),
+        pytest.param("x" * 37 + ".yz", id="cut just after a dot"),
+        pytest.param("x" * 37 + "-yz", id="cut just after a dash"),
+        pytest.param("api.v2.shop", id="a dotted name"),
+    ],
+)
+def test_a_request_name_is_a_short_dns_name_fixed_by_pod_source_and_key(pod_name: str) -> None:
+    pod = PodRef("shop", pod_name, POD.uid)
+    key = keys.generate("ECDSAP256")
+    name = request_name(pod, SOURCE, "podcert.dev/workload", keys.public_der(key))
+    label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    assert re.fullmatch(rf"{label}(\.{label})*", name), "a DNS subdomain, as names must be"
+    assert len(name) <= 63
+    assert name == request_name(pod, SOURCE, "podcert.dev/workload", keys.public_der(key))
+    other = keys.public_der(keys.generate("ECDSAP256"))
+    assert name != request_name(pod, SOURCE, "podcert.dev/workload", other)
+    assert name != request_name(
+        pod, SOURCE._replace(source_index=1), "podcert.dev/workload", keys.public_der(key)
+    )
