@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
-from http.server import ThreadingHTTPServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -23,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from kubelet_shim.projection import ProjectionState
 from podcert import health
+from podcert.connections import Limits
 
 # (signer name, state) of every projection the agent serves, read at scrape time.
 Snapshot = Callable[[], Iterable[tuple[str, ProjectionState]]]
@@ -96,6 +96,7 @@ def serve(
     ready: Callable[[], bool],
     healthy: Callable[[], bool] = lambda: True,
     host: str = "127.0.0.1",
-) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz in a daemon thread."""
-    return health.serve(metrics.render, port, ready, healthy, host)
+    limits: Limits = health.METRICS_LIMITS,
+) -> health.BoundedHTTPServer:
+    """Serve /metrics, /healthz and /readyz in daemon threads within `limits`."""
+    return health.serve(metrics.render, port, ready, healthy, host, limits)

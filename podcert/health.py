@@ -1,12 +1,106 @@
-"""The small HTTP face every podcert process has: /metrics, /healthz and /readyz."""
+"""The small HTTP face every podcert process has: /metrics, /healthz and /readyz.
+
+A thread per connection (http.server), bounded by `podcert.connections`: at most
+`Limits.max_connections` handler threads; a new connection to a full port closes the one idle
+the longest (or is closed itself when every thread is answering), so the kubelet's probes keep
+being answered whatever an attacker holds; a request head must arrive within `idle_timeout` of
+the accept (a janitor thread closes the late ones), and every socket read or write times out
+after as long. Each connection carries one request (HTTP/1.0).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
+
+from podcert.connections import Limits, Table
+
+METRICS_LIMITS = Limits(max_connections=32)
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer holding at most `limits.max_connections` connections (and threads)."""
+
+    daemon_threads = True
+    request_queue_size = 1024  # a burst of connections waits in the kernel, not in threads
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        limits: Limits,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(address, handler)
+        self.limits, self.clock = limits, clock
+        self.table: Table[socket.socket] = Table(limits)
+        self._lock = threading.Condition()
+        self._closed = False
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            admission = self.table.admit(request, self.clock())
+            self._lock.notify()  # the janitor's next deadline may be sooner
+        if admission.evicted is not None:
+            _hang_up(admission.evicted)
+        if not admission.admitted:
+            self.shutdown_request(request)
+            return
+        request.settimeout(self.limits.idle_timeout)
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                self.table.remove(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A peer that hung up or timed out (or was hung up on) is no news; a bug still is."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+    def serving(self, request: socket.socket) -> bool:
+        """The handler has the request head: its connection is no longer idle (False: it was
+        closed meanwhile)."""
+        with self._lock:
+            return self.table.busy(request)
+
+    def janitor(self) -> None:
+        """Close connections idle past `idle_timeout`, until the server closes."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                late = self.table.overdue(self.clock())
+                deadline = self.table.next_deadline()
+                if not late:
+                    wait = None if deadline is None else max(0.0, deadline - self.clock())
+                    self._lock.wait(wait)
+                    continue
+            for sock in late:
+                _hang_up(sock)
+
+    def server_close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        super().server_close()
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """End a connection another thread may be blocked reading: its read returns at once."""
+    with contextlib.suppress(OSError):  # already gone
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def serve(
@@ -15,11 +109,17 @@ def serve(
     ready: Callable[[], bool],
     healthy: Callable[[], bool] = lambda: True,
     host: str = "127.0.0.1",
-) -> ThreadingHTTPServer:
-    """Serve in a daemon thread; returns the server (its port is server.server_address[1])."""
+    limits: Limits = METRICS_LIMITS,
+) -> BoundedHTTPServer:
+    """Serve in daemon threads; returns the server (its port is server.server_address[1])."""
 
     class Handler(BaseHTTPRequestHandler):
+        server: BoundedHTTPServer
+
         def do_GET(self) -> None:
+            if not self.server.serving(self.request):
+                self.close_connection = True
+                return
             if self.path == "/metrics":
                 self._answer(200, render(), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
@@ -41,7 +141,7 @@ def serve(
         def log_message(self, format: str, *args: object) -> None:
             return  # scrapes are not news
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = BoundedHTTPServer((host, port), Handler, limits)
+    threading.Thread(target=server.janitor, name="metrics-janitor", daemon=True).start()
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

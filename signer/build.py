@@ -25,10 +25,11 @@ import logging
 import sys
 import threading
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from podcert import health
 from podcert.api.versions import CTBS
+from podcert.connections import DEFAULT_LIMITS, Limits
 from podcert.discovery import Unserved
 from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
@@ -65,6 +66,8 @@ class Config:
     controller: Settings = field(default_factory=Settings)
     metrics_host: str = "0.0.0.0"  # noqa: S104 (a pod's metrics port is meant to be scraped)
     metrics_port: int = 9090
+    metrics_limits: Limits = health.METRICS_LIMITS
+    serving_limits: Limits = DEFAULT_LIMITS  # the webhook's and the bundle endpoint's ports
     audit_log: Path | None = None
     audit_checkpoint_every: int = 1000
     audit_checkpoint_interval: float = 60.0
@@ -154,7 +157,7 @@ class Signer:
     publisher: Publisher
     rotator: Rotator
     leading: threading.Event
-    server: ThreadingHTTPServer | None = None
+    server: health.BoundedHTTPServer | None = None
     injector: CAInjector | None = None
     federator: Federator | None = None
 
@@ -167,8 +170,11 @@ class Signer:
             runtime.ready,
             runtime.healthy,
             host=config.metrics_host,
+            limits=config.metrics_limits,
         )
         log.info("metrics on port %d", self.server.server_address[1])
+        # Ready only while not stopping: a server that could not start stops the process.
+        runtime.ready_when(lambda: not stop.is_set())
         self.trail.start()
         for reflector in [*self.controller.reflectors, self.cas.follow(stop)]:
             runtime.spawn(reflector.name, reflector.run)
@@ -190,8 +196,8 @@ class Signer:
         runtime.on_stopped(self.server.shutdown)
         if self.audit is not None:
             runtime.on_stopped(self.audit.close)
-        # Ready once the webhook and the bundle endpoint (when configured) listen too: they
-        # start last, below.
+        # Ready once the webhook and the bundle endpoint (when configured) accept connections
+        # too, and while they do: they start last, below.
         serving = threading.Event()
         runtime.ready_when(serving.is_set)
         runtime.start()
@@ -214,9 +220,9 @@ class Signer:
         # After leading has begun: the servers' aiohttp takes a tenth of a second or more to
         # import, and the first issuance does not wait for it.
         if config.webhook_port:
-            self._start_webhook()
+            runtime.ready_when(self._start_webhook().is_set)
         if config.bundle_endpoint is not None:
-            bundleendpoint.start(
+            endpoint = bundleendpoint.start(
                 config.bundle_endpoint,
                 self.cas.issuing,
                 self.cas.spiffe_bundle,
@@ -224,9 +230,11 @@ class Signer:
                 runtime,
                 utcnow,
             )
+            runtime.ready_when(endpoint.listening.is_set)
         serving.set()
 
-    def _start_webhook(self) -> None:
+    def _start_webhook(self) -> threading.Event:
+        """Start the webhook; the event it returns is set while it accepts connections."""
         # aiohttp (a tenth of a second to import) only in a signer that serves the webhook.
         from signer.webhook import ServingCert, WebhookServer
 
@@ -243,12 +251,14 @@ class Signer:
             self.controller.admission_facts,
             config.policy,
             utcnow,
+            config.serving_limits,
         )
         self.runtime.spawn("webhook", lambda: hook.run(self.runtime.stopping), join=True)
         hook.started.wait(WEBHOOK_START_TIMEOUT)
         if hook.error is not None:
             log.error("the admission webhook could not start: %s", hook.error)
             self.runtime.stopping.set()
+        return hook.listening
 
     def started_leading(self) -> None:
         """Pick up every pending request, and look at the trust bundles and the CA schedule."""

@@ -13,7 +13,8 @@ the edge, with the two authentication profiles of the SPIFFE Trust Domain and Bu
   most every `WEB_RELOAD_INTERVAL` seconds) so a renewed certificate is served without a restart.
 
 Every handshake picks the current certificate (`signer.serving`, which also issues the SVID and
-keeps its key in memory).
+keeps its key in memory). Anyone may connect without credentials, so the port holds at most
+`Settings.limits` connections, idle ones for seconds (`podcert.servers`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from cryptography import x509
 
+from podcert.connections import DEFAULT_LIMITS, Limits
 from podcert.runtime import Runtime
 from signer import model, serving, spiffebundle
 
@@ -56,6 +58,7 @@ class Settings:
     web_cert: Path | None = None  # both given: https_web; neither: https_spiffe
     web_key: Path | None = None
     refresh_hint: dt.timedelta = spiffebundle.DEFAULT_REFRESH_HINT
+    limits: Limits = DEFAULT_LIMITS
 
     @property
     def profile(self) -> Profile:
@@ -143,6 +146,7 @@ class BundleServer:
         self.settings, self.identity, self.bundle = settings, identity, bundle
         self._runner: web.AppRunner | None = None
         self.started = threading.Event()
+        self.listening = threading.Event()  # set while the port accepts connections
         self.error: BaseException | None = None
         self.port = settings.port
 
@@ -161,12 +165,15 @@ class BundleServer:
         loop = asyncio.new_event_loop()
         try:
             loop.run_until_complete(self._start())
+            self.listening.set()
             self.started.set()
             loop.run_until_complete(loop.run_in_executor(None, stop.wait))
+            self.listening.clear()
             if self._runner is not None:
                 loop.run_until_complete(self._runner.cleanup())
         except BaseException as err:  # surfaced to the caller through .error
             self.error = err
+            self.listening.clear()
             self.started.set()
             log.exception("the bundle endpoint failed")
         finally:
@@ -175,16 +182,14 @@ class BundleServer:
     async def _start(self) -> None:
         from aiohttp import web
 
+        from podcert import servers
+
         app = web.Application()
         app.router.add_get("/", self.handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
         context = listener_context(self.identity)
-        site = web.TCPSite(
-            self._runner, self.settings.host, self.settings.port, ssl_context=context
+        self._runner, self.port = await servers.start(
+            app, self.settings.host, self.settings.port, context, self.settings.limits
         )
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
         log.info(
             "SPIFFE bundle endpoint (%s) on https://%s:%d/",
             self.settings.profile,

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from podcert import logs
+from podcert import connections, logs
 from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.rest import ApiError, Rest, load_client
@@ -259,6 +259,7 @@ def register(subparsers: Any) -> None:
         default=120.0,
         help="seconds to wait for a reachable API server at start before exiting 1 (0: forever)",
     )
+    connections.add_flags(p, "the webhook and the bundle endpoint")
     p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")
     p.set_defaults(run=run)
     sub = p.add_subparsers(dest="signer_command", metavar="ca")
@@ -332,6 +333,8 @@ def _run_problem(args: argparse.Namespace) -> str | None:
         return "--audit-checkpoint-every must be at least 1 and --audit-checkpoint-interval above 0"
     if not args.startup_timeout >= 0:
         return f"--startup-timeout must not be negative, got {args.startup_timeout}"
+    if problem := connections.flags_problem(args):
+        return problem
     if not args.lease_duration > args.renew_deadline > args.retry_period > 0:
         return (
             "the lease timings must satisfy --lease-duration > --renew-deadline > "
@@ -451,6 +454,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         ),
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        serving_limits=connections.from_flags(args),
         audit_log=args.audit_log,
         audit_checkpoint_every=args.audit_checkpoint_every,
         audit_checkpoint_interval=args.audit_checkpoint_interval,
@@ -477,4 +481,5 @@ def _bundle_endpoint(args: argparse.Namespace) -> bundleendpoint.Settings | None
         web_cert=args.bundle_endpoint_cert,
         web_key=args.bundle_endpoint_key,
         refresh_hint=dt.timedelta(seconds=args.bundle_refresh_hint_seconds),
+        limits=connections.from_flags(args),
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from http.server import ThreadingHTTPServer
 from typing import Final, Literal, get_args
 
 from prometheus_client import (
@@ -15,6 +14,7 @@ from prometheus_client import (
 )
 
 from podcert import health
+from podcert.connections import Limits
 from signer import model, rotation
 
 # Why a reconcile will be retried, as `podcert_signer_retries_total` labels it: closed types like
@@ -166,6 +166,7 @@ def serve(
     ready: Callable[[], bool],
     healthy: Callable[[], bool] = lambda: True,
     host: str = "0.0.0.0",  # noqa: S104 (a pod's metrics port is meant to be scraped)
-) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz in a daemon thread."""
-    return health.serve(metrics.render, port, ready, healthy, host)
+    limits: Limits = health.METRICS_LIMITS,
+) -> health.BoundedHTTPServer:
+    """Serve /metrics, /healthz and /readyz in daemon threads within `limits`."""
+    return health.serve(metrics.render, port, ready, healthy, host, limits)

@@ -5,7 +5,8 @@ What it answers is decided in `signer.admission` (pure); this is the edge: it re
 `MAX_BODY_BYTES` of body within a deadline, hands parsing and the verdict (which reads live facts)
 to a thread, and answers. Malformed input costs one warning line, never a traceback. Its serving
 certificate is issued from our own CA and re-issued before half its life is gone (or when the CA
-changes) without a restart.
+changes) without a restart. The port holds at most `Limits.max_connections` connections, idle
+ones for `idle_timeout` seconds (`podcert.servers`): anyone who can connect, and so cost it memory.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Final
 
 from aiohttp import web
 
+from podcert import servers
+from podcert.connections import DEFAULT_LIMITS, Limits
 from podcert.rest import ApiError
 from signer import admission, model, serving
 from signer.admission import MAX_BODY_BYTES, MalformedReview, Verdict
@@ -66,13 +69,15 @@ class WebhookServer:
         facts: Callable[[model.Request], model.Facts],
         policy: Policy,
         clock: Callable[[], dt.datetime],
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
-        self.host, self.port = host, port
+        self.host, self.port, self.limits = host, port, limits
         self.serving, self.served, self.facts = serving, tuple(served), facts
         self.policy, self.clock = policy, clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self.started = threading.Event()
+        self.listening = threading.Event()  # set while the port accepts connections
         self.error: BaseException | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -123,11 +128,14 @@ class WebhookServer:
         self._loop = loop
         try:
             loop.run_until_complete(self._start())
+            self.listening.set()
             self.started.set()
             loop.run_until_complete(loop.run_in_executor(None, stop.wait))
+            self.listening.clear()
             loop.run_until_complete(self._stop())
         except BaseException as err:  # surfaced to the caller through .error
             self.error = err
+            self.listening.clear()
             self.started.set()
             log.exception("webhook server failed")
         finally:
@@ -137,12 +145,10 @@ class WebhookServer:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(PATH, self.handle)
         app.router.add_get("/healthz", self._healthz)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(
-            self._runner, self.host, self.port, ssl_context=self.serving.listener_context()
+        context = self.serving.listener_context()
+        self._runner, self.port = await servers.start(
+            app, self.host, self.port, context, self.limits
         )
-        await site.start()
         log.info("admission webhook on https://%s:%d%s", self.host, self.port, PATH)
 
     async def _stop(self) -> None:
