@@ -9,10 +9,8 @@ exception message. Pure: bytes in, values out; reading files and the clock live 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -21,6 +19,7 @@ from cryptography.exceptions import InternalError, InvalidSignature, Unsupported
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed448
 
+from bundles import pem
 from bundles.spiffe import CertificateIdError, SpiffeId, spiffe_id_of
 from podcert.api import keys
 
@@ -35,9 +34,6 @@ PrivateKey = keys.PrivateKey | ed448.Ed448PrivateKey
 _KEY_LABEL: Final = "PRIVATE KEY"  # PKCS#8 PrivateKeyInfo, unencrypted
 _ENCRYPTED_KEY_LABEL: Final = "ENCRYPTED PRIVATE KEY"
 _CERT_LABEL: Final = "CERTIFICATE"
-_BEGIN: Final = b"-----BEGIN "
-_END: Final = b"-----END "
-_DASHES: Final = b"-----"
 
 
 class BundleError(ValueError):
@@ -252,70 +248,16 @@ def describe(cert: x509.Certificate) -> str:
 # --- PEM --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Block:
-    label: str
-    der: bytes = field(repr=False)
-    # RFC 1421 headers (e.g. "Proc-Type: 4,ENCRYPTED"): only legacy encrypted keys have them.
-    has_headers: bool = False
-
-
-def _blocks(data: bytes, *, what: str) -> list[_Block]:
+def _blocks(data: bytes, *, what: str) -> list[pem.Block]:
     if len(data) > MAX_BUNDLE_BYTES:
         raise TooLargeError(f"{what} is {len(data)} bytes; at most {MAX_BUNDLE_BYTES}")
-    blocks = list(_scan(bytes(data), what=what))
+    try:
+        blocks = pem.read(bytes(data), what=what)
+    except pem.PemError as err:
+        raise MalformedPemError(str(err)) from None
     if not blocks:
         raise MalformedPemError(f"{what} holds no PEM block")
     return blocks
-
-
-def _scan(data: bytes, *, what: str) -> Iterator[_Block]:
-    """Yield PEM blocks in order. Text between blocks is allowed (RFC 7468 section 2).
-
-    Built from bytes.find only, so hostile input costs linear time, never regex backtracking.
-    """
-    position = 0
-    while True:
-        begin = data.find(_BEGIN, position)
-        if begin < 0:
-            if _END in data[position:]:
-                raise MalformedPemError(f"{what} has an END line without a BEGIN line")
-            return
-        if _END in data[position:begin]:
-            raise MalformedPemError(f"{what} has an END line without a BEGIN line")
-        label_start = begin + len(_BEGIN)
-        label_end = data.find(_DASHES, label_start)
-        raw_label = data[label_start:label_end]
-        if label_end < 0 or not _valid_label(raw_label):
-            raise MalformedPemError(f"{what} has a cut-off or malformed BEGIN line")
-        label = raw_label.decode("ascii")
-        end_line = _END + raw_label + _DASHES
-        body_start = label_end + len(_DASHES)
-        body_end = data.find(end_line, body_start)
-        if body_end < 0 or _BEGIN in data[body_start:body_end]:
-            raise MalformedPemError(f"{what}: the {label} block has no END line (truncated?)")
-        body = data[body_start:body_end]
-        position = body_end + len(end_line)
-        if b":" in body:
-            yield _Block(label, b"", has_headers=True)
-            continue
-        try:
-            der = base64.b64decode(b"".join(body.split()), validate=True)
-        except (binascii.Error, ValueError):
-            raise MalformedPemError(f"{what}: the {label} block is not valid base64") from None
-        if not der:
-            raise MalformedPemError(f"{what}: the {label} block is empty")
-        yield _Block(label, der)
-
-
-def _valid_label(label: bytes) -> bool:
-    # RFC 7468: printable ASCII except '-', single spaces between words.
-    return (
-        0 < len(label) <= 64
-        and all((0x21 <= byte <= 0x7E and byte != 0x2D) or byte == 0x20 for byte in label)
-        and not label.startswith(b" ")
-        and not label.endswith(b" ")
-    )
 
 
 # --- keys -------------------------------------------------------------------------------------
@@ -326,7 +268,7 @@ def _is_key_label(label: str) -> bool:
     return label.endswith(_KEY_LABEL)
 
 
-def _one_key(blocks: list[_Block], *, what: str) -> PrivateKey:
+def _one_key(blocks: list[pem.Block], *, what: str) -> PrivateKey:
     keys = [block for block in blocks if _is_key_label(block.label)]
     if not keys:
         raise NoKeyError(f"{what} holds no PRIVATE KEY block")
@@ -335,7 +277,7 @@ def _one_key(blocks: list[_Block], *, what: str) -> PrivateKey:
     return _private_key(keys[0], what=what)
 
 
-def _private_key(block: _Block, *, what: str) -> PrivateKey:
+def _private_key(block: pem.Block, *, what: str) -> PrivateKey:
     # Every error below is raised `from None`: no library message or chained frame should ever
     # get near the key bytes.
     if block.label == _ENCRYPTED_KEY_LABEL or block.has_headers:
@@ -416,7 +358,7 @@ def _check_key_matches(key: PrivateKey, leaf: x509.Certificate) -> None:
 
 
 def _certificates(
-    blocks: list[_Block], *, what: str, allow_keys: bool = False
+    blocks: list[pem.Block], *, what: str, allow_keys: bool = False
 ) -> tuple[x509.Certificate, ...]:
     certificates: list[x509.Certificate] = []
     for block in blocks:
