@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 import ssl
 import sys
 from collections import Counter
@@ -132,17 +134,122 @@ class IdentityServer:
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen; returns the bound port (pick one with port=0)."""
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        """Listen; returns the bound port (pick one with port=0). An idle connection, or one
+        whose request head is slow to come, is closed after IDLE_TIMEOUT (aiohttp's default
+        is an hour); the site bounds the rest."""
+        self._runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, keepalive_timeout=IDLE_TIMEOUT
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context())
+        site = _BoundedSite(self._runner, host, port, self.ssl_context())
         await site.start()
-        return int(self._runner.addresses[0][1])
+        return site.port
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+# Each connection costs the server memory from its accept (asyncio's TLS buffer, a quarter of a
+# megabyte), and anyone who can reach the port can open one; only an authorized client gets
+# through the handshake, so the handshakes in flight are what is capped.
+MAX_HANDSHAKES = 64
+HANDSHAKE_TIMEOUT = 5.0
+IDLE_TIMEOUT = 10.0
+
+
+class _BoundedSite(web.BaseSite):
+    """aiohttp's TCPSite with a bound on what the unauthenticated can hold: at most
+    MAX_HANDSHAKES connections in their TLS handshake, counted from the TCP accept, each for at
+    most HANDSHAKE_TIMEOUT; a new connection beyond that closes the oldest of them."""
+
+    __slots__ = ("_context", "_host", "_port")
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, ctx: ssl.SSLContext) -> None:
+        super().__init__(runner, backlog=1024)
+        self._host, self._port, self._context = host, port, ctx
+
+    @property
+    def name(self) -> str:
+        return f"https://{self._host}:{self._port}"
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def start(self) -> None:
+        await super().start()
+        listener = socket.create_server((self._host, self._port), backlog=self._backlog)
+        listener.setblocking(False)
+        self._port = listener.getsockname()[1]
+        assert self._runner.server is not None
+        self._server = _Handshakes(listener, self._runner.server, self._context)
+
+
+class _Handshakes(asyncio.AbstractServer):
+    """The accept loop of `_BoundedSite`: each connection's handshake is a task, oldest first."""
+
+    def __init__(
+        self, listener: socket.socket, factory: Callable[[], Any], ctx: ssl.SSLContext
+    ) -> None:
+        self._listener, self._factory, self._context = listener, factory, ctx
+        self._loop = asyncio.get_running_loop()
+        self._pending: dict[asyncio.Task[None], socket.socket] = {}
+        self._handed: set[socket.socket] = set()  # to asyncio, which closes them from then on
+        self._accepting = self._loop.create_task(self._accept())
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return (self._listener,)
+
+    async def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = await self._loop.sock_accept(self._listener)
+            except OSError:  # out of descriptors, or a peer gone before the accept
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._pending) >= MAX_HANDSHAKES:
+                next(iter(self._pending)).cancel()  # asyncio closes its connection
+            task = self._loop.create_task(self._handshake(sock))
+            self._pending[task] = sock
+            task.add_done_callback(self._done)
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        self._handed.add(sock)
+        # Refused, timed out, gone or closed to make room: asyncio has closed it.
+        with contextlib.suppress(OSError, ssl.SSLError, asyncio.CancelledError):
+            await self._loop.connect_accepted_socket(
+                self._factory, sock, ssl=self._context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT
+            )
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        sock = self._pending.pop(task)
+        if sock not in self._handed:  # closed to make room before its handshake began
+            sock.close()
+        self._handed.discard(sock)
+
+    def close(self) -> None:
+        self._accepting.add_done_callback(lambda _: self._listener.close())
+        self._accepting.cancel()
+        for task in list(self._pending):
+            task.cancel()
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def is_serving(self) -> bool:
+        return not self._accepting.done()
+
+    async def start_serving(self) -> None:
+        return None
+
+    async def serve_forever(self) -> None:
+        await self._accepting
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(self._accepting, *self._pending, return_exceptions=True)
 
 
 def _ssl_object(request: web.Request) -> ssl.SSLObject | None:
