@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from podcert import proxies
 from podcert.errors import ConfigError
 from podcert.execcredential import ExecError, ExecToken
 
@@ -426,30 +427,7 @@ def _memory_file(data: bytes) -> Iterator[str]:
 
 
 def _env_proxy(server: str, environ: Mapping[str, str]) -> str | None:
-    """The proxy the environment names for `server` (HTTPS_PROXY or HTTP_PROXY, unless NO_PROXY
-    covers its host), as client-go and the kubernetes client honour; None for none."""
-    if not any(k.lower() in ("https_proxy", "http_proxy", "all_proxy") for k in environ):
-        return None  # the common case, without importing urllib.request
-    import urllib.request
-
-    parts = urlsplit(server)
-    proxies = {
-        k.lower()[: -len("_proxy")]: v for k, v in environ.items() if k.lower().endswith("_proxy")
-    }
-    # lowercase wins, as urllib and Go read them
-    for k, v in environ.items():
-        if k.endswith("_proxy"):
-            proxies[k[: -len("_proxy")]] = v
-    proxy = proxies.get(parts.scheme or "https") or proxies.get("all")
-    if not proxy:
-        return None
-    host = parts.hostname or ""
-    if urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
-        return None
-    if "://" not in proxy:
-        proxy = f"http://{proxy}"
-    if urlsplit(proxy).scheme != "http":
-        raise ClientConfigError(
-            f"the {parts.scheme}_proxy environment variable names a proxy other than http://"
-        )
-    return proxy
+    try:
+        return proxies.proxy_for(server, environ)
+    except proxies.ProxyError as err:
+        raise ClientConfigError(str(err)) from None

@@ -411,16 +411,46 @@ def test_unusable_in_cluster_configuration(
         pytest.param({"HTTPS_PROXY": "http://proxy:3128"}, "http://proxy:3128", id="HTTPS_PROXY"),
         pytest.param({"https_proxy": "proxy:3128"}, "http://proxy:3128", id="no scheme"),
         pytest.param(
-            {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "127.0.0.1,.svc"},
+            {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "10.0.0.1,.svc"},
             None,
             id="NO_PROXY covers the host",
         ),
         pytest.param({"HTTP_PROXY": "http://proxy:3128"}, None, id="an http proxy only"),
+        pytest.param(
+            {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "10.0.0.0/8"}, None, id="a CIDR"
+        ),
+        pytest.param(
+            {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "10.0.0.1:6443"}, None, id="IP:port"
+        ),
+        pytest.param(
+            {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "10.0.0.1:443"},
+            "http://proxy:3128",
+            id="IP with another port",
+        ),
+        pytest.param(
+            {"HTTPS_PROXY": "http://upper:1", "https_proxy": "http://lower:1"},
+            "http://upper:1",
+            id="upper case wins, as in Go",
+        ),
+        pytest.param({"ALL_PROXY": "http://proxy:3128"}, None, id="ALL_PROXY is not read"),
     ],
 )
 def test_a_proxy_from_the_environment(tmp_path: Path, env: dict[str, str], proxy: str) -> None:
-    path = write(tmp_path / "k", kubeconfig(cluster={"insecure-skip-tls-verify": True}))
+    path = write(
+        tmp_path / "k",
+        kubeconfig(cluster={"insecure-skip-tls-verify": True}, server="https://10.0.0.1:6443"),
+    )
     assert kc.from_kubeconfig(path, env).proxy == proxy
+
+
+@pytest.mark.parametrize(
+    "server", ["https://127.0.0.1:6443", "https://[::1]:6443", "https://localhost"]
+)
+def test_loopback_servers_are_never_proxied(tmp_path: Path, server: str) -> None:
+    path = write(
+        tmp_path / "k", kubeconfig(cluster={"insecure-skip-tls-verify": True}, server=server)
+    )
+    assert kc.from_kubeconfig(path, {"HTTPS_PROXY": "http://proxy:3128"}).proxy is None
 
 
 def test_settings_are_their_own_client_settings(tmp_path: Path) -> None:
