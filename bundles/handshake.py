@@ -16,9 +16,9 @@ Guarantees (tests/unit/test_bundles_handshake.py holds each, per client stack):
   requests (urllib3), httpx (sync and async), aiohttp and asyncio streams.
 - On a server the client is judged when its Finished message arrives, before asyncio hands the
   connection to the protocol, so no request handler runs for a refused client.
-- A context that no longer verifies (a library set `CERT_NONE` on it) or that trusts extra roots
-  (a library loaded its own CA file into it) refuses every peer those would let in: no verified
-  chain, or a chain ending at a root that is neither ours nor federated, is a refusal.
+- A context that no longer verifies (a library set `CERT_NONE` on it) refuses every peer, and
+  one that trusts extra roots (a library loaded its own CA file into it) refuses every peer
+  those would let in: a chain ending at a root that is neither ours nor federated is refused.
 - `PeerRefusedError` is an `ssl.SSLCertVerificationError`, so every stack reports it as the
   certificate failure it already knows how to report; its message is the verdict's reason.
 """
@@ -85,7 +85,10 @@ def _judge(connection: ssl.SSLSocket | ssl.SSLObject) -> Verdict:
     check = getattr(connection.context, "_podcert_check", None)
     if not isinstance(check, PeerCheck):
         return Verdict(False, "The TLS context carries no peer check; refusing every peer.")
-    verdict = check.judge(connection)
+    if connection.context.verify_mode == ssl.CERT_NONE:  # OpenSSL ignored what it found
+        verdict = Verdict(False, "The TLS context no longer verifies peers; refusing every peer.")
+    else:
+        verdict = check.judge(connection)
     if not verdict and check.on_refusal is not None:
         try:
             check.on_refusal(verdict)
@@ -121,9 +124,21 @@ class _AuthorizingSocket(ssl.SSLSocket):
         self._judged()
         return super().write(data)
 
-    def send(self, data: Any, flags: int = 0) -> int:  # sendall, sendfile and makefile use it
+    def send(self, data: Any, flags: int = 0) -> int:  # sendfile and makefile use it
         self._judged()
         return super().send(data, flags)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        self._judged()
+        super().sendall(data, flags)
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        self._judged()
+        return super().recv(buflen, flags)
+
+    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        self._judged()
+        return super().recv_into(buffer, nbytes, flags)
 
 
 class _AuthorizingObject(ssl.SSLObject):
