@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import ssl
+import stat
 import tempfile
 import threading
 import time
@@ -131,8 +132,6 @@ def from_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> Clie
     """The current context of the kubeconfig at `path` (relative file names in it are read from
     its folder, as kubectl does)."""
     where = f"kubeconfig {path}"
-    if not path.is_file():
-        raise ClientConfigError(f"{where}: no such file")
     try:
         return _from_document(_parse(path), path.parent, environ, where)
     except ClientConfigError as err:
@@ -141,12 +140,9 @@ def from_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> Clie
 
 def _parse(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as f:
-            text = f.read(MAX_FILE_BYTES + 1).decode(errors="replace")
-    except OSError as err:
-        raise ClientConfigError(err.strerror or type(err).__name__) from None
-    if len(text) > MAX_FILE_BYTES:
-        raise ClientConfigError(f"larger than {MAX_FILE_BYTES >> 20} MiB")
+        text = _read(path, "file").decode(errors="replace")
+    except ClientConfigError as err:
+        raise ClientConfigError(str(err).split(": ", 1)[-1]) from None
     try:
         doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
     except yaml.YAMLError as err:
@@ -312,11 +308,22 @@ def _decoded(entry: Mapping[str, Any], key: str, what: str) -> bytes | None:
 
 
 def _read(path: Path, what: str) -> bytes:
+    """A regular file's bytes, at most MAX_FILE_BYTES. Opened without blocking and checked to be
+    a regular file before any read: a FIFO or a device named as a token or CA file (client-go
+    would block on it, or read forever) is refused, naming the field."""
     try:
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as err:
+        raise ClientConfigError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ClientConfigError(f"{what} {path}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise ClientConfigError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise ClientConfigError(f"{what} {path}: larger than {MAX_FILE_BYTES >> 20} MiB")
     return data
@@ -384,8 +391,9 @@ def _load_chain(context: ssl.SSLContext, chain: Chain, what: str) -> None:
     try:
         if isinstance(cert, Path) and isinstance(key, Path):
             for name, path in (("client-certificate", cert), ("client-key", key)):
-                if not path.is_file():
-                    raise ClientConfigError(f"{what}: {name} {path}: no such file")
+                if not path.is_file():  # OpenSSL would block on a FIFO
+                    why = "not a regular file" if path.exists() else "no such file"
+                    raise ClientConfigError(f"{what}: {name} {path}: {why}")
             context.load_cert_chain(cert, key, password=no_passphrase)
             return
         pem = b"".join(

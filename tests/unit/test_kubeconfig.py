@@ -9,6 +9,7 @@ import base64
 import logging
 import os
 import ssl
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -257,11 +258,76 @@ def test_an_unusable_kubeconfig_is_a_typed_error_naming_the_field(
 
 
 def test_a_missing_kubeconfig_and_one_that_is_not_yaml(tmp_path: Path) -> None:
-    with pytest.raises(ClientConfigError, match="no such file"):
+    with pytest.raises(ClientConfigError, match=r"(?i)no such file"):
         kc.load(tmp_path / "absent")
     (tmp_path / "k").write_text("garbage: [")
     with pytest.raises(ClientConfigError, match=r"not valid YAML \(line 2: "):
         kc.load(tmp_path / "k")
+
+
+def load_within(path: Path, deadline: float = 10.0) -> BaseException | ClientSettings:
+    """kc.load(path) in a thread, waited for at most `deadline` seconds: what it raised or
+    returned. A load still blocked at the deadline fails the test instead of hanging it."""
+    outcome: list[BaseException | ClientSettings] = []
+
+    def run() -> None:
+        try:
+            outcome.append(kc.load(path))
+        except BaseException as err:  # handed to the test
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(deadline)
+    assert outcome, f"loading {path} still blocks after {deadline} s"
+    return outcome[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "doc"),
+    [
+        pytest.param("tokenFile", lambda: kubeconfig({"tokenFile": "fifo"}), id="a tokenFile"),
+        pytest.param(
+            "tokenFile",
+            lambda: kubeconfig({"token": TOKEN, "tokenFile": "fifo"}),
+            id="a tokenFile beside a token",
+        ),
+        pytest.param(
+            "certificate-authority",
+            lambda: kubeconfig(cluster={"certificate-authority": "fifo"}),
+            id="a certificate-authority",
+        ),
+        pytest.param(
+            "client-certificate",
+            lambda: kubeconfig({"client-certificate": "fifo", "client-key": "fifo"}),
+            id="a client certificate and key",
+        ),
+    ],
+)
+def test_a_fifo_named_as_a_file_is_refused_without_blocking(
+    tmp_path: Path, field: str, doc: Any
+) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    path = write(tmp_path / "kubeconfig", doc())
+    raised = load_within(path)
+    assert isinstance(raised, ClientConfigError), raised
+    assert f"{field} {tmp_path / 'fifo'}: not a regular file" in str(raised)
+
+
+def test_a_fifo_as_the_kubeconfig_is_refused_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "kubeconfig")
+    raised = load_within(tmp_path / "kubeconfig")
+    assert isinstance(raised, ClientConfigError) and "not a regular file" in str(raised), raised
+
+
+def test_a_token_file_replaced_by_a_fifo_keeps_the_last_token(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("first\n")
+    now = [0.0]
+    token = TokenFile(tmp_path / "token", clock=lambda: now[0])
+    (tmp_path / "token").unlink()
+    os.mkfifo(tmp_path / "token")
+    now[0] += kc.TOKEN_REREAD_PERIOD
+    assert token() == "first"
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
