@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bundles.authz import Authorizer, allow_any_of, allow_ids, allow_workloads
 from bundles.source import TLSSource
+from bundles.spiffe import SpiffeId
 from examples.mtls.client import IdentityClient
 from examples.mtls.server import IdentityServer
 from kubelet_shim.atomic import AtomicDirStorage
@@ -403,11 +404,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def server_process(
-    pods: tuple[Pod, Pod], tmp_path: Path
-) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    server_pod, _ = pods
+@contextmanager
+def serving(server_pod: Pod, log: Path, *rules: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`python -m examples.mtls.server` for `server_pod` with peer `rules`, listening."""
     port = _free_port()
     process = subprocess.Popen(
         [
@@ -416,13 +415,13 @@ def server_process(
             "examples.mtls.server",
             f"--credential-bundle={server_pod.bundle}",
             f"--trust-bundle={server_pod.trust}",
-            f"--allow-id={CLIENT_ID}",
+            *rules,
             "--host=127.0.0.1",
             f"--port={port}",
         ],
         cwd=REPO,
         stdout=subprocess.PIPE,
-        stderr=(tmp_path / "server.log").open("w"),
+        stderr=log.open("w"),
         text=True,
     )
     try:
@@ -433,15 +432,74 @@ def server_process(
                 break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(
-                        f"server did not listen: {(tmp_path / 'server.log').read_text()}"
-                    ) from None
+                    raise AssertionError(f"server did not listen: {log.read_text()}") from None
                 time.sleep(0.05)
         yield process, port
     finally:
         if process.poll() is None:
             process.kill()
         process.wait()
+
+
+@pytest.fixture
+def server_process(
+    pods: tuple[Pod, Pod], tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    with serving(pods[0], tmp_path / "server.log", f"--allow-id={CLIENT_ID}") as running:
+        yield running
+
+
+@pytest.mark.parametrize(
+    ("rule", "admitted"),
+    [
+        pytest.param("shop/web", {CLIENT_ID}, id="shop/web: ours only, as the README runs it"),
+        pytest.param(
+            "partner.test/shop/web",
+            {"spiffe://partner.test/ns/shop/sa/web"},
+            id="partner.test/shop/web: the partner's only",
+        ),
+        pytest.param(
+            "*/shop/web",
+            {CLIENT_ID, "spiffe://partner.test/ns/shop/sa/web"},
+            id="*/shop/web: any trust domain, said out loud",
+        ),
+    ],
+)
+def test_the_server_command_scopes_a_workload_rule_to_a_trust_domain(
+    storage: AtomicDirStorage,
+    ca1: ca.CABundle,
+    pods: tuple[Pod, Pod],
+    tmp_path: Path,
+    rule: str,
+    admitted: set[str],
+) -> None:
+    """Issue 24, finding 1: run as the README runs it plus a federated bundle as docs/SPIRE.md
+    adds it, `--allow-workload shop/web` let spiffe://partner.test/ns/shop/sa/web in."""
+    server_pod, ours = pods
+    partner_ca = new_ca("partner")
+    federated = tmp_path / "federated-partner.pem"
+    federated.write_bytes(pem(partner_ca.root))
+    theirs = Pod(storage, "uid-partner", "spiffe://partner.test/ns/shop/sa/web")
+    theirs.issue(partner_ca, [partner_ca.root, ca1.root])
+    flags = (f"--allow-workload={rule}", f"--federated-trust-bundle=partner.test={federated}")
+
+    async def callers(port: int) -> set[str]:
+        seen: set[str] = set()
+        for pod in (ours, theirs):
+            url = f"https://127.0.0.1:{port}/"
+            async with IdentityClient(pod.source(), allow_ids([SERVER_ID]), url) as client:
+                answer = await client.request()
+            if answer is not None:
+                assert answer["caller"] == pod.spiffe_id
+                seen.add(pod.spiffe_id)
+        return seen
+
+    with serving(server_pod, tmp_path / "server.log", *flags) as (_, port):
+        assert asyncio.run(callers(port)) == admitted
+    refused = {CLIENT_ID, theirs.spiffe_id} - admitted
+    log = (tmp_path / "server.log").read_text()
+    for spiffe_id in refused:
+        assert f"refused client: {spiffe_id}" in log
 
 
 def test_the_commands_serve_and_count(
@@ -494,6 +552,18 @@ def test_the_commands_serve_and_count(
             ["--credential-bundle=x", "--trust-bundle=x", "--allow-id=https://x"],
             id="a client rule that is not a SPIFFE ID",
         ),
+        pytest.param(
+            ["--credential-bundle=x", "--trust-bundle=x", "--allow-workload=a/b/c/d"],
+            id="a workload rule with four parts",
+        ),
+        pytest.param(
+            ["--credential-bundle=x", "--trust-bundle=x", "--allow-workload=Bad.TD/shop/web"],
+            id="a workload rule whose trust domain is malformed",
+        ),
+        pytest.param(
+            ["--credential-bundle=x", "--trust-bundle=x", "--allow-workload=shop/"],
+            id="a workload rule without a service account",
+        ),
     ],
 )
 def test_server_usage_errors_exit_2(argv: list[str]) -> None:
@@ -514,3 +584,19 @@ def test_the_example_modules_do_not_import_the_signer_or_the_shim() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_workload_rule_without_a_trust_domain_needs_one_of_our_own() -> None:
+    """`NS/SA` means our trust domain; with a certificate that names none it is an error that
+    says what to write, never a rule for every trust domain."""
+    import argparse
+
+    from examples.mtls import add_peer_arguments, authorizer_from
+
+    parser = argparse.ArgumentParser()
+    add_peer_arguments(parser, "allow", "clients")
+    rules = authorizer_from(parser, parser.parse_args(["--allow-workload=shop/web"]))
+    assert rules(TRUST_DOMAIN)(SpiffeId.parse(CLIENT_ID))
+    assert not rules(TRUST_DOMAIN)(SpiffeId.parse("spiffe://partner.test/ns/shop/sa/web"))
+    with pytest.raises(ValueError, match="TRUST_DOMAIN/NAMESPACE/SERVICEACCOUNT"):
+        rules(None)
