@@ -163,29 +163,29 @@ class Response:
 
     def __init__(self, conn: Connection, method: str, status_line: bytes) -> None:
         self.conn = conn
-        version, status, head = _head(conn.reader, status_line)
+        version, status, (fields, length, chunked) = _head(conn.reader, status_line)
         while 100 <= status < 200:  # interim answers (100 Continue): the real one follows
             if status == 101:
                 raise ProtocolError("101 Switching Protocols, to a request that asked none")
-            version, status, head = _head(conn.reader)
+            version, status, (fields, length, chunked) = _head(conn.reader)
         self.status = status
-        self.headers = head.fields
-        self.keep = version >= (1, 1) and "close" not in _tokens(head.fields.get("connection"))
+        self.headers = fields
+        self.keep = version >= (1, 1) and "close" not in _tokens(fields.get("connection"))
         self.chunked = False
         self.done = False
         self.length: int | None = None
         if method == "HEAD" or status in (204, 304):
             self.length = 0
-        elif head.chunked:
+        elif chunked:
             self.chunked = True
-            if head.length is not None:
+            if length is not None:
                 # Framed by its chunks, as RFC 9112 says; a server that also sends a length
                 # may not mean the same bytes, so the connection is not reused after it.
                 self.keep = False
-        elif head.length is not None:
-            if head.length > MAX_BODY:
-                raise ProtocolError(f"an answer of {head.length} bytes, over {MAX_BODY}")
-            self.length = head.length
+        elif length is not None:
+            if length > MAX_BODY:
+                raise ProtocolError(f"an answer of {length} bytes, over {MAX_BODY}")
+            self.length = length
         else:
             self.keep = False  # the body runs to the end of the connection
 
@@ -265,28 +265,27 @@ def _tokens(value: str | None) -> set[str]:
     return {t.strip() for t in value.lower().split(",")} if value else set()
 
 
-@dataclass(frozen=True)
-class _Head:
-    fields: dict[str, str]  # lower-case name: value (repeated names joined by ", ")
-    length: int | None  # Content-Length, checked as h11 does
-    chunked: bool  # Transfer-Encoding: chunked (the only coding there is for us)
+# An answer's head: its fields (lower-case name: value, repeated names joined by ", "), its
+# Content-Length (checked as h11 does), whether Transfer-Encoding is chunked (the only coding).
+_Head = tuple[dict[str, str], int | None, bool]
 
 
-def _line(raw: bytes) -> bytes:
-    """A head line without its ending: LF, or CRLF (h11 takes both)."""
-    raw = raw[:-1]
-    return raw[:-1] if raw.endswith(b"\r") else raw
+def _line(raw: bytes, where: str) -> bytes:
+    """A head line without its ending: CRLF, or LF alone (h11 takes both)."""
+    if raw[-2:] == b"\r\n":
+        return raw[:-2]
+    if raw[-1:] == b"\n":
+        return raw[:-1]
+    raise ProtocolError(f"the answer ended inside its {where}")
 
 
 def _head(reader: _Reader, line: bytes | None = None) -> tuple[tuple[int, int], int, _Head]:
-    """(HTTP version, status, headers) of an answer whose status line is `line` (else read)."""
+    """(HTTP version, status, head) of an answer whose status line is `line` (else read)."""
     if line is None:
         line = reader.readline(MAX_LINE)
     if not line:
         raise ProtocolError("the server closed the connection without an answer")
-    if not line.endswith(b"\n"):
-        raise ProtocolError("the answer ended inside its status line")
-    status = _STATUS.fullmatch(_line(line))
+    status = _STATUS.fullmatch(_line(line, "status line"))
     if status is None or status[1] != b"1":
         raise ProtocolError(f"not an HTTP/1.1 answer: {line[:60]!r}")
     return (1, int(status[2])), int(status[3]), _headers(reader)
@@ -294,21 +293,15 @@ def _head(reader: _Reader, line: bytes | None = None) -> tuple[tuple[int, int], 
 
 def _headers(reader: _Reader) -> _Head:
     lines: list[bytes] = []
-    while True:
-        raw = reader.readline(MAX_LINE)
-        if not raw.endswith(b"\n"):
-            raise ProtocolError("the answer ended inside its headers")
-        line = _line(raw)
-        if not line:
-            break
+    folded = False
+    readline = reader.readline
+    while line := _line(readline(MAX_LINE), "headers"):
         if len(lines) == MAX_HEADERS:
             raise ProtocolError(f"more than {MAX_HEADERS} header lines")
-        if fold := _FOLD.match(line):  # obsolete line folding: one value on two lines
-            if not lines:
-                raise ProtocolError("a continuation line before any header")
-            lines[-1] += b" " + line[fold.end() :]
-        else:
-            lines.append(line)
+        folded = folded or line[0] in (0x20, 0x09)
+        lines.append(line)
+    if folded:
+        lines = _unfold(lines)
     fields: dict[str, str] = {}
     length: bytes | None = None
     chunked = False
@@ -316,7 +309,7 @@ def _headers(reader: _Reader) -> _Head:
         field = _FIELD.fullmatch(line)
         if field is None:
             raise ProtocolError(f"not a header line: {line[:60]!r}")
-        name, value = field[1].lower().decode("ascii"), field[2]
+        name, value = field[1].decode("ascii").lower(), field[2]
         if name == "content-length":
             lengths = {v.strip() for v in value.split(b",")}
             if len(lengths) != 1 or _LENGTH.fullmatch(one := lengths.pop()) is None:
@@ -330,7 +323,20 @@ def _headers(reader: _Reader) -> _Head:
             chunked = True
         text = value.decode("latin-1")
         fields[name] = f"{fields[name]}, {text}" if name in fields else text
-    return _Head(fields, int(length) if length is not None else None, chunked)
+    return fields, int(length) if length is not None else None, chunked
+
+
+def _unfold(lines: list[bytes]) -> list[bytes]:
+    """Obsolete line folding undone: a line that starts with blanks continues the one before."""
+    out: list[bytes] = []
+    for line in lines:
+        if fold := _FOLD.match(line):
+            if not out:
+                raise ProtocolError("a continuation line before any header")
+            out[-1] += b" " + line[fold.end() :]
+        else:
+            out.append(line)
+    return out
 
 
 def _tunnel(sock: socket.socket, endpoint: Endpoint) -> None:
