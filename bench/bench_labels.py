@@ -33,6 +33,7 @@ from cryptography import x509
 
 from bench.bench_time_to_credential import devcluster, pid_of, prepare_namespace, rss_mib
 from devcluster import cluster, identities, kube, processes
+from devcluster.kube import pod_certificate_volume
 from podcert.api import keys
 from podcert.rest import JSON, ApiError, Rest, path_of
 
@@ -80,7 +81,15 @@ def pod_body(i: int, count: int, annotation_bytes: int) -> JSON:
         "spec": {
             "nodeName": NODE,
             "automountServiceAccountToken": False,
-            "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.invalid/app:1",
+                    "volumeMounts": [{"name": "identity", "mountPath": "/var/run/identity"}],
+                }
+            ],
+            # NodeRestriction lets a node ask only for a pod that mounts the signer's source.
+            "volumes": [pod_certificate_volume(SIGNER)],
         },
     }
 
