@@ -26,6 +26,7 @@ Guarantees (tests/unit/test_bundles_handshake.py holds each, per client stack):
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import os
 import secrets
@@ -36,10 +37,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from bundles.authz import Authorizer, Verdict, authorize_peer_chain
-from bundles.formats import Credential, TrustBundle, dump_certificates
+from bundles.formats import (
+    ChainError,
+    Credential,
+    TrustBundle,
+    describe,
+    dump_certificates,
+    verify_chain,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +208,9 @@ def load_contexts(
         context.check_hostname = False
         context.minimum_version = ssl.TLSVersion.TLSv1_2  # OpenSSL negotiates 1.3 first
         context.verify_mode = ssl.CERT_REQUIRED
+        # Every certificate of a trust bundle is an anchor, an intermediate too, as for
+        # go-spiffe and Python 3.13's defaults; `check_usable` judges material the same way.
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
         context.load_verify_locations(cadata=trust_bundle.der())
         contexts.append(context)
     # load_cert_chain reads only from a path. The key goes there encrypted under a one-time
@@ -221,6 +235,72 @@ def build_contexts(
     callers that authorize peers some other way. Workloads want `TLSSource`'s contexts."""
     server, client = load_contexts(credential, trust_bundle, [("server", None), ("client", None)])
     return server, client
+
+
+# The usages a leaf must allow: the same leaf serves as a server and as a client (mTLS).
+_PURPOSES: Final = {
+    ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
+    ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth",
+}
+
+
+def check_usable(credential: Credential, trust_bundle: TrustBundle, now: dt.datetime) -> None:
+    """Raise ChainError unless a peer holding `trust_bundle` takes `credential` at `now`, as a
+    server and as a client (what TLSSource checks before swapping material in).
+
+    `bundles.formats.verify_chain` (signatures, validity windows, CA flags) and what OpenSSL
+    checks beyond it: every CA's path length constraint, and the extended key usages of every
+    certificate below the anchor. tests/unit/test_bundles_chain_check.py holds the verdict
+    equal to real handshakes'.
+    """
+    verify_chain(credential, trust_bundle, now)
+    path = _path(credential.chain, trust_bundle)
+    for position, cert in enumerate(path):
+        if position < len(path) - 1:
+            _check_purposes(cert, position)
+        if position > 0:
+            try:
+                limit = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+            except x509.ExtensionNotFound:
+                continue
+            below = position - 1  # CA certificates between this one and the leaf
+            if limit.path_length is not None and below > limit.path_length:
+                raise ChainError(
+                    f"{describe(cert)} allows {limit.path_length} CA certificate(s) below it; "
+                    f"the chain has {below}"
+                )
+
+
+def _check_purposes(cert: x509.Certificate, position: int) -> None:
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return  # no restriction
+    if ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE in usages:
+        return
+    missing = [name for oid, name in _PURPOSES.items() if oid not in usages]
+    if missing:
+        role = "leaf" if position == 0 else f"chain certificate #{position + 1}"
+        raise ChainError(f"{role} {describe(cert)} does not allow {' and '.join(missing)}")
+
+
+def _path(chain: Sequence[x509.Certificate], trust_bundle: TrustBundle) -> list[x509.Certificate]:
+    """The path verify_chain accepted, leaf first, ending at the anchor it found."""
+    for position, cert in enumerate(chain):
+        if position > 0 and cert in trust_bundle.roots:
+            return list(chain[: position + 1])
+        for root in trust_bundle.roots:
+            if root.subject == cert.issuer and _signed_by(cert, root):
+                return [*chain[: position + 1], root]
+    return list(chain)
+
+
+def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
+        return False
+    return True
 
 
 def verified_chain(connection: object) -> list[bytes] | None:

@@ -3,8 +3,9 @@
 The kubelet (or our shim) replaces the credential and trust bundle files in place through an
 atomic `..data` symlink swap, and the separate key/chain files can even be read mid-rotation. This
 source re-reads the files by content (sha256), validates new material completely (key matches
-leaf, chain leads to a root of the trust bundle at `now`), and only then swaps in fresh server and
-client contexts with one assignment. Anything half-written or inconsistent is never served: the
+leaf, chain leads to a root of the trust bundle at `now`, usages and path lengths a peer checks:
+`bundles.handshake.check_usable`), and only then swaps in fresh server and client contexts with
+one assignment. Anything half-written or inconsistent is never served: the
 previous contexts stay, and the failure is kept in `last_error`.
 
 Peers are authorized inside the handshake (`bundles.handshake`): `server_context(authorizer)` and
@@ -46,7 +47,6 @@ from bundles.formats import (
     load_credential,
     load_credential_files,
     load_trust_bundle,
-    verify_chain,
 )
 from bundles.handshake import (
     PeerCheck,
@@ -54,6 +54,7 @@ from bundles.handshake import (
     Side,
     build_contexts,
     check_of,
+    check_usable,
     load_contexts,
     verified_chain,
 )
@@ -259,7 +260,7 @@ class TLSSource:
             credential = load_credential(contents[0])
         first_federated = len(contents) - len(self._federated)
         trust_bundle = load_trust_bundle(contents[first_federated - 1])
-        verify_chain(credential, trust_bundle, self._clock())
+        check_usable(credential, trust_bundle, self._clock())
         trusted: dict[bytes, str | None] = {
             r.public_bytes(serialization.Encoding.DER): None for r in trust_bundle.roots
         }

@@ -373,7 +373,7 @@ def test_an_unexpected_failure_keeps_serving_and_is_recorded(
     def broken(*args: object) -> None:
         raise RuntimeError("bug in validation")
 
-    monkeypatch.setattr(source_module, "verify_chain", broken)
+    monkeypatch.setattr(source_module, "check_usable", broken)
     context = server.server_context(ALLOW_CLIENT)
     server_volume.publish(**{"credential.pem": dump_credential(ca.issue(SERVER_ID))})
     assert server.refresh() is False
