@@ -19,6 +19,8 @@ Guarantees (tests/unit/test_bundles_handshake.py holds each, per client stack):
 - A context that no longer verifies (a library set `CERT_NONE` on it) refuses every peer, and
   one that trusts extra roots (a library loaded its own CA file into it) refuses every peer
   those would let in: a chain ending at a root that is neither ours nor federated is refused.
+- A resumed TLS session carries no verified chain, so it is refused; servers issue no session
+  tickets, and a client resumes only when its caller passes `session=`.
 - `PeerRefusedError` is an `ssl.SSLCertVerificationError`, so every stack reports it as the
   certificate failure it already knows how to report; its message is the verdict's reason.
 """
@@ -205,6 +207,9 @@ def load_contexts(
         else:
             context = _AuthorizingContext(protocol)
             context._podcert_check = check
+            if side == "server":
+                # A resumed session carries no verified chain to judge: every handshake is full.
+                context.num_tickets = 0
         context.check_hostname = False
         context.minimum_version = ssl.TLSVersion.TLSv1_2  # OpenSSL negotiates 1.3 first
         context.verify_mode = ssl.CERT_REQUIRED

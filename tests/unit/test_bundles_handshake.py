@@ -460,3 +460,25 @@ def test_an_asyncio_server_never_hands_a_refused_client_to_the_application(
 
 def _roots(*authorities: Authority) -> TrustBundle:
     return TrustBundle(tuple(a.cert for a in authorities))
+
+
+def test_a_resumed_session_is_refused_and_servers_offer_none(
+    api: TLSSource, web: TLSSource, ours: Authority
+) -> None:
+    """A resumed session has no verified chain to judge: servers issue no tickets, and a client
+    told to resume is refused rather than let through unjudged."""
+    assert api.server_context(allow_ids([WEB])).num_tickets == 0
+    with Recorder(ours.issue(API)).running() as server:  # plain ssl: it issues tickets
+        context = web.client_context(ALLOW_API)
+        port = server.port
+        with context.wrap_socket(socket.create_connection(("127.0.0.1", port), DEADLINE)) as tls:
+            tls.sendall(_raw_request(port))
+            while tls.recv(65536):
+                pass
+            session = tls.session
+        plain = socket.create_connection(("127.0.0.1", port), DEADLINE)
+        with pytest.raises(PeerRefusedError, match="verified no chain"):
+            context.wrap_socket(plain, session=session)
+        plain.close()
+        server.wait_for(2)
+    assert server.received[1] == b""
