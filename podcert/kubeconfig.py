@@ -15,7 +15,6 @@ file token source does. Messages never quote a credential (token, key, proxy pas
 
 from __future__ import annotations
 
-import base64
 import binascii
 import contextlib
 import logging
@@ -184,6 +183,7 @@ def _string(entry: Mapping[str, Any], key: str, what: str) -> str | None:
 def _from_document(
     doc: Mapping[str, Any], base: Path, environ: Mapping[str, str], where: str
 ) -> ClientSettings:
+    _check_data(doc)
     current = doc.get("current-context")
     if not current or not isinstance(current, str):
         raise ClientConfigError("current-context is not set")
@@ -207,6 +207,7 @@ def _from_document(
     user = _named(doc, "users", user_name, "user") if user_name is not None else {}
     token, chain = _credentials(user, f"user {user_name!r}", base)
 
+    _one_of(cluster, "certificate-authority", what)
     context_ = None
     if parts.scheme == "https":
         ca_data = _decoded(cluster, "certificate-authority-data", what)
@@ -281,6 +282,8 @@ def _credentials(
     elif token_value is not None:
         value = _token_of(token_value.encode(), f"{what}: token")
         token = lambda: value  # noqa: E731
+    _one_of(user, "client-certificate", what)
+    _one_of(user, "client-key", what)
     cert = _decoded(user, "client-certificate-data", what) or _path(
         user, "client-certificate", what, base
     )
@@ -289,6 +292,12 @@ def _credentials(
         missing = "client-key(-data)" if key is None else "client-certificate(-data)"
         raise ClientConfigError(f"{what}: a client certificate needs both; {missing} is not set")
     return token, (cert, key) if cert is not None and key is not None else None
+
+
+def _one_of(entry: Mapping[str, Any], key: str, what: str) -> None:
+    """`key` and `key-data` are not both set: client-go refuses that too."""
+    if _string(entry, key, what) is not None and _string(entry, f"{key}-data", what) is not None:
+        raise ClientConfigError(f"{what}: {key} and {key}-data both set: which one is meant?")
 
 
 def _path(user: Mapping[str, Any], key: str, what: str, base: Path) -> Path | None:
@@ -300,11 +309,31 @@ def _decoded(entry: Mapping[str, Any], key: str, what: str) -> bytes | None:
     value = _string(entry, key, what)
     if value is None:
         return None
+    # Go's decoder, which kubectl uses, skips line breaks; nothing else. Padding is checked
+    # before CPython's strict mode, which alone takes padding after a whole quantum (AAAA==).
+    text = value.replace("\n", "").replace("\r", "").encode("ascii", errors="replace")
+    padding = len(text) - len(text.rstrip(b"="))
     try:
-        # Go's decoder, which kubectl uses, skips line breaks; nothing else.
-        return base64.b64decode(value.replace("\n", "").replace("\r", ""), validate=True)
+        if len(text) % 4 or padding > 2 or (padding and (len(text) - padding) % 4 != 4 - padding):
+            raise ValueError
+        return binascii.a2b_base64(text, strict_mode=True)
     except (binascii.Error, ValueError):
         raise ClientConfigError(f"{what}: {key} is not valid base64") from None
+
+
+def _check_data(doc: Mapping[str, Any]) -> None:
+    """Every cluster's and user's base64 fields decode, used or not: client-go decodes the
+    whole file as it loads it, so one broken entry makes the file unusable for kubectl too."""
+    for section, inner, keys in (
+        ("clusters", "cluster", ("certificate-authority-data",)),
+        ("users", "user", ("client-certificate-data", "client-key-data")),
+    ):
+        entries = doc.get(section)
+        for entry in entries if isinstance(entries, list) else ():
+            found = entry.get(inner) if isinstance(entry, dict) else None
+            if isinstance(found, dict):
+                for key in keys:
+                    _decoded(found, key, f"{inner} {entry.get('name')!r}")
 
 
 def _read(path: Path, what: str) -> bytes:

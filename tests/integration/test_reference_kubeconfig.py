@@ -9,8 +9,11 @@ client certificate, bearer token, TLS server name and proxy. Where podcert refus
 client-go takes, it is one of these deliberate strictnesses (each refusal names its field):
 - what podcert does not do: auth-provider plugins, basic auth, impersonation, exec plugins
   (pinned with E's tests), https:// and socks5:// proxies;
+- a context naming a user the file lacks: client-go goes on without credentials, podcert takes
+  it for the typo it likely is;
 - a server without a scheme: client-go guesses http or https from whether TLS settings are
-  present; podcert refuses to guess;
+  present; podcert refuses to guess; nor does it take a port out of range (client-go fails to
+  dial it);
 - a token that is not one printable line, and a tokenFile that cannot be read even when a token
   is given beside it (client-go would send a header it cannot, or fall back silently);
 - a CA or client certificate file client-go reads past (PEM junk it skips: `bundles.pem`'s
@@ -23,13 +26,22 @@ without ports, domains with a leading dot or `*.`) and server URLs.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import ssl
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import trustme
+import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from podcert import kubeconfig as kc
 from podcert import proxies
 from tests.integration.reference import DIFFERENTIAL, Reference
 
@@ -99,3 +111,249 @@ def test_the_proxy_environment_is_read_as_go_reads_it(
         return
     assert "error" not in theirs, theirs
     assert ours == theirs["proxy"]
+
+
+# --- kubeconfigs ------------------------------------------------------------------------------
+
+# Where podcert refuses what client-go takes, the refusal names one of these (module docstring).
+DELIBERATE = (
+    "auth-provider plugins are not supported",
+    "basic authentication is not supported",
+    "impersonation is not supported",
+    "proxy-url is not an http:// URL",
+    "server is not an http(s) URL",
+    "not one line of text",
+    "tokenFile",
+    "client certificates need an https server",
+    "a client certificate needs both",
+    "no user named",
+    "server has no valid port",
+)
+
+
+@dataclass(frozen=True, repr=False)
+class Materials:
+    """Files a generated kubeconfig names (in `files/` beside it), and what they hold."""
+
+    folder: Path
+    ca_pem: tuple[bytes, bytes]  # two roots
+    client: tuple[tuple[bytes, bytes], tuple[bytes, bytes]]  # two (certificate, key) PEM pairs
+    client_ca: trustme.CA
+    server: trustme.LeafCert
+
+
+@pytest.fixture(scope="module")
+def materials(tmp_path_factory: pytest.TempPathFactory) -> Materials:
+    folder = tmp_path_factory.mktemp("kubeconfigs")
+    files = folder / "files"
+    files.mkdir()
+    roots = trustme.CA(), trustme.CA()
+    client_ca = trustme.CA()
+    leaves = [client_ca.issue_cert(f"client-{i}@example.com") for i in range(2)]
+    client = tuple(
+        (leaf.cert_chain_pems[0].bytes(), leaf.private_key_pem.bytes()) for leaf in leaves
+    )
+    for i, root in enumerate(roots):
+        (files / f"ca{i}.pem").write_bytes(root.cert_pem.bytes())
+    for i, (cert, key) in enumerate(client):
+        (files / f"client{i}.crt").write_bytes(cert)
+        (files / f"client{i}.key").write_bytes(key)
+    (files / "token").write_text("file-token\n")
+    (files / "empty-token").write_text("")
+    (files / "not-pem").write_text("not a certificate\n")
+    return Materials(
+        folder,
+        (roots[0].cert_pem.bytes(), roots[1].cert_pem.bytes()),
+        (client[0], client[1]),  # type: ignore[arg-type]
+        client_ca,
+        trustme.CA().issue_cert("server.example"),
+    )
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def choices(m: Materials) -> dict[str, st.SearchStrategy[dict[str, Any]]]:
+    """The pieces of a kubeconfig: each a strategy of the keys it adds."""
+    files, absolute = "files", str(m.folder / "files")
+    (cert0, key0), (cert1, key1) = m.client
+    none: dict[str, Any] = {}
+    ca = st.sampled_from([
+        none, none,
+        {"certificate-authority-data": b64(m.ca_pem[0])},
+        {"certificate-authority-data": b64(m.ca_pem[0] + m.ca_pem[1])},
+        {"certificate-authority-data": "!!not base64"},
+        {"certificate-authority-data": b64(b"not pem")},
+        {"certificate-authority": f"{files}/ca0.pem"},
+        {"certificate-authority": f"{absolute}/ca1.pem"},
+        {"certificate-authority": f"{files}/missing.pem"},
+        {"certificate-authority": f"{files}/not-pem"},
+        {"certificate-authority-data": b64(m.ca_pem[0]), "certificate-authority": f"{files}/c"},
+        {"insecure-skip-tls-verify": True},
+        {"insecure-skip-tls-verify": True, "certificate-authority-data": b64(m.ca_pem[0])},
+    ])  # fmt: skip
+    cluster = st.fixed_dictionaries(
+        {
+            "server": st.sampled_from(
+                [
+                    "https://10.1.2.3:6443",
+                    "https://10.1.2.3:6443/",
+                    "https://h.example:8443/prefix/",
+                    "http://10.1.2.3:8080",
+                    "10.1.2.3:6443",
+                    "",
+                    "ftp://x",
+                    "https://[fd00::1]:6443",
+                    "https://h.example:99999",
+                ]
+            ),
+        },
+        optional={
+            "tls-server-name": st.just("api.example"),
+            "proxy-url": st.sampled_from(["http://proxy:3128", "socks5://p:1080", "https://p:443"]),
+        },
+    ).flatmap(lambda c: ca.map(lambda extra: {**c, **extra}))
+    token = st.sampled_from([
+        none, none, {"token": "tok-1"}, {"token": "tok\n2"},
+        {"tokenFile": f"{files}/token"}, {"tokenFile": f"{absolute}/token"},
+        {"tokenFile": f"{files}/missing"}, {"tokenFile": f"{files}/empty-token"},
+        {"token": "tok-1", "tokenFile": f"{files}/token"},
+        {"token": "tok-1", "tokenFile": f"{files}/missing"},
+        {"token": "tok-1", "tokenFile": f"{files}/empty-token"},
+    ])  # fmt: skip
+    certificate = st.sampled_from([
+        none, none,
+        {"client-certificate-data": b64(cert0), "client-key-data": b64(key0)},
+        {"client-certificate": f"{files}/client0.crt", "client-key": f"{files}/client0.key"},
+        {"client-certificate": f"{absolute}/client1.crt", "client-key": f"{absolute}/client1.key"},
+        {"client-certificate-data": b64(cert0)},
+        {"client-key-data": b64(key0)},
+        {"client-certificate-data": b64(cert1), "client-key": f"{files}/client1.key"},
+        {"client-certificate-data": b64(cert0), "client-key-data": b64(key1)},
+        {"client-certificate-data": "!!", "client-key-data": b64(key0)},
+        {
+            "client-certificate-data": b64(cert0), "client-key-data": b64(key0),
+            "client-certificate": f"{files}/client1.crt", "client-key": f"{files}/client1.key",
+        },
+        {"client-certificate": f"{files}/missing.crt", "client-key": f"{files}/client0.key"},
+    ])  # fmt: skip
+    other = st.sampled_from([
+        none, none, none, none,
+        {"auth-provider": {"name": "oidc"}},
+        {"username": "u", "password": "p"},
+        {"as": "someone"},
+        {"exec": {"command": "plugin"}},
+    ])  # fmt: skip
+    user = st.tuples(token, certificate, other).map(lambda p: {**p[0], **p[1], **p[2]})
+    return {"cluster": cluster, "user": user}
+
+
+@st.composite
+def kubeconfigs(draw: st.DrawFn, m: Materials) -> dict[str, Any]:
+    pieces = choices(m)
+    names = draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=3, unique=True))
+    contexts = [
+        {
+            "name": name,
+            "context": draw(
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "cluster": st.sampled_from(["c1", "c2", "nope"]),
+                        "user": st.sampled_from(["u1", "u2", "nobody"]),
+                    },
+                )
+            ),
+        }
+        for name in names
+    ]
+    doc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": n, "cluster": draw(pieces["cluster"])} for n in ("c1", "c2")],
+        "users": [{"name": n, "user": draw(pieces["user"])} for n in ("u1", "u2")],
+        "contexts": contexts,
+    }
+    current = draw(st.sampled_from([*names, "gone", None]))
+    if current is not None:
+        doc["current-context"] = current
+    return doc
+
+
+def presented_certificate(context: ssl.SSLContext, m: Materials) -> bytes | None:
+    """The client certificate (DER) `context` presents, by a handshake in memory with a server
+    that asks for one. The server's own certificate is not checked (compared apart)."""
+    server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    m.server.configure_cert(server_context)
+    m.client_ca.configure_trust(server_context)
+    server_context.verify_mode = ssl.CERT_OPTIONAL
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    pipes = [ssl.MemoryBIO() for _ in range(4)]
+    client = context.wrap_bio(pipes[0], pipes[1], server_hostname="server.example")
+    server = server_context.wrap_bio(pipes[2], pipes[3], server_side=True)
+    done = [False, False]
+    for _ in range(10):
+        for i, side in enumerate((client, server)):
+            if not done[i]:
+                try:
+                    side.do_handshake()
+                    done[i] = True
+                except ssl.SSLWantReadError:
+                    pass
+        pipes[2].write(pipes[1].read())
+        pipes[0].write(pipes[3].read())
+        if all(done):
+            break
+    assert all(done), "the in-memory handshake did not finish"
+    return server.getpeercert(binary_form=True)
+
+
+def digest(der: bytes) -> str:
+    return hashlib.sha256(der).hexdigest()
+
+
+def podcert_reading(settings: kc.ClientSettings, m: Materials) -> dict[str, Any]:
+    """podcert's settings in the reference's terms."""
+    context = settings.ssl_context
+    out: dict[str, Any] = {
+        "server": settings.server,
+        "token": settings.token() if settings.token is not None else "",
+        "tls_server_name": settings.tls_server_name or "",
+        "proxy": settings.proxy or "",
+    }
+    if context is not None:
+        out["insecure"] = context.verify_mode == ssl.CERT_NONE
+        out["cas"] = [digest(der) for der in context.get_ca_certs(binary_form=True)]
+        presented = presented_certificate(context, m)
+        out["client_cert"] = digest(presented) if presented else ""
+    return out
+
+
+@DIFFERENTIAL
+@given(data=st.data())
+def test_kubeconfigs_are_read_as_client_go_reads_them(
+    reference: Reference, materials: Materials, data: st.DataObject
+) -> None:
+    doc = data.draw(kubeconfigs(materials))
+    environ = data.draw(st.sampled_from([{}, {"HTTPS_PROXY": "http://envproxy:3128"}]))
+    path = materials.folder / "kubeconfig"
+    path.write_text(yaml.safe_dump(doc))
+    theirs = reference.ask("kubeconfig", path=str(path), environ=environ)
+    try:
+        settings = kc.from_kubeconfig(path, environ)
+    except kc.ClientConfigError as err:
+        if "error" in theirs:
+            return
+        assert any(why in str(err) for why in DELIBERATE), f"client-go takes it: {theirs}\n{err}"
+        return
+    assert "error" not in theirs, f"podcert takes what client-go refuses: {theirs['error']}"
+    ours = podcert_reading(settings, materials)
+    expected = {key: theirs[key] for key in ("server", "token", "tls_server_name", "proxy")}
+    if settings.ssl_context is not None:
+        expected["insecure"] = theirs["insecure"]
+        expected["client_cert"] = theirs["client_cert"]
+        # client-go without a CA uses the system's roots: podcert's context holds those then.
+        expected["cas"] = theirs["cas"] if theirs["cas"] is not None else ours["cas"]
+    assert ours == expected

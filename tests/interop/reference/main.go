@@ -122,12 +122,10 @@ type resolved struct {
 // it names, and rest.TransportFor builds the round trippers (auth providers, exec plugins).
 func kubeconfig(path string, environ map[string]string) (any, error) {
 	setProxyEnviron(environ)
-	loaded, err := clientcmd.LoadFromFile(path)
-	if err != nil {
-		return nil, err
-	}
-	config, err := clientcmd.NewNonInteractiveClientConfig(
-		*loaded, loaded.CurrentContext, &clientcmd.ConfigOverrides{}, nil,
+	// kubectl --kubeconfig=path: explicit loading rules resolve relative paths against the
+	// file's folder (clientcmd.LoadFromFile alone does not).
+	config, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}, &clientcmd.ConfigOverrides{},
 	).ClientConfig()
 	if err != nil {
 		return nil, err
