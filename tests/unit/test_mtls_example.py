@@ -237,7 +237,9 @@ def test_a_client_whose_id_is_not_allowed_is_refused_with_a_clear_log_line(
             assert (client.failed, server.served) == (1, 0)
             assert server.refused >= 1
             (error,) = client.errors
-            assert error.startswith("ServerDisconnectedError")
+            # An end of stream, or a reset when the unread request was still queued at the
+            # server as it closed.
+            assert error.split(":")[0] in {"ServerDisconnectedError", "ClientOSError"}, error
 
     with caplog.at_level(logging.WARNING, logger="examples.mtls.server"):
         run(scenario)
