@@ -226,8 +226,10 @@ def _from_document(
         )
         if chain is not None:
             _load_chain(context_, chain, f"user {user_name!r}")
-    elif chain is not None:
-        raise ClientConfigError(f"{what}: client certificates need an https server")
+    elif chain is not None or (token is not None and not isinstance(token, ExecToken)):
+        # client-go never sends credentials over plain http (it drops them); sending a token in
+        # clear text would be worse than refusing.
+        raise ClientConfigError(f"{what}: credentials need an https server, not http://")
     proxy = _string(cluster, "proxy-url", what)
     if proxy is not None and not (urlsplit(proxy).scheme == "http" and urlsplit(proxy).hostname):
         raise ClientConfigError(f"{what}: proxy-url is not an http:// URL (the only kind used)")
@@ -235,7 +237,7 @@ def _from_document(
         server.rstrip("/"),
         context_,
         token,
-        tls_server_name=_string(cluster, "tls-server-name", what),
+        tls_server_name=_string(cluster, "tls-server-name", what) if context_ else None,
         proxy=proxy or _env_proxy(server, environ),
         source=where,
     )

@@ -14,6 +14,8 @@ client-go takes, it is one of these deliberate strictnesses (each refusal names 
 - a server without a scheme: client-go guesses http or https from whether TLS settings are
   present; podcert refuses to guess; nor does it take a port out of range (client-go fails to
   dial it);
+- credentials with an http:// server: client-go drops them, podcert refuses rather than
+  guess whether they were meant for a TLS server;
 - a token that is not one printable line, and a tokenFile that cannot be read even when a token
   is given beside it (client-go would send a header it cannot, or fall back silently);
 - a CA or client certificate file client-go reads past (PEM junk it skips: `bundles.pem`'s
@@ -38,7 +40,7 @@ from urllib.parse import urlsplit
 import pytest
 import trustme
 import yaml
-from hypothesis import example, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from podcert import kubeconfig as kc
@@ -124,7 +126,7 @@ DELIBERATE = (
     "server is not an http(s) URL",
     "not one line of text",
     "tokenFile",
-    "client certificates need an https server",
+    "credentials need an https server",
     "a client certificate needs both",
     "no user named",
     "server has no valid port",
@@ -174,39 +176,38 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+def mostly(valid: list[dict[str, Any]], broken: list[dict[str, Any]]) -> st.SearchStrategy[Any]:
+    """One of the pieces, a valid one four times as often as a broken one: a file is refused
+    for its first broken piece, and the resolved values are compared only where both accept."""
+    return st.sampled_from(valid * 4 + broken)
+
+
 def choices(m: Materials) -> dict[str, st.SearchStrategy[dict[str, Any]]]:
     """The pieces of a kubeconfig: each a strategy of the keys it adds."""
     files, absolute = "files", str(m.folder / "files")
     (cert0, key0), (cert1, key1) = m.client
     none: dict[str, Any] = {}
-    ca = st.sampled_from([
+    ca = mostly([
         none, none,
         {"certificate-authority-data": b64(m.ca_pem[0])},
         {"certificate-authority-data": b64(m.ca_pem[0] + m.ca_pem[1])},
-        {"certificate-authority-data": "!!not base64"},
-        {"certificate-authority-data": b64(b"not pem")},
         {"certificate-authority": f"{files}/ca0.pem"},
         {"certificate-authority": f"{absolute}/ca1.pem"},
+        {"insecure-skip-tls-verify": True},
+    ], [
+        {"certificate-authority-data": "!!not base64"},
+        {"certificate-authority-data": b64(b"not pem")},
         {"certificate-authority": f"{files}/missing.pem"},
         {"certificate-authority": f"{files}/not-pem"},
         {"certificate-authority-data": b64(m.ca_pem[0]), "certificate-authority": f"{files}/c"},
-        {"insecure-skip-tls-verify": True},
         {"insecure-skip-tls-verify": True, "certificate-authority-data": b64(m.ca_pem[0])},
     ])  # fmt: skip
     cluster = st.fixed_dictionaries(
         {
             "server": st.sampled_from(
-                [
-                    "https://10.1.2.3:6443",
-                    "https://10.1.2.3:6443/",
-                    "https://h.example:8443/prefix/",
-                    "http://10.1.2.3:8080",
-                    "10.1.2.3:6443",
-                    "",
-                    "ftp://x",
-                    "https://[fd00::1]:6443",
-                    "https://h.example:99999",
-                ]
+                ["https://10.1.2.3:6443", "https://10.1.2.3:6443/", "https://[fd00::1]:6443"] * 3
+                + ["https://h.example:8443/prefix/", "http://10.1.2.3:8080"]
+                + ["10.1.2.3:6443", "", "ftp://x", "https://h.example:99999"]
             ),
         },
         optional={
@@ -214,22 +215,25 @@ def choices(m: Materials) -> dict[str, st.SearchStrategy[dict[str, Any]]]:
             "proxy-url": st.sampled_from(["http://proxy:3128", "socks5://p:1080", "https://p:443"]),
         },
     ).flatmap(lambda c: ca.map(lambda extra: {**c, **extra}))
-    token = st.sampled_from([
-        none, none, {"token": "tok-1"}, {"token": "tok\n2"},
+    token = mostly([
+        none, none, {"token": "tok-1"},
         {"tokenFile": f"{files}/token"}, {"tokenFile": f"{absolute}/token"},
-        {"tokenFile": f"{files}/missing"}, {"tokenFile": f"{files}/empty-token"},
         {"token": "tok-1", "tokenFile": f"{files}/token"},
+    ], [
+        {"token": "tok\n2"},
+        {"tokenFile": f"{files}/missing"}, {"tokenFile": f"{files}/empty-token"},
         {"token": "tok-1", "tokenFile": f"{files}/missing"},
         {"token": "tok-1", "tokenFile": f"{files}/empty-token"},
     ])  # fmt: skip
-    certificate = st.sampled_from([
+    certificate = mostly([
         none, none,
         {"client-certificate-data": b64(cert0), "client-key-data": b64(key0)},
         {"client-certificate": f"{files}/client0.crt", "client-key": f"{files}/client0.key"},
         {"client-certificate": f"{absolute}/client1.crt", "client-key": f"{absolute}/client1.key"},
+        {"client-certificate-data": b64(cert1), "client-key": f"{files}/client1.key"},
+    ], [
         {"client-certificate-data": b64(cert0)},
         {"client-key-data": b64(key0)},
-        {"client-certificate-data": b64(cert1), "client-key": f"{files}/client1.key"},
         {"client-certificate-data": b64(cert0), "client-key-data": b64(key1)},
         {"client-certificate-data": "!!", "client-key-data": b64(key0)},
         {
@@ -238,8 +242,7 @@ def choices(m: Materials) -> dict[str, st.SearchStrategy[dict[str, Any]]]:
         },
         {"client-certificate": f"{files}/missing.crt", "client-key": f"{files}/client0.key"},
     ])  # fmt: skip
-    other = st.sampled_from([
-        none, none, none, none,
+    other = mostly([none], [
         {"auth-provider": {"name": "oidc"}},
         {"username": "u", "password": "p"},
         {"as": "someone"},
@@ -258,12 +261,9 @@ def kubeconfigs(draw: st.DrawFn, m: Materials) -> dict[str, Any]:
             "name": name,
             "context": draw(
                 st.fixed_dictionaries(
-                    {},
-                    optional={
-                        "cluster": st.sampled_from(["c1", "c2", "nope"]),
-                        "user": st.sampled_from(["u1", "u2", "nobody"]),
-                    },
-                )
+                    {"cluster": st.sampled_from(["c1", "c1", "c2", "nope"])},
+                    optional={"user": st.sampled_from(["u1", "u1", "u2", "nobody"])},
+                ).map(lambda c: c if c["cluster"] != "nope" else {})
             ),
         }
         for name in names
@@ -275,7 +275,7 @@ def kubeconfigs(draw: st.DrawFn, m: Materials) -> dict[str, Any]:
         "users": [{"name": n, "user": draw(pieces["user"])} for n in ("u1", "u2")],
         "contexts": contexts,
     }
-    current = draw(st.sampled_from([*names, "gone", None]))
+    current = draw(st.sampled_from([*names * 3, "gone", None]))
     if current is not None:
         doc["current-context"] = current
     return doc
@@ -344,11 +344,13 @@ def test_kubeconfigs_are_read_as_client_go_reads_them(
     try:
         settings = kc.from_kubeconfig(path, environ)
     except kc.ClientConfigError as err:
+        event("both refuse" if "error" in theirs else "podcert refuses deliberately")
         if "error" in theirs:
             return
         assert any(why in str(err) for why in DELIBERATE), f"client-go takes it: {theirs}\n{err}"
         return
     assert "error" not in theirs, f"podcert takes what client-go refuses: {theirs['error']}"
+    event("both accept")
     ours = podcert_reading(settings, materials)
     expected = {key: theirs[key] for key in ("server", "token", "tls_server_name", "proxy")}
     if settings.ssl_context is not None:

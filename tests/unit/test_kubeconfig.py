@@ -121,8 +121,14 @@ def test_insecure_skip_tls_verify_and_tls_server_name(tmp_path: Path) -> None:
 
 
 def test_a_plain_http_server_has_no_tls(tmp_path: Path) -> None:
-    settings = kc.load(write(tmp_path / "k", kubeconfig(server="http://127.0.0.1:8080")))
+    settings = kc.load(write(tmp_path / "k", kubeconfig({}, server="http://127.0.0.1:8080")))
     assert settings.ssl_context is None and settings.server == "http://127.0.0.1:8080"
+    assert settings.token is None
+
+
+def test_credentials_are_never_sent_over_plain_http(tmp_path: Path) -> None:
+    with pytest.raises(ClientConfigError, match="credentials need an https server"):
+        kc.load(write(tmp_path / "k", kubeconfig({"token": TOKEN}, server="http://10.0.0.1:80")))
 
 
 def test_nothing_of_a_credential_is_in_the_settings_repr(tmp_path: Path) -> None:
@@ -520,5 +526,5 @@ def test_loopback_servers_are_never_proxied(tmp_path: Path, server: str) -> None
 
 
 def test_settings_are_their_own_client_settings(tmp_path: Path) -> None:
-    settings = kc.load(write(tmp_path / "k", kubeconfig(server="http://127.0.0.1:1")))
+    settings = kc.load(write(tmp_path / "k", kubeconfig({}, server="http://127.0.0.1:1")))
     assert isinstance(settings, ClientSettings) and settings.client_settings is settings
