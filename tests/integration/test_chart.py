@@ -292,3 +292,42 @@ def test_what_the_chart_renders_passes_server_side_dry_run(
             failures.append(f"{doc['kind']}/{doc['metadata']['name']}: {err}")
     assert failures == []
     assert len(docs) >= 20
+
+
+def test_the_least_privilege_policies_and_the_network_policy_follow_the_values(
+    helm: list[str],
+) -> None:
+    """Issue 24 (7, 8): the signer's trust-bundle policy names the served signer names and the
+    federation's, and the signer's ServiceAccount in the chart's namespace; the shim's clean-up
+    policy its ServiceAccount in the shim's namespace; the metrics port opens to
+    networkPolicy.metricsFrom only."""
+    scraper = [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
+    objects = comparable(
+        render(
+            helm,
+            namespace="pki",
+            signerNames=["example.com/workload", "example.com/batch"],
+            federation={"signerName": "example.com/partners"},
+            **{
+                "shim.enabled": True,
+                "shim.namespace": "node-agents",
+                "networkPolicy.metricsFrom": scraper,
+            },
+        )
+    )
+    signer = objects[("ValidatingAdmissionPolicy", "", "podcert-signer-trust-bundles")]["spec"]
+    assert signer["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:pki:podcert-signer'"
+    )
+    assert signer["variables"] == [
+        {
+            "name": "signerNames",
+            "expression": "['example.com/workload', 'example.com/batch', 'example.com/partners']",
+        }
+    ]
+    shim = objects[("ValidatingAdmissionPolicy", "", "podcert-shim-cleanup")]["spec"]
+    assert shim["matchConditions"][0]["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:node-agents:podcert-shim-cleanup'"
+    )
+    policy = objects[("NetworkPolicy", "pki", "podcert-signer")]["spec"]
+    assert [rule["from"] for rule in policy["ingress"]][1] == scraper
