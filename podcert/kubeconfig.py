@@ -338,6 +338,13 @@ def _check_data(doc: Mapping[str, Any]) -> None:
                     _decoded(found, key, f"{inner} {entry.get('name')!r}")
 
 
+def _why(err: OSError) -> str:
+    """An OSError as the lower-case phrase every other refusal here uses ("no such file")."""
+    if isinstance(err, FileNotFoundError):
+        return "no such file"
+    return (err.strerror or type(err).__name__).lower()
+
+
 def _read(path: Path, what: str) -> bytes:
     """A regular file's bytes, at most MAX_FILE_BYTES. Opened without blocking and checked to be
     a regular file before any read: a FIFO or a device named as a token or CA file (client-go
@@ -345,14 +352,14 @@ def _read(path: Path, what: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as err:
-        raise ClientConfigError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+        raise ClientConfigError(f"{what} {path}: {_why(err)}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ClientConfigError(f"{what} {path}: not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as err:
-        raise ClientConfigError(f"{what} {path}: {err.strerror or type(err).__name__}") from None
+        raise ClientConfigError(f"{what} {path}: {_why(err)}") from None
     finally:
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:
