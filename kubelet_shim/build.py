@@ -15,14 +15,15 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import sys
+import threading
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from kubelet_shim import metrics
 from kubelet_shim.agent import Agent, Settings, utcnow
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.kube import ShimApi, ShimKube
+from podcert import health
 from podcert.discovery import Unserved
 from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
@@ -103,10 +104,14 @@ class Shim:
     config: Config
     runtime: Runtime
     agent: Agent
-    server: ThreadingHTTPServer | None = None
+    server: health.BoundedHTTPServer | None = None
 
     def start(self) -> None:
         config, runtime = self.config, self.runtime
+        # /readyz answers from the moment the metrics port listens: until the agent's pool is
+        # added (its readiness: caches listed, workers started), it says no.
+        wired = threading.Event()
+        runtime.ready_when(wired.is_set)
         self.server = metrics.serve(
             self.agent.metrics,
             config.metrics_port,
@@ -120,6 +125,7 @@ class Shim:
         runtime.add_pool(self.agent.pool())
         runtime.on_stopped(self.server.shutdown)
         runtime.start()
+        wired.set()
 
 
 def build(config: Config, api: ShimApi, runtime: Runtime) -> Shim:

@@ -163,6 +163,11 @@ class Signer:
 
     def start(self) -> None:
         config, runtime, stop = self.config, self.runtime, self.runtime.stopping
+        # /readyz answers from the moment the metrics port listens, while the pieces and the
+        # checks readiness needs are still being added below: until the last is added, and the
+        # webhook and the bundle endpoint (which start last) accept connections, it says no.
+        wired = threading.Event()
+        runtime.ready_when(wired.is_set)
         # /healthz is the runtime's: a dead rotation loop, reflector or worker shows.
         self.server = metrics.serve(
             self.metrics,
@@ -196,10 +201,6 @@ class Signer:
         runtime.on_stopped(self.server.shutdown)
         if self.audit is not None:
             runtime.on_stopped(self.audit.close)
-        # Ready once the webhook and the bundle endpoint (when configured) accept connections
-        # too, and while they do: they start last, below.
-        serving = threading.Event()
-        runtime.ready_when(serving.is_set)
         runtime.start()
         if self.federator is not None:
             self.federator.start(runtime)
@@ -231,7 +232,7 @@ class Signer:
                 utcnow,
             )
             runtime.ready_when(endpoint.listening.is_set)
-        serving.set()
+        wired.set()
 
     def _start_webhook(self) -> threading.Event:
         """Start the webhook; the event it returns is set while it accepts connections."""
