@@ -485,7 +485,7 @@ def test_the_server_admits_the_pods_own_node() -> None:
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "signer"
 
 
-def test_only_the_api_server_may_reach_the_webhook_port_and_metrics_stay_open() -> None:
+def test_only_the_api_server_may_reach_the_webhook_port_and_only_monitoring_the_metrics() -> None:
     listed = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"]
     assert "networkpolicy.yaml" in listed
     policy = yaml.safe_load((MANIFESTS / "networkpolicy.yaml").read_text())
@@ -498,4 +498,8 @@ def test_only_the_api_server_may_reach_the_webhook_port_and_metrics_stay_open() 
     assert set(by_port) == ports == {"webhook", "metrics"}
     [source] = by_port["webhook"]["from"]
     assert set(source) == {"ipBlock"}, "the webhook port: from the API server's addresses only"
-    assert "from" not in by_port["metrics"], "metrics and probes: reachable as before"
+    # Issue 24, finding 7: the metrics port was open to every pod. Probes come from the pod's own
+    # node, which NetworkPolicy never filters.
+    assert by_port["metrics"]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ], "metrics: from the monitoring namespace only"
