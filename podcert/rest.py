@@ -7,10 +7,13 @@ podcert's own connections (`podcert.transport`) with the settings a kubeconfig o
 in-cluster configuration gives (`podcert.kubeconfig`): no `kubernetes` package in the product.
 
 Lists of a whole cluster are paged (`list`), and a caller that keeps only a few fields of each
-object names them as a `msgspec.Struct` (a shape): each page, and each watch event, is then decoded
-straight into those fields, skipping the rest, instead of into dicts of everything. At 150,000 pods
-that is the difference between a list held whole as ~6 KB of dicts per pod, with the interpreter
-lock held for seconds, and a few small objects per pod decoded in ~2 ms a page.
+object names them as a `msgspec.Struct` (a shape): each page, each watch event and each object
+read (`get`), is then decoded straight into those fields, skipping the rest, instead of into
+dicts of everything. At 150,000 pods that is the difference between a list held whole as ~6 KB
+of dicts per pod, with the interpreter lock held for seconds, and a few small objects per pod
+decoded in ~2 ms a page. A page is read as it arrives and decoded an element at a time
+(`podcert.pages`), so its size is not what a list costs: 500 pods of 660 KB each (labels are
+bounded one by one, not in number) cost what one does, plus a buffer of `pages.PIECE`.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ import ssl
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final, Generic, Protocol, TypeVar, overload
+from typing import Any, Final, Protocol, TypeVar, overload
 from urllib.parse import quote, urlencode
 
 import msgspec
 
-from podcert import __version__, transport
+from podcert import __version__, pages, transport
 from podcert.kubeconfig import ClientConfigError, ClientSettings, load
 
 __all__ = ["ClientConfigError", "ClientSettings"]  # re-exported: their home is podcert.kubeconfig
@@ -33,16 +36,6 @@ JSON = dict[str, Any]
 T = TypeVar("T")
 
 PAGE: Final = 500  # objects per list request, as client-go's pager
-
-
-class _ListMeta(msgspec.Struct, frozen=True):
-    resourceVersion: str = ""
-    continue_: str = msgspec.field(default="", name="continue")
-
-
-class _Page(msgspec.Struct, Generic[T], frozen=True):
-    items: list[T] | None = None
-    metadata: _ListMeta = _ListMeta()
 
 
 class _Event(msgspec.Struct, frozen=True):
@@ -252,6 +245,21 @@ class Rest:
                 return None
             raise
 
+    def get_as(self, path: str, shape: type[T]) -> T | None:
+        """The object decoded as `shape` (its other fields skipped unread, never built), or
+        None when it does not exist: a read costs the object's bytes and the shape, nothing
+        more."""
+        resp = self._send("GET", path, None, None, "application/json", None)
+        data = self._body(resp)
+        if resp.status == 404:
+            return None
+        if not 200 <= resp.status < 300:
+            raise _error(resp.status, data)
+        try:
+            return msgspec.json.decode(data, type=shape)
+        except msgspec.DecodeError as err:
+            raise ApiError(0, "BadResponse", f"GET {path}: {err}") from None
+
     @overload
     def list(
         self,
@@ -280,46 +288,58 @@ class Rest:
         query: Mapping[str, str] | None = None,
         limit: int = PAGE,
     ) -> tuple[Iterator[Any], str]:
-        """Every object at `path`, `limit` a page: (the objects, as `shape` or as dicts, one page
-        at a time; the list's resourceVersion, known from the first page). Only the page being
-        read is held. The iterator raises ApiError (Gone when a continue token expired) if a
-        later page fails: the caller must then list again, never watch from the version."""
-        decoder = msgspec.json.Decoder(_Page[shape] if shape is not None else _Page[JSON])  # type: ignore[valid-type]
-        first = [self._page(path, decoder, limit, "", query or {})]
-        version = str(first[0].metadata.resourceVersion)
+        """Every object at `path`, `limit` a page: (the objects, as `shape` or as dicts, read
+        and decoded one at a time as each page arrives; the list's resourceVersion, read from
+        the first page before its items). Only the object being decoded is held, and a buffer
+        (`podcert.pages`). The iterator raises ApiError (Gone when a continue token expired;
+        BadResponse for what is not a list page) if a later page fails: the caller must then
+        list again, never watch from the version. An iterator dropped half way closes its
+        connection."""
+        decoders = _shapes(shape)
+        first = [self._page(path, decoders, limit, "", query or {})]
+        version = first[0].metadata().resourceVersion
 
         def items() -> Iterator[Any]:
             page = first.pop()  # no reference left to the first page once it is read
             while True:
-                token = page.metadata.continue_
-                if page.items:
-                    yield from page.items
+                yield from page
+                token = page.metadata().continue_
                 if not token:
                     return
                 del page
-                page = self._page(path, decoder, limit, token, query or {})
+                page = self._page(path, decoders, limit, token, query or {})
 
         return items(), version
 
     def _page(
         self,
         path: str,
-        decoder: msgspec.json.Decoder[Any],
+        decoders: pages.Shape[Any],
         limit: int,
         token: str,
         query: Mapping[str, str],
-    ) -> Any:
+    ) -> _Page:
         params: dict[str, str | int | bool] = {**query, "limit": limit}
         if token:
             params["continue"] = token
         resp = self._send("GET", path, params, None, "application/json", None)
-        data = self._body(resp)
         if not 200 <= resp.status < 300:
-            raise _error(resp.status, data)
+            raise _error(resp.status, self._body(resp))
+        return _Page(pages.Page(self._pieces(resp), decoders), path)
+
+    def _pieces(self, resp: transport.Response) -> Iterator[bytes]:
+        """The body's pieces; the connection kept once it is read to its end, else closed."""
+        ended = False
         try:
-            return decoder.decode(data)
-        except msgspec.DecodeError as err:
-            raise ApiError(0, "BadResponse", f"list {path}: {err}") from None
+            yield from resp.pieces()
+            ended = True
+        except OSError as err:  # the API server went away mid-answer
+            raise self._unavailable(err) from None
+        finally:
+            if ended:
+                self._pool.release(resp)
+            else:
+                self._pool.discard(resp)
 
     def watch(
         self,
@@ -370,6 +390,39 @@ class Rest:
                 self._pool.release(resp)
             else:
                 self._pool.discard(resp)
+
+
+_SHAPES: Final[dict[type[Any], pages.Shape[Any]]] = {}
+_DICTS: Final[pages.Shape[JSON]] = pages.Shape(dict[str, Any])
+
+
+def _shapes(shape: type[Any] | None) -> pages.Shape[Any]:
+    """The decoders of a shape, made once (msgspec compiles a decoder per type)."""
+    if shape is None:
+        return _DICTS
+    found = _SHAPES.get(shape)
+    if found is None:
+        found = _SHAPES[shape] = pages.Shape(shape)
+    return found
+
+
+class _Page:
+    """One page being read: its elements and metadata, every failure an ApiError."""
+
+    def __init__(self, page: pages.Page[Any], path: str) -> None:
+        self._page, self._path = page, path
+
+    def metadata(self) -> pages.ListMeta:
+        try:
+            return self._page.metadata()
+        except pages.ListError as err:
+            raise ApiError(0, "BadResponse", f"list {self._path}: {err}") from None
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from self._page
+        except pages.ListError as err:
+            raise ApiError(0, "BadResponse", f"list {self._path}: {err}") from None
 
 
 def resource_version(obj: Any) -> str:

@@ -12,7 +12,8 @@ An answer is framed as h11 frames it (tests/unit/test_http_framing.py holds the 
 generated answers): the same status line, header and chunk grammar, Content-Length and
 Transfer-Encoding rules, so bytes h11 refuses are a `ProtocolError` here too. A head is bounded
 (`MAX_LINE`, `MAX_HEADERS`) and so is a body (`MAX_BODY`); a body is read as it arrives, so a
-Content-Length that lies costs no more memory than the bytes that came.
+Content-Length that lies costs no more memory than the bytes that came, and `Response.pieces`
+hands it out a piece at a time to a reader that need not hold it whole (a list page).
 
 A `Pool` keeps idle connections for any thread to take, one request at a time each; a watch holds
 its connection until its stream ends. A connection the server closed while idle (it keeps them
@@ -214,24 +215,62 @@ class Response:
             yield self.read()
             return
         reader = self.conn.reader
-        while True:
-            line = reader.readline(MAX_LINE)
-            if not line.endswith(b"\n"):
-                raise ProtocolError("the answer ended inside its chunked body")
-            size = _CHUNK.fullmatch(line)
-            if size is None:
-                raise ProtocolError(f"not a chunk size line: {line[:40]!r}")
-            length = int(size[1], 16)
-            if length == 0:
-                _headers(reader)  # trailers, then the blank line
-                self.done = True
-                return
+        while length := self._chunk_size():
             if length > MAX_BODY:
                 raise ProtocolError(f"a chunk of {length} bytes, over {MAX_BODY}")
             data = _read_exactly(reader, length)
             if len(data) < length or reader.read(2) != b"\r\n":
                 raise ProtocolError("the answer ended inside a chunk, or a chunk overran")
             yield data
+
+    def pieces(self, size: int = PIECE) -> Iterator[bytes]:
+        """The body in pieces of `size` bytes (the last one shorter), whatever its framing: a
+        body read so costs `size` bytes at a time, however long it is and however the server
+        cut it into chunks (small chunks are joined, a large one cut)."""
+        reader = self.conn.reader
+        if not self.chunked:
+            left = self.length
+            while left is None or left > 0:
+                piece = reader.read(size if left is None else min(size, left))
+                if not piece:
+                    if left is not None:
+                        raise ProtocolError("the answer ended before its Content-Length")
+                    break
+                if left is not None:
+                    left -= len(piece)
+                yield piece
+            self.done = True
+            return
+        pending = bytearray()
+        while length := self._chunk_size():
+            while length:
+                piece = reader.read(min(length, size - len(pending)))
+                if not piece:
+                    raise ProtocolError("the answer ended inside a chunk")
+                length -= len(piece)
+                pending += piece
+                if len(pending) >= size:
+                    yield bytes(pending)
+                    pending.clear()
+            if reader.read(2) != b"\r\n":
+                raise ProtocolError("the answer ended inside a chunk, or a chunk overran")
+        if pending:
+            yield bytes(pending)
+
+    def _chunk_size(self) -> int:
+        """The next chunk's size; at the last chunk (0), its trailers read and the body done."""
+        reader = self.conn.reader
+        line = reader.readline(MAX_LINE)
+        if not line.endswith(b"\n"):
+            raise ProtocolError("the answer ended inside its chunked body")
+        size = _CHUNK.fullmatch(line)
+        if size is None:
+            raise ProtocolError(f"not a chunk size line: {line[:40]!r}")
+        length = int(size[1], 16)
+        if length == 0:
+            _headers(reader)  # trailers, then the blank line
+            self.done = True
+        return length
 
 
 def _read_exactly(reader: _Reader, size: int) -> bytes:

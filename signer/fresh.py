@@ -20,7 +20,9 @@ when it can. What a cache would deny on is read live in any case (`Bindings.read
 A pod's labels are kept only while small (`signer.objects.LABELS_KEPT`), in the cache and among
 the kept live answers alike, so no tenant's labels grow the signer past a bound per pod. A
 decision that needs labels the pod's entry does not hold reads that pod live, which is as fresh
-as any read above, and uses the whole answer for itself only.
+as any read above, and uses its labels whole for itself only. A live read is decoded into the
+cache's shape (`signer.objects.PodShape`: labels raw, annotations and the rest never decoded), so
+it costs the object's bytes while it is read and nothing after.
 """
 
 from __future__ import annotations
@@ -192,12 +194,12 @@ class Bindings:
 
     def _read_pod(self, key: Key) -> model.Pod | None:
         found = self.kube.get_pod(*key)
-        return objects.pod_from(found, whole=True) if found else None
+        return objects.pod_from(found, whole=True) if found is not None else None
 
     def _read_node(self, name: str) -> model.Node | None:
         found = self.kube.get_node(name)
-        return objects.node_from(found) if found else None
+        return objects.node_from(found) if found is not None else None
 
     def _read_service_account(self, key: Key) -> model.ServiceAccount | None:
         found = self.kube.get_service_account(*key)
-        return objects.service_account_from(found) if found else None
+        return objects.service_account_from(found) if found is not None else None

@@ -41,5 +41,9 @@ class CannedRest:
     def get(self, path: str) -> dict[str, Any] | None:
         return cast(dict[str, Any], json.loads(self.raw[0]))
 
+    def get_as(self, path: str, shape: type[Any]) -> Any:
+        self.sent.append(("GET", path, None))
+        return msgspec.json.decode(self.raw[0], type=shape)
+
     def write(self, method: str, path: str, *, body: Any) -> None:
         self.sent.append((method, path, json.loads(msgspec.json.encode(body))))  # as Rest sends it

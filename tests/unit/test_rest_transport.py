@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import msgspec
 import pytest
 import trustme
 
 from devcluster.testing import eventually
-from podcert import transport
+from podcert import pages, transport
 from podcert.kubeconfig import ClientConfigError, ClientSettings
 from podcert.rest import ApiError, Gone, Rest
 
@@ -642,3 +643,150 @@ def test_a_token_that_is_no_header_value_is_refused_not_sent(
     assert str(raised.value) == "kubeconfig k: the bearer token is not one line of ASCII"
     assert "t€ken" not in str(raised.value)
     assert server.requests == []
+
+
+# --- lists and shaped reads (issue 24, finding 3) ------------------------------------------------
+
+
+class PodName(msgspec.Struct, frozen=True):
+    class Meta(msgspec.Struct, frozen=True):
+        name: str = ""
+
+    metadata: Meta = Meta()
+
+
+def test_a_list_page_is_decoded_as_it_arrives(serve: Callable[..., Server]) -> None:
+    """The first pod is handed out while the rest of its page is still to come: a page is never
+    held whole (the server sends the rest only once the client has the first), only a buffer
+    of about `pages.PIECE` bytes."""
+    first_seen = threading.Event()
+    rest_sent: list[bool] = []
+    pods = [{"metadata": {"name": f"p{i}"}, "spec": {"x": "y" * 100_000}} for i in range(20)]
+    body = json.dumps({"metadata": {"resourceVersion": "42"}, "items": pods}).encode()
+    cut = body.index(b'{"metadata": {"name": "p15"}')
+    assert cut > pages.PIECE
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        sock.sendall(head + b"%x\r\n%s\r\n" % (cut, body[:cut]))
+        rest_sent.append(first_seen.wait(5))
+        sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body) - cut, body[cut:]))
+
+    server = serve(handler)
+    items, version = rest_for(server).list("/api/v1/pods", PodName)
+    assert version == "42"
+    assert next(items).metadata.name == "p0"
+    first_seen.set()
+    assert [p.metadata.name for p in items] == [f"p{i}" for i in range(1, 20)]
+    assert rest_sent == [True], "the client waited for the whole page before its first pod"
+
+
+def test_a_list_reads_every_page_and_its_version_from_the_first(
+    serve: Callable[..., Server],
+) -> None:
+    answers = {
+        "": {"metadata": {"resourceVersion": "9", "continue": "c1"}, "items": [{"n": 0}]},
+        # A later page's metadata after its items: its continue token is still read.
+        "c1": {
+            "items": [{"n": 1}, {"n": 2}],
+            "metadata": {"resourceVersion": "9", "continue": "c2"},
+        },
+        "c2": {"items": [{"n": 3}], "metadata": {"resourceVersion": "9"}},
+    }
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            token = request.target.partition("continue=")[2]
+            sock.sendall(chunked(json.dumps(answers[token]).encode()) + b"0\r\n\r\n")
+
+    server = serve(handler)
+    items, version = rest_for(server).list("/api/v1/pods", limit=1)
+    assert version == "9"
+    assert list(items) == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 3}]
+    assert all("limit=1" in r.target for r in server.requests)
+    assert server.connections == 1, "each page read to its end leaves the connection reusable"
+
+
+def test_a_first_page_with_its_metadata_after_the_items_still_gives_the_version(
+    serve: Callable[..., Server],
+) -> None:
+    page = {"items": [{"n": 0}, {"n": 1}], "metadata": {"resourceVersion": "5"}}
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        sock.sendall(answer(200, page))
+
+    items, version = rest_for(server := serve(handler)).list("/api/v1/pods")
+    assert version == "5"
+    assert list(items) == page["items"]
+
+
+def test_a_list_left_half_way_closes_its_connection(serve: Callable[..., Server]) -> None:
+    body = {"metadata": {"resourceVersion": "1"}, "items": [{"n": "x" * pages.PIECE}] * 3}
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            if "limit=" in request.target:
+                sock.sendall(answer(200, body))
+            else:
+                sock.sendall(answer(200, {"plain": True}))
+
+    server = serve(handler)
+    rest = rest_for(server)
+    items, _ = rest.list("/api/v1/pods")
+    next(items)
+    items.close()  # the caller stopped with the page unread
+
+    assert rest.get("/x") == {"plain": True}
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b'{"metadata":{},"items":[{"n":1},', id="a page cut short"),
+        pytest.param(b'{"metadata":{},"items":[{"n":1}}', id="a page not JSON"),
+        pytest.param(b'{"metadata":{},"items":[1]}', id="an item not an object"),
+        pytest.param(b'{"metadata":{},"items":[]} {}', id="more after the page"),
+        pytest.param(b'{"items":[],"items":[]}', id="items twice"),
+    ],
+)
+@pytest.mark.parametrize("framing", ["chunked", "to the end"])
+def test_a_broken_list_page_is_a_bad_response(
+    serve: Callable[..., Server], body: bytes, framing: str
+) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        if framing == "chunked":  # no last chunk: the server went away after the body
+            sock.sendall(chunked(body))
+        else:
+            sock.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    server = serve(handler)
+    with pytest.raises(ApiError) as failed:
+        items, _ = rest_for(server).list("/api/v1/pods")
+        list(items)
+    assert (failed.value.status, failed.value.reason) == (0, "BadResponse"), failed.value
+    assert failed.value.retryable
+
+
+def test_a_shaped_get_decodes_only_the_shape(serve: Callable[..., Server]) -> None:
+    pod = {"metadata": {"name": "p", "annotations": {"a": "b" * 1000}}, "spec": {}}
+
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        while (request := server.read(reader)) is not None:
+            if request.target.endswith("/gone"):
+                sock.sendall(answer(404, {"kind": "Status", "reason": "NotFound"}))
+            elif request.target.endswith("/odd"):
+                sock.sendall(answer(200, [1, 2]))
+            else:
+                sock.sendall(answer(200, pod))
+
+    rest = rest_for(server := serve(handler))
+    assert rest.get_as("/api/v1/pods/p", PodName) == PodName(PodName.Meta("p"))
+    assert rest.get_as("/api/v1/pods/gone", PodName) is None
+    with pytest.raises(ApiError) as odd:
+        rest.get_as("/api/v1/pods/odd", PodName)
+    assert (odd.value.status, odd.value.reason) == (0, "BadResponse")

@@ -151,3 +151,44 @@ def test_lists_and_watches_ask_for_the_signer_name_only() -> None:
         {"fieldSelector": f"spec.signerName={SIGNER}"},
         {"fieldSelector": f"spec.signerName={SIGNER}"},
     ]
+
+
+# --- issue 24, finding 3: a live read costs the object's bytes, never its labels built twice -----
+
+
+def huge_pod() -> dict[str, Any]:
+    labels = {f"tenant.example/k{n:05d}": "v" * 40 for n in range(3000)} | {"app": "api"}
+    return {
+        "metadata": {
+            "namespace": "web",
+            "name": "api-0",
+            "uid": "pod-uid-1",
+            "labels": labels,
+            "annotations": {f"tenant.example/a{n}": "a" * 60_000 for n in range(4)},
+            "managedFields": MANAGED,
+        },
+        "spec": {"nodeName": "node-a", "serviceAccountName": "api", "containers": []},
+        "status": {"phase": "Running"},
+    }
+
+
+def test_a_live_pod_read_is_decoded_as_the_cache_decodes_it() -> None:
+    """The pod comes as the cache's shape (labels raw, annotations never decoded) and means
+    what the whole object means, its labels whole for the one decision."""
+    rest = CannedRest([huge_pod()])
+    found = SignerKube(cast(Rest, rest)).get_pod("web", "api-0")
+    assert isinstance(found, objects.PodShape)
+    assert rest.sent == [("GET", "/api/v1/namespaces/web/pods/api-0", None)]
+    assert objects.pod_from(found, whole=True) == objects.pod_from(huge_pod(), whole=True)
+    assert objects.pod_from(found).labels is None, "over the bound: not for a cache"
+
+
+def test_a_live_node_and_account_read_are_their_shapes() -> None:
+    node = {"metadata": {"name": "node-a", "uid": "n1"}, "status": {"images": [{"x": 1}] * 100}}
+    found = SignerKube(cast(Rest, CannedRest([node]))).get_node("node-a")
+    assert isinstance(found, objects.NodeShape)
+    assert objects.node_from(found) == objects.node_from(node)
+    account = {"metadata": {"namespace": "web", "name": "api", "uid": "s1"}, "secrets": []}
+    got = SignerKube(cast(Rest, CannedRest([account]))).get_service_account("web", "api")
+    assert isinstance(got, objects.ServiceAccountShape)
+    assert objects.service_account_from(got) == objects.service_account_from(account)
