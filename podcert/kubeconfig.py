@@ -226,7 +226,7 @@ def _from_document(
         )
         if chain is not None:
             _load_chain(context_, chain, f"user {user_name!r}")
-    elif chain is not None or (token is not None and not isinstance(token, ExecToken)):
+    elif chain is not None or token is not None:
         # client-go never sends credentials over plain http (it drops them); sending a token in
         # clear text would be worse than refusing.
         raise ClientConfigError(f"{what}: credentials need an https server, not http://")

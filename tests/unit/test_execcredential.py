@@ -49,7 +49,15 @@ def config_with(folder: Path, exec_spec: dict[str, Any]) -> Path:
     path.write_text(
         yaml.safe_dump(
             {
-                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:8080"}}],
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": "https://127.0.0.1:8443",
+                            "insecure-skip-tls-verify": True,
+                        },
+                    }
+                ],
                 "users": [{"name": "u", "user": {"exec": exec_spec}}],
                 "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
                 "current-context": "x",
@@ -233,3 +241,20 @@ def test_exec_beside_a_token_is_ambiguous(tmp_path: Path) -> None:
         kc.load(path)
 
     assert SECRET not in str(raised.value)
+
+
+def test_an_exec_plugins_token_is_never_sent_over_plain_http(tmp_path: Path) -> None:
+    # client-go drops credentials for an http:// server; sending the token in clear text would be
+    # worse than refusing.
+    plugin(
+        tmp_path,
+        "print(json.dumps({'apiVersion': sys.argv[1], 'kind': 'ExecCredential',"
+        " 'status': {'token': 'secret'}}))",
+    )
+    path = config_with(tmp_path, {"apiVersion": V1, "command": "./get-token", "args": [V1]})
+    document = yaml.safe_load(path.read_text())
+    document["clusters"][0]["cluster"] = {"server": "http://127.0.0.1:8080"}
+    path.write_text(yaml.safe_dump(document))
+
+    with pytest.raises(kc.ClientConfigError, match="credentials need an https server"):
+        kc.load(path)
