@@ -56,7 +56,8 @@ SPIRE_TD = "spire.test"
 NAMESPACE = "podcert-federation"
 NODE = "fed-node"
 FEDERATED_FILE = "federated-spire.pem"
-SPIRE_WORKLOAD = f"spiffe://{SPIRE_TD}/workload"
+# A SPIRE path shaped like a pod's: a partner chooses its paths freely (issue 24, finding 1).
+SPIRE_WORKLOAD = f"spiffe://{SPIRE_TD}/ns/shop/sa/web"
 PODCERT_ENDPOINT_ID = f"spiffe://{PODCERT_TD}/podcert/bundle-endpoint"
 TIMEOUT = 180  # SPIRE polls every 15 s at most, its agent syncs every 5 s; shared cores
 
@@ -255,6 +256,50 @@ def test_mutual_tls_both_ways_between_a_spire_workload_and_a_pod(
         other = f"spiffe://{SPIRE_TD}/other"
         refused = python_client(files, server.url, other, 0.5, **federation_flags(files))
     assert refused["ok"] == 0 and refused["failed"] > 0
+
+
+@pytest.mark.parametrize(
+    ("rule", "admitted"),
+    [
+        pytest.param("shop/web", False, id="shop/web is podcert.test's, as the README runs it"),
+        pytest.param(f"{SPIRE_TD}/shop/web", True, id="spire.test/shop/web names the partner's"),
+    ],
+)
+def test_a_spire_workload_named_like_a_pod_is_not_one_of_ours(
+    gospiffe: GoSpiffe,
+    spire: SpireDomain,
+    pod_files: tuple[str, Files],
+    tmp_path: Path,
+    rule: str,
+    admitted: bool,
+) -> None:
+    """Issue 24, finding 1: the pod's server run with `--allow-workload shop/web` and SPIRE's
+    roots as docs/SPIRE.md adds them answered 200 to spiffe://spire.test/ns/shop/sa/web. A rule
+    without a trust domain now means the pod's own (podcert.test), refused in the handshake."""
+    pod_id, files = pod_files
+    eventually(
+        lambda: PODCERT_TD in workload_view(gospiffe, spire)["bundles"],
+        timeout=TIMEOUT,
+        what="podcert.test's roots at the SPIRE workload",
+    )
+    log = tmp_path / "server.log"
+    federated = f"{SPIRE_TD}={files.folder / FEDERATED_FILE}"
+    with python_server(files, log, federated_trust_bundle=federated, allow_workload=rule) as url:
+        if admitted:
+            answer = gospiffe.client(None, url, server_id=pod_id, workload_api=spire.workload_api)
+            assert answer["ok"] == 3
+            assert {a["caller"] for a in answer["answers"]} == {SPIRE_WORKLOAD}
+        else:
+            with pytest.raises(GoSpiffeRefused):
+                gospiffe.client(None, url, server_id=pod_id, workload_api=spire.workload_api)
+            eventually(
+                lambda: (
+                    f"refused client: {SPIRE_WORKLOAD} is not in trust domain {PODCERT_TD}"
+                    in log.read_text()
+                ),
+                timeout=30,
+                what="the server's line for the refused SPIRE workload",
+            )
 
 
 def federation_flags(files: Files) -> dict[str, Any]:
