@@ -30,7 +30,7 @@ from typing import Final, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
-DEFAULT_MAX_CONNECTIONS: Final = 128
+DEFAULT_MAX_CONNECTIONS: Final = 64
 DEFAULT_HANDSHAKE_TIMEOUT: Final = 5.0
 DEFAULT_IDLE_TIMEOUT: Final = 10.0
 

@@ -144,6 +144,7 @@ class _Listener(asyncio.AbstractServer):
                     await asyncio.sleep(_RESOURCE_PAUSE)
                 continue  # a peer that gave up before the accept
             self._admit(_Connection(sock))
+            await asyncio.sleep(0)  # let closes and handshakes run between accepts
 
     def _admit(self, connection: _Connection) -> None:
         admission = self.held.table.admit(connection, self._loop.time())
