@@ -8,9 +8,10 @@ port (/metrics, /healthz, /readyz), the admission webhook and the SPIFFE bundle 
 the default limits. For each port in turn, from one client: `--connections` TCP connections that
 send nothing (no TLS ClientHello, no request), as fast as the port accepts them; then, after
 `--settle` seconds, the signer's RSS (VmRSS) and thread count, how many of the connections the
-signer still holds open, and whether /readyz and /healthz answer (and how fast); then all are
-closed and RSS is read again. The numbers before the fix come from the same script run in a
-tree of the commit before it (`git archive <commit> | tar -x -C DIR`, copy this file in).
+signer holds open (at once, and then), and whether /readyz and /healthz answer (and how fast);
+then all are closed and RSS is read again. The numbers before the fix come from the same script
+run in a tree of the commit before it (`git archive <commit> | tar -x -C DIR`, copy this file
+in).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from devcluster.supervise import free_port
 
 SIGNER = "idle.podcert.dev/workload"
 NAMESPACE = "podcert-idle"
+PORTS = ("metrics", "webhook", "bundle-endpoint")
 
 
 def raise_file_limit() -> None:
@@ -56,6 +58,7 @@ def still_open(conns: list[socket.socket]) -> int:
     """How many of these client sockets the server has neither closed nor reset."""
     count = 0
     for conn in conns:
+        conn.setblocking(False)  # a peek that never waits (a timeout would wait, then raise)
         try:
             count += conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
         except BlockingIOError:
@@ -100,6 +103,7 @@ def flood(
     started = time.monotonic()
     conns = open_idle(port, count)
     opened = time.monotonic() - started
+    held_at_once = still_open(conns)
     try:
         time.sleep(settle)  # a measurement's settling time, not a wait for a condition
         probes = [
@@ -113,6 +117,7 @@ def flood(
             "rss_idle_mib": round(rss_mib(pid), 1),
             "threads_before": threads_before,
             "threads_idle": threads(pid),
+            "held_open_at_once": held_at_once,
             "held_open": still_open(conns),
             "probes": [status for status, _ in probes],
             "probe_s": round(max(seconds for _, seconds in probes), 3),
@@ -128,6 +133,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", type=int, default=5000)
     parser.add_argument("--settle", type=float, default=3.0)
+    parser.add_argument(
+        "--ports", nargs="+", default=list(PORTS), choices=PORTS, help="the ports to flood"
+    )
     args = parser.parse_args()
     raise_file_limit()
     with devcluster("podcert-idle-") as (root, work):
@@ -147,17 +155,11 @@ def main() -> int:
         )
         with processes.running(signer.start()):
             signer.wait_ready(timeout=120)
-            rows = [
-                flood(signer, name, port, args.connections, args.settle)
-                for name, port in (
-                    ("metrics", signer.metrics_port),
-                    ("webhook", webhook),
-                    ("bundle-endpoint", bundle),
-                )
-            ]
-            rows.append({"rss_peak_mib": round(rss_mib(pid_of(signer), "VmHWM"), 1)})
-    for row in rows:
-        print(json.dumps(row))
+            ports = {"metrics": signer.metrics_port, "webhook": webhook, "bundle-endpoint": bundle}
+            for name in args.ports:
+                row = flood(signer, name, ports[name], args.connections, args.settle)
+                print(json.dumps(row), flush=True)
+            print(json.dumps({"rss_peak_mib": round(rss_mib(pid_of(signer), "VmHWM"), 1)}))
     return 0
 
 
