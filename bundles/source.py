@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 
 from bundles.authz import Authorizer, Verdict, authorize_peer_chain
 from bundles.formats import (
@@ -264,7 +265,7 @@ class TLSSource:
         trusted: dict[bytes, str | None] = {
             r.public_bytes(serialization.Encoding.DER): None for r in trust_bundle.roots
         }
-        everything = list(trust_bundle.roots)
+        listed: dict[bytes, tuple[x509.Certificate, list[str]]] = {}
         for (trust_domain, path), data in zip(
             self._federated, contents[first_federated:], strict=True
         ):
@@ -275,8 +276,21 @@ class TLSSource:
             for root in roots:
                 der = root.public_bytes(serialization.Encoding.DER)
                 if der not in trusted:  # our own roots stay ours
-                    trusted[der] = trust_domain
-                    everything.append(root)
+                    listed.setdefault(der, (root, []))[1].append(trust_domain)
+        everything = list(trust_bundle.roots)
+        for der, (root, domains) in listed.items():
+            if len(domains) > 1:
+                # One owner per federated root: which of the domains listing it may vouch with
+                # it is unknowable here, so it vouches for none (their other roots still do).
+                log.warning(
+                    "federated root %s (SHA-256 %s) is listed by %s: trusted for none of them",
+                    root.subject.rfc4514_string(),
+                    root.fingerprint(hashes.SHA256()).hex(),
+                    " and ".join(domains),
+                )
+                continue
+            trusted[der] = domains[0]
+            everything.append(root)
         material = _Material(
             digests, credential, trust_bundle, TrustBundle(tuple(everything)), trusted
         )

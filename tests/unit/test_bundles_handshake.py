@@ -482,3 +482,26 @@ def test_a_resumed_session_is_refused_and_servers_offer_none(
         plain.close()
         server.wait_for(2)
     assert server.received[1] == b""
+
+
+def test_a_root_two_federated_domains_list_vouches_for_neither(
+    tmp_path: Path, ours: Authority, partner: Authority, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 24, finding 9: the root was credited to the domain that sorts first, so genuine
+    # peers of the other were refused and the first could speak for IDs it does not own.
+    source = TLSSource(
+        write(tmp_path / "credential.pem", dump_credential(ours.issue(WEB))),
+        write(tmp_path / "trust.pem", ours.pem),
+        federated={
+            PARTNER: write(tmp_path / "partner.pem", partner.pem),
+            "aaa.test": write(tmp_path / "aaa.pem", partner.pem),
+        },
+    )
+    for trust_domain in ("aaa.test", PARTNER):
+        claimed = f"spiffe://{trust_domain}/ns/shop/sa/api"
+        with Recorder(partner.issue(claimed)).running() as server:
+            with pytest.raises(ssl.SSLError):
+                with_ssl_socket(server.url, source.client_context(allow_ids([claimed])))
+            server.wait_for(server.connections or 1)
+        assert all(got == b"" for got in server.received), server.received
+    assert f"is listed by aaa.test and {PARTNER}: trusted for none of them" in caplog.text
