@@ -127,25 +127,27 @@ class Controller:
                     self._stop,
                 )
             )
+        # The Services that give pods their names, when a policy gives any (`facts`).
+        self._services_reflector: Reflector | None = None
         if any(self.policy.for_signer(s).dns.services for s in self.signer_names):
-            self.reflectors.append(
-                Reflector(
-                    "services",
-                    self.kube.list_services,
-                    self.kube.watch_services,
-                    self._on_service_list,
-                    self._on_service_event,
-                    self._stop,
-                )
+            self._services_reflector = Reflector(
+                "services",
+                self.kube.list_services,
+                self.kube.watch_services,
+                self._on_service_list,
+                self._on_service_event,
+                self._stop,
             )
+            self.reflectors.append(self._services_reflector)
 
     # --- running on the runtime ------------------------------------------------------------
 
     def pool(self) -> WorkerPool[Key]:
         """The workers: only the leader settles requests (a standby keeps them in its store;
         `started_leading` queues them again). They start once the node and ServiceAccount
-        caches hold a full list, as controllers wait for their informers: otherwise every
-        request of a start-up backlog is read live, three GETs each, while the lists are still
+        caches (and the Services, when a policy gives their names) hold a full list, as
+        controllers wait for their informers: otherwise every request of a start-up backlog is
+        read live, three GETs each (and its namespace's Services), while the lists are still
         loading. After the timeout they start anyway; live reads keep every decision correct,
         only slower. The pod cache is not waited for: it is the cluster's largest list (150,000
         pods take seconds), and while it loads a request's pod is read live, one GET, so a
@@ -161,8 +163,12 @@ class Controller:
             after_each=self._gauge_depth,
             context=_ctx,
             waits_for=[
-                Synced(c.reflector.name, c.reflector.synced)
-                for c in (self.bindings.nodes, self.bindings.service_accounts)
+                Synced(r.name, r.synced)
+                for r in (
+                    self.bindings.nodes.reflector,
+                    self.bindings.service_accounts.reflector,
+                    *([self._services_reflector] if self._services_reflector else []),
+                )
             ],
             sync_timeout=self.settings.facts_sync_timeout,
             sync_timeout_note="settling requests with live reads until it does",
@@ -342,8 +348,15 @@ class Controller:
         names: frozenset[str] = frozenset()
         if pod is not None and dns.services:
             assert pod.labels is not None  # read whole when the cache did not keep them
-            with self._lock:
-                services = dict(self._services.get(request.namespace, {}))
+            reflector = self._services_reflector
+            if reflector is not None and reflector.synced.is_set():
+                with self._lock:
+                    services = dict(self._services.get(request.namespace, {}))
+            else:  # not listed yet: an empty index is not "no Services", so read them live
+                index: dict[str, dict[str, Mapping[str, str]]] = {}
+                for obj in self.kube.list_services_in(request.namespace):
+                    _index_service(index, obj, present=True)
+                services = dict(index.get(request.namespace, {}))
             names = objects.service_names(services, pod.namespace, pod.labels, dns.cluster_domain)
         return model.Facts(
             pod=pod,

@@ -160,6 +160,10 @@ class SignerKube:
         """Every Service, as its key, type and selector (nothing else is decoded)."""
         return self.rest.list(path_of("v1", "services"), ServiceShape)
 
+    def list_services_in(self, namespace: str) -> Iterator[ServiceShape]:
+        """The Services of one namespace, read live, as `list_services` decodes them."""
+        return self.rest.list(path_of("v1", "services", namespace), ServiceShape)[0]
+
     def watch_services(self, resource_version: str) -> Iterator[JSON]:
         """Events whose objects are `ServiceShape`s."""
         return self.rest.watch(path_of("v1", "services"), resource_version, shape=ServiceShape)

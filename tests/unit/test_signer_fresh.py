@@ -326,8 +326,31 @@ class LabelledKube(LiveKube):
 
     watch_services = list_services
 
+    def list_services_in(self, namespace: str) -> Any:
+        self.reads.append(f"services in {namespace}")
+        return iter(SERVICES)
 
-def services_controller(kube: object, clock: Clock) -> Controller:
+
+SERVICES = [
+    msgspec.json.decode(
+        json.dumps(
+            {
+                "metadata": {"namespace": "web", "name": name},
+                "spec": {"type": kind, "selector": sel},
+            }
+        ),
+        type=objects.ServiceShape,
+    )
+    for name, kind, sel in [
+        ("api", "ClusterIP", {"app": "api"}),
+        ("deep", "ClusterIP", {"tenant.example/k02999": "v" * 40}),
+        ("out", "ExternalName", {"app": "api"}),
+        ("other", "ClusterIP", {"app": "db"}),
+    ]
+]
+
+
+def services_controller(kube: object, clock: Clock, *, listed: bool = True) -> Controller:
     k = cast(SignerKube, kube)
     ctrl = Controller(
         k,
@@ -337,25 +360,10 @@ def services_controller(kube: object, clock: Clock) -> Controller:
         Metrics(),
         monotonic=clock,
     )
-    ctrl._on_service_list(
-        [
-            msgspec.json.decode(
-                json.dumps(
-                    {
-                        "metadata": {"namespace": "web", "name": name},
-                        "spec": {"type": kind, "selector": selector},
-                    }
-                ),
-                type=objects.ServiceShape,
-            )
-            for name, kind, selector in [
-                ("api", "ClusterIP", {"app": "api"}),
-                ("deep", "ClusterIP", {"tenant.example/k02999": "v" * 40}),
-                ("out", "ExternalName", {"app": "api"}),
-                ("other", "ClusterIP", {"app": "db"}),
-            ]
-        ]
-    )
+    if listed:  # the Services reflector has listed them
+        ctrl._on_service_list(SERVICES)
+        assert ctrl._services_reflector is not None
+        ctrl._services_reflector.synced.set()
     return ctrl
 
 
@@ -416,3 +424,16 @@ def test_without_service_names_a_pod_without_kept_labels_costs_no_read() -> None
     facts = ctrl.facts(make_request(), seen_at=40.0)
     assert live.reads == []
     assert facts.pod is not None and facts.service_dns_names == frozenset()
+
+
+def test_before_the_services_are_listed_a_decision_reads_its_namespaces_services_live() -> None:
+    """An empty Services index at start-up is not "no Services": a backlog request settled
+    before the list came in was issued without the names its pod is entitled to."""
+    live = LabelledKube({"app": "api"})
+    ctrl = services_controller(live, Clock(100.0), listed=False)
+    stale_caches(ctrl, listed_at=50.0)
+    ctrl.bindings.pods._on_event("MODIFIED", live.get_pod("web", "api-0"))
+    live.reads.clear()
+    facts = ctrl.facts(make_request(), seen_at=40.0)
+    assert live.reads == ["services in web"]
+    assert facts.service_dns_names == {"api.web.svc", "api.web.svc.cluster.local"}
