@@ -1,7 +1,7 @@
 """Memory: what pods with thousands of labels cost the signer, the API server and etcd.
 
     .venv/bin/python -m bench.bench_labels [--pods 1000] [--labels 7000] [--threads 4]
-        [--annotation-bytes 0]
+        [--annotation-bytes 0] [--tree PATH ...] [--rounds 1]
 
 Kubernetes bounds each label (key <= 317 bytes, value <= 63), not their number, so any tenant who
 may create pods can make their labels as large as the pod itself (etcd's 1.5 MiB per object).
@@ -17,6 +17,9 @@ kubelet) are created, each with `--labels` labels of 60 bytes of JSON each
 - a restarted signer's RSS once ready (its list went through every pod: what a crash-looping
   signer relists), and its peak (VmHWM) during that list;
 - the API server's and etcd's RSS before and after, and the creation's wall time;
+- with `--tree` (once per checkout, e.g. `git archive <commit> | tar -x -C /tmp/old`), the
+  restart measured for the signer of each checkout in turn, `--rounds` times alternated, on the
+  one loaded cluster (the running signer and the DNS names are this checkout's);
 - that the DNS names still come out right: a request for one of the pods is Issued with the name
   of a Service whose selector key is among its thousands of labels.
 """
@@ -25,6 +28,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -94,11 +100,26 @@ def pod_body(i: int, count: int, annotation_bytes: int) -> JSON:
     }
 
 
-def start_signer(root: Path, work: Path, policy: Path) -> processes.Signer:
+def start_signer(
+    root: Path, work: Path, policy: Path, tree: Path = processes.REPO
+) -> processes.Signer:
+    """The signer of the checkout at `tree`, ready (every cache listed)."""
     proc = processes.signer(
         root, work, [SIGNER], namespace=SIGNER_NAMESPACE, extra=[f"--policy={policy}"]
     )
-    proc.start()
+    if tree == processes.REPO:
+        proc.start()
+    else:  # `python -m podcert` finds the package in its working directory first
+        proc.log.parent.mkdir(parents=True, exist_ok=True)
+        with proc.log.open("ab") as out:
+            proc.proc = subprocess.Popen(
+                [sys.executable, "-m", proc.module, *proc.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **proc.env},
+                cwd=tree,
+            )
     return proc.wait_ready(timeout=600)
 
 
@@ -202,13 +223,19 @@ def run(args: argparse.Namespace) -> None:
         print(f"running signer after its watch: {rss_mib(pid_of(signer)):.1f} MiB")
         signer.stop()
 
-        restarted = time.monotonic()
+        for _ in range(args.rounds):
+            for tree in args.tree or [processes.REPO]:
+                restarted = time.monotonic()
+                signer = start_signer(root, work, policy, tree.resolve())
+                ready = time.monotonic() - restarted
+                print(
+                    f"restarted signer ({tree}), ready in {ready:.1f} s: "
+                    f"{rss_mib(pid_of(signer)):.1f} MiB "
+                    f"(peak {rss_mib(pid_of(signer), 'VmHWM'):.1f} MiB)",
+                    flush=True,
+                )
+                signer.stop()
         signer = start_signer(root, work, policy)
-        ready = time.monotonic() - restarted
-        print(
-            f"restarted signer, ready in {ready:.1f} s: {rss_mib(pid_of(signer)):.1f} MiB "
-            f"(peak {rss_mib(pid_of(signer), 'VmHWM'):.1f} MiB)"
-        )
         issued = request_for(rest, root, "big-0")
         condition = issued["status"]["conditions"][0]
         print(
@@ -225,6 +252,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--labels", type=int, default=7000)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--annotation-bytes", type=int, default=0)
+    parser.add_argument(
+        "--tree", type=Path, action="append", help="a checkout whose signer restarts"
+    )
+    parser.add_argument("--rounds", type=int, default=1)
     run(parser.parse_args(argv))
 
 
