@@ -280,7 +280,14 @@ def test_a_denied_request_is_an_event_on_the_pod_and_the_pod_never_starts(
         f"permanently denied: reason={json.dumps(cond['reason'])} "
         f"message={json.dumps(cond['message'])}"
     )
-    status = client.CoreV1Api(devcluster.admin).read_namespaced_pod("denied", ns).status
+
+    # The kubelet's status manager posts the pod's status on its own schedule, after the mount
+    # failures' Events: wait for the container's status, then judge it.
+    def reported() -> Any:
+        status = client.CoreV1Api(devcluster.admin).read_namespaced_pod("denied", ns).status
+        return status if status.container_statuses else None
+
+    status = eventually(reported, timeout=30, what="the kubelet to report the container")
     assert status.phase == "Pending"
     (container,) = status.container_statuses
     assert container.state.waiting.reason == "ContainerCreating"
