@@ -24,7 +24,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from devcluster import imagebuild, incluster
+from devcluster import imagebuild, incluster, processes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, Kubelet, eventually
 from podcert.rest import ApiError, Rest, path_of
@@ -100,8 +100,11 @@ def installed(
     rest = Rest(devcluster.admin)
     docs = render(helm)
     # An earlier module's leftovers (a dry-run's namespace, an RBAC check's ClusterRole) would
-    # make `helm install` refuse to take them over: start as a fresh cluster would.
-    clear(rest, docs)
+    # make `helm install` refuse to take them over, and the trust-bundle policy installed for
+    # earlier signers run as the chart's ServiceAccount would judge the chart's signer by their
+    # signer names too: start as a fresh cluster would.
+    leftovers = processes.signer_trust_bundle_policy(NAMESPACE, [], NAMESPACE)
+    clear(rest, [*leftovers, *docs])
     load_shipped_image(real_kubelet, tmp_path_factory.mktemp("image"))
     incluster.schedulable(rest, real_kubelet.name)
     with (
