@@ -241,21 +241,23 @@ class Response:
                 yield piece
             self.done = True
             return
-        pending = bytearray()
+        parts: list[bytes] = []
+        have = 0
         while length := self._chunk_size():
             while length:
-                piece = reader.read(min(length, size - len(pending)))
+                piece = reader.read(min(length, size - have))
                 if not piece:
                     raise ProtocolError("the answer ended inside a chunk")
                 length -= len(piece)
-                pending += piece
-                if len(pending) >= size:
-                    yield bytes(pending)
-                    pending.clear()
+                have += len(piece)
+                parts.append(piece)
+                if have >= size:
+                    yield b"".join(parts)
+                    parts, have = [], 0
             if reader.read(2) != b"\r\n":
                 raise ProtocolError("the answer ended inside a chunk, or a chunk overran")
-        if pending:
-            yield bytes(pending)
+        if parts:
+            yield b"".join(parts)
 
     def _chunk_size(self) -> int:
         """The next chunk's size; at the last chunk (0), its trailers read and the body done."""
