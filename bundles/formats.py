@@ -215,16 +215,16 @@ def verify_chain(credential: Credential, trust_bundle: TrustBundle, now: dt.date
         if position > 0 and cert in trust_bundle.roots:
             return  # the chain carries a trust anchor itself
         anchors = [root for root in trust_bundle.roots if root.subject == cert.issuer]
-        if any(_signed_by(cert, root) and _in_window(root, now) for root in anchors):
+        if any(signed_by(cert, root) and _in_window(root, now) for root in anchors):
             return
         if position + 1 == len(chain):
             why = (
                 "only by roots that are outside their validity window"
-                if any(_signed_by(cert, root) for root in anchors)
+                if any(signed_by(cert, root) for root in anchors)
                 else "by no root in the trust bundle"
             )
             raise ChainError(f"{_role(position)} {describe(cert)} is signed {why}")
-        if not _signed_by(cert, chain[position + 1]):
+        if not signed_by(cert, chain[position + 1]):
             raise ChainError(
                 f"{_role(position)} {describe(cert)} is not signed by the next certificate in "
                 "the chain (the chain must be in order, leaf first)"
@@ -430,7 +430,9 @@ def _check_window(cert: x509.Certificate, now: dt.datetime, *, role: str) -> Non
         )
 
 
-def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+def signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    """Whether `issuer`'s key made `cert`'s signature (False, never an error, for any other key
+    or an algorithm the library cannot check)."""
     try:
         cert.verify_directly_issued_by(issuer)
     except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
@@ -51,6 +50,7 @@ from bundles.formats import (
     TrustBundle,
     describe,
     dump_certificates,
+    signed_by,
     verify_chain,
 )
 
@@ -295,17 +295,9 @@ def _path(chain: Sequence[x509.Certificate], trust_bundle: TrustBundle) -> list[
         if position > 0 and cert in trust_bundle.roots:
             return list(chain[: position + 1])
         for root in trust_bundle.roots:
-            if root.subject == cert.issuer and _signed_by(cert, root):
+            if root.subject == cert.issuer and signed_by(cert, root):
                 return [*chain[: position + 1], root]
     return list(chain)
-
-
-def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    try:
-        cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature, UnsupportedAlgorithm):
-        return False
-    return True
 
 
 def verified_chain(connection: object) -> list[bytes] | None:
