@@ -192,7 +192,19 @@ def roots(minor: Minor, signer: str) -> formats.TrustBundle:
         )
         return formats.load_trust_bundle(pem.encode()) if pem else None
 
-    return eventually(published, timeout=15, what=f"a v1beta1 ClusterTrustBundle for {signer}")
+    try:
+        return eventually(published, timeout=15, what=f"a v1beta1 ClusterTrustBundle for {signer}")
+    except AssertionError as err:
+        # What the signer said of its bundles, whatever else it logged since (CI once saw none
+        # published on 1.36 for 45 s while it issued, and the log's tail held only denials).
+        said = [
+            line
+            for line in minor.signer.output().splitlines()
+            if "rustBundle" in line or "trustbundles" in line or '"level": "error"' in line
+        ]
+        raise AssertionError(
+            f"{err}\nthe signer on its bundles:\n" + "\n".join(said[-40:])
+        ) from None
 
 
 def refusal(call: Any) -> ApiError:
