@@ -126,7 +126,9 @@ class Publisher:
     def _on_list(self, signer: str, items: list[JSON]) -> None:
         with self._lock:
             self._seen[signer] = {str(i["metadata"]["name"]): i for i in items}
-        self.queue.add(signer)
+        # Every signer, not this one: a signer looked at before the last list was in was
+        # skipped (see _publish), and only this list's arrival says it may go on now.
+        self.resync()
 
     def _on_event(self, signer: str, kind: str, obj: JSON) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
