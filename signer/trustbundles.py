@@ -126,9 +126,7 @@ class Publisher:
     def _on_list(self, signer: str, items: list[JSON]) -> None:
         with self._lock:
             self._seen[signer] = {str(i["metadata"]["name"]): i for i in items}
-        # Every signer, not this one: a signer looked at before the last list was in was
-        # skipped (see _publish), and only this list's arrival says it may go on now.
-        self.resync()
+        self.queue.add(signer)
 
     def _on_event(self, signer: str, kind: str, obj: JSON) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
@@ -139,11 +137,20 @@ class Publisher:
                 self._seen[signer][name] = obj
         self.queue.add(signer)
 
+    # How soon a leader's publish that found a bundle list not yet in looks again. A list's
+    # arrival cannot be the only trigger: its reflector says synced only after `_on_list`
+    # returns, so the worker may look in between and see it unsynced.
+    UNSYNCED_RETRY: Final = 0.2
+
     def _publish(self, signer: str) -> None:
-        """Only the leader writes, and only once the bundles' lists are in (each list queues
-        every signer again)."""
-        if self.active() and all(r.synced.is_set() for r in self.reflectors):
+        """Only the leader writes, and only once every bundle list is in; a leader that looked
+        too early looks again until they are (a follower waits for `resync`)."""
+        if not self.active():
+            return
+        if all(r.synced.is_set() for r in self.reflectors):
             self.reconcile(signer)
+        else:
+            self.queue.add_after(signer, self.UNSYNCED_RETRY)
 
     def reconcile(self, signer: str) -> bool:
         """Make the cluster hold exactly our one bundle for `signer`. True when it wrote."""

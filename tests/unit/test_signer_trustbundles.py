@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from typing import cast
 
+from podcert.rest import JSON
+from podcert.workqueue import WorkQueue
 from signer import ca, trustbundles
+from signer.kube import SignerKube
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -36,3 +41,60 @@ def test_nothing_to_write_when_the_roots_and_labels_already_match() -> None:
 def test_duplicate_roots_are_published_once() -> None:
     root = ca.new_ca("a", T0).root
     assert trustbundles.pem_bundle([root, root]).count("BEGIN CERTIFICATE") == 1
+
+
+class _Kube:
+    """What the publisher writes, and a cluster that holds no bundle yet."""
+
+    def __init__(self) -> None:
+        self.put: list[str] = []
+
+    def put_trust_bundle(self, body: JSON, existing: JSON | None) -> JSON:
+        self.put.append(body["spec"]["signerName"])
+        return body
+
+
+def _drain(publisher: trustbundles.Publisher) -> None:
+    while (key := publisher.queue.get(timeout=0)) is not None:
+        publisher._publish(key)
+        publisher.queue.done(key)
+
+
+def test_a_publish_that_came_before_the_last_list_was_in_is_tried_again() -> None:
+    """Each bundle list's arrival queues its signer, but its reflector says synced only after:
+    with two signer names, both can be looked at, and skipped, before the second list is in."""
+    now = [0.0]
+    kube = _Kube()
+    publisher = trustbundles.Publisher(
+        cast(SignerKube, kube),
+        {"a.test/one": "td.test", "a.test/two": "td.test"},
+        roots=lambda: [ca.new_ca("a", T0).root],
+        active=lambda: True,
+        stop=threading.Event(),
+    )
+    publisher.queue = WorkQueue(clock=lambda: now[0])
+    first, second = publisher.reflectors
+    publisher._on_list("a.test/one", [])
+    first.synced.set()
+    publisher._on_list("a.test/two", [])  # its reflector not yet synced
+    _drain(publisher)
+    assert kube.put == []
+
+    second.synced.set()
+    now[0] += trustbundles.Publisher.UNSYNCED_RETRY
+    _drain(publisher)
+    assert sorted(kube.put) == ["a.test/one", "a.test/two"]
+
+
+def test_a_follower_does_not_keep_looking() -> None:
+    kube = _Kube()
+    publisher = trustbundles.Publisher(
+        cast(SignerKube, kube),
+        {"a.test/one": "td.test"},
+        roots=lambda: [ca.new_ca("a", T0).root],
+        active=lambda: False,
+        stop=threading.Event(),
+    )
+    publisher._on_list("a.test/one", [])
+    _drain(publisher)
+    assert kube.put == [] and len(publisher.queue) == 0
