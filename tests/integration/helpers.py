@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from kubernetes import client
@@ -11,6 +10,7 @@ from kubernetes import client
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
+from podcert.api.requests import STUB_CSR, KeyForm, key_fields
 from podcert.rest import JSON, Rest, path_of
 from signer import objects
 
@@ -43,8 +43,10 @@ def pcr_spec(
     pod: Any,
     signer: str,
     key: keys.PrivateKey,
+    form: KeyForm = STUB_CSR,
     **overrides: Any,
 ) -> dict[str, Any]:
+    """The spec a node would send for `pod`, its key in `form`; `overrides` replace fields."""
     core = client.CoreV1Api(devcluster.admin)
     node = core.read_node(pod.spec.node_name)
     sa = core.read_namespaced_service_account(pod.spec.service_account_name, pod.metadata.namespace)
@@ -57,7 +59,7 @@ def pcr_spec(
         "nodeName": node.metadata.name,
         "nodeUID": node.metadata.uid,
         "maxExpirationSeconds": 86400,
-        "stubPKCS10Request": base64.b64encode(keys.stub_csr(key)).decode(),
+        **key_fields(form, key, pod.metadata.uid),
     }
     spec.update(overrides)
     return spec

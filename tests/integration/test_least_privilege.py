@@ -36,12 +36,12 @@ from devcluster.supervise import free_port
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.kube import ShimKube
 from podcert.api import keys
-from podcert.api.requests import key_fields
 from podcert.api.versions import group_version
 from podcert.discovery import certificates_versions, key_form
 from podcert.rest import JSON, ApiError, Rest, load_client, path_of
 from signer.trustbundles import MANAGED_BY, bundle_name
 from tests.integration.conftest import StartSigner
+from tests.integration.helpers import pcr_spec
 from tests.integration.kubelet_helpers import ca, trust_bundle_roots
 from tests.integration.shim_helpers import certificate_volume, shim
 from tests.integration.test_manifests import MANIFESTS, documents
@@ -84,21 +84,8 @@ def pending_request(dc: DevCluster, pod: Any, signer: str = UNSERVED) -> JSON:
     """A request for `pod`, made by its node with the key form its server takes."""
     admin = Rest(dc.admin)
     version, _ = certificates_versions(admin)
-    core = client.CoreV1Api(dc.admin)
-    node = core.read_node(pod.spec.node_name)
-    sa = core.read_namespaced_service_account(pod.spec.service_account_name, pod.metadata.namespace)
     key = keys.generate("ECDSAP256")
-    spec = {
-        "signerName": signer,
-        "podName": pod.metadata.name,
-        "podUID": pod.metadata.uid,
-        "serviceAccountName": sa.metadata.name,
-        "serviceAccountUID": sa.metadata.uid,
-        "nodeName": node.metadata.name,
-        "nodeUID": node.metadata.uid,
-        "maxExpirationSeconds": 86400,
-        **key_fields(key_form(admin, version), key, pod.metadata.uid),
-    }
+    spec = pcr_spec(dc, pod, signer, key, key_form(admin, version))
     body = {
         "apiVersion": group_version(version),
         "kind": "PodCertificateRequest",
