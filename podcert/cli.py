@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from podcert import version_line
 from podcert.errors import CommandError, ConfigError, one_line
 
 # subcommand -> (module exposing `register(subparsers)`, one-line help). Only the module of the
@@ -30,10 +31,32 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
 
 
+class VersionAction(argparse.Action):
+    """`--version`: one line on stdout, as written (argparse's own would wrap it), exit 0."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=str(kwargs.get("help")))
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> NoReturn:
+        print(version_line())
+        parser.exit(0)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="podcert",
         description="Workload identity certificates for Kubernetes (Pod Certificates API).",
+    )
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print podcert's version, and the Kubernetes releases it is tested with, then exit",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
