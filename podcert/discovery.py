@@ -54,6 +54,12 @@ def certificates_versions(rest: Rest, *, trust_bundles: bool = False) -> tuple[s
     return served.pcr, served.ctb
 
 
+def serves(rest: Rest, version: str, resource: str = versions.PCRS) -> bool:
+    """Whether `certificates.k8s.io/<version>` serves `resource` now (one discovery GET; a
+    version the server does not serve answers 404: False). ApiError when it cannot be asked."""
+    return resource in versions.resource_names(rest.get(f"/apis/{versions.GROUP}/{version}"))
+
+
 def key_form(rest: Rest, version: str) -> KeyForm:
     """The form a node sends its key in at `certificates.k8s.io/<version>`, read from the
     server's OpenAPI v3 schema (1.35 and 1.36 both say v1beta1 but take different fields).

@@ -32,7 +32,7 @@ from signer.audittrail import AuditTrail
 from signer.castore import CAStore
 from signer.decide import CA_TOO_SHORT, decide
 from signer.fresh import Bindings
-from signer.kube import SignerKube
+from signer.kube import KeyNotServed, SignerKube
 from signer.metrics import Metrics, api_retry_label
 from signer.policy import Policy
 from signer.settle import Labels, Settlement, settle
@@ -264,8 +264,18 @@ class Controller:
             seen_at = self.monotonic()  # read just now (or stored by hand, in tests)
         if objects.outcome(pcr) is not None:
             return None
+        hidden = False
+        if not objects.holds_key(pcr):  # a 1.35 node's request seen at v1: read at v1beta1
+            try:
+                found = self.kube.keyed_pcr(pcr)
+            except KeyNotServed:
+                found, hidden = pcr, True
+            if found is None or objects.outcome(found) is not None:
+                self._forget(key)
+                return None
+            pcr = found
         try:
-            request = objects.request_from(pcr)
+            request = objects.request_from(pcr, key_not_served=hidden)
         except objects.ObjectError as err:
             invalid = model.Deny(model.INVALID_REQUEST, str(err))
             return self.apply(settle(pcr, None, invalid, self.clock()))

@@ -29,6 +29,14 @@ CA_NOT_LOADED: Final[model.RetryReason] = "CANotLoaded"
 CA_NOT_YET_VALID: Final[model.RetryReason] = "CANotYetValid"
 CA_TOO_SHORT: Final[model.RetryReason] = "CATooShort"
 
+KEY_NOT_SERVED_MESSAGE: Final = (
+    "certificates.k8s.io/v1 shows this request without a key: it was made through "
+    "certificates.k8s.io/v1beta1 with spec.pkixPublicKey and spec.proofOfPossession (as 1.35 "
+    "kubelets make it), which v1 does not have, and this API server does not serve v1beta1 "
+    "podcertificaterequests. Enable certificates.k8s.io/v1beta1 (--runtime-config="
+    "certificates.k8s.io/v1beta1/podcertificaterequests=true) while 1.35 kubelets remain."
+)
+
 
 def decide(
     request: model.Request,
@@ -45,10 +53,12 @@ def decide(
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
 
-    # 1. The request itself: well-formed spec and a usable key.
+    # 1. The request itself: well-formed spec and a usable key, in a form the server shows.
     denial = _check_spec(request)
     if denial is not None:
         return denial
+    if request.key_not_served:
+        return model.Deny(model.KEY_NOT_SERVED, KEY_NOT_SERVED_MESSAGE)
     try:
         key = csr.parse_public_key(request)
     except csr.CSRError as exc:

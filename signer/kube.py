@@ -22,8 +22,8 @@ from typing import Any, Final, TypeVar
 import msgspec
 
 from podcert.api.events import ObjectRef, event_body
-from podcert.api.versions import group_version
-from podcert.discovery import certificates_versions
+from podcert.api.versions import group_version, key_fallback
+from podcert.discovery import certificates_versions, serves
 from podcert.rest import JSON, ApiError, Rest, path_of
 from signer.objects import NodeShape, PodShape, ServiceAccountShape, ServiceShape
 
@@ -76,12 +76,19 @@ def _slim(obj: JSON) -> JSON:
     return kept
 
 
+class KeyNotServed(Exception):
+    """No version the API server serves shows the request's key (`SignerKube.keyed_pcr`)."""
+
+
 class SignerKube:
     def __init__(self, rest: Rest, component: str = "podcert-signer") -> None:
         self.rest = rest
         self.component = component
         self.pcr_version = "v1"
         self.ctb_version = "v1"
+        # Whether the version that shows a key the v1 view lacks (v1beta1) serves requests:
+        # learned at discovery, asked again before any answer rests on it.
+        self.fallback_served = False
 
     # --- discovery -------------------------------------------------------------------------
 
@@ -91,6 +98,8 @@ class SignerKube:
         ClusterTrustBundles); the signer reads the key in either form, so needs no more."""
         self.pcr_version, ctb = certificates_versions(self.rest, trust_bundles=trust_bundles)
         self.ctb_version = ctb or self.ctb_version
+        fallback = key_fallback(self.pcr_version)
+        self.fallback_served = fallback is not None and serves(self.rest, fallback)
         return self.pcr_version
 
     def _pcrs(self, namespace: str | None = None, name: str = "") -> str:
@@ -119,6 +128,38 @@ class SignerKube:
     def get_pcr(self, namespace: str, name: str) -> JSON | None:
         found = self.rest.get(self._pcrs(namespace, name))
         return _slim(found) if found is not None else None
+
+    def keyed_pcr(self, pcr: JSON) -> JSON | None:
+        """`pcr`, whose view here holds no key, read through the version that shows one: on a
+        1.37 server, v1beta1 for a 1.35 node's request (pkixPublicKey + proofOfPossession, which
+        v1 cannot show). `pcr` itself where this version shows every form (v1beta1); None when
+        the request is gone. Raises KeyNotServed when no served version shows the key: that
+        answer is checked against discovery first (a server may have started or stopped
+        serving v1beta1 since it was learned), as is a 404, which a version no longer served
+        answers too. Only key-less views come here: the common request costs nothing more."""
+        fallback = key_fallback(self.pcr_version)
+        if fallback is None:
+            return pcr
+        unserved = KeyNotServed(f"{group_version(fallback)} serves no podcertificaterequests")
+        if not self.fallback_served:
+            self.fallback_served = serves(self.rest, fallback)
+            if not self.fallback_served:
+                raise unserved
+        meta = pcr["metadata"]
+        found = self.rest.get(
+            path_of(
+                group_version(fallback),
+                "podcertificaterequests",
+                str(meta["namespace"]),
+                str(meta["name"]),
+            )
+        )
+        if found is None:
+            self.fallback_served = serves(self.rest, fallback)
+            if not self.fallback_served:
+                raise unserved
+            return None
+        return _slim(found)
 
     def write_status(self, obj: JSON) -> None:
         """PUT /status with the object's resourceVersion: a lost race is a 409, never a clobber.

@@ -36,6 +36,7 @@ DenyReason = Literal[
     "UnsupportedKeyType",  # fixed by the API for this case
     "InvalidRequest",  # the spec, stub CSR or public key cannot be used
     "InvalidProofOfPossession",  # v1beta1: proofOfPossession is not the key's signature of podUID
+    "KeyNotServed",  # the key's form is in no version the API server serves (v1beta1 disabled)
     "UnknownAnnotation",
     "InvalidAnnotation",
     "DNSNameNotAllowed",
@@ -52,6 +53,7 @@ BINDING_REASONS: Final = frozenset(get_args(BindingReason))
 UNSUPPORTED_KEY_TYPE: Final[DenyReason] = "UnsupportedKeyType"
 INVALID_REQUEST: Final[DenyReason] = "InvalidRequest"
 INVALID_PROOF_OF_POSSESSION: Final[DenyReason] = "InvalidProofOfPossession"
+KEY_NOT_SERVED: Final[DenyReason] = "KeyNotServed"
 POD_NOT_FOUND: Final[BindingReason] = "PodNotFound"
 POD_UID_MISMATCH: Final[BindingReason] = "PodUIDMismatch"
 POD_NOT_ON_NODE: Final[BindingReason] = "PodNotOnNode"
@@ -91,6 +93,9 @@ class Request:
     proof_of_possession: bytes = b""
     user_annotations: Mapping[str, str] = field(default_factory=dict)
     created: dt.datetime | None = None
+    # The view read shows no key and no version the API server serves shows it: a 1.35 node's
+    # pkixPublicKey, stored, but seen only at v1 because v1beta1 is not served (any more).
+    key_not_served: bool = False
 
 
 # The facts below are cached for every pod, node and ServiceAccount of the cluster (150,000 pods

@@ -28,6 +28,7 @@ from typing import Any, Final
 import msgspec
 
 from podcert.api import requests
+from podcert.api.requests import holds_key as holds_key
 from podcert.api.requests import outcome as outcome
 from podcert.api.times import format_time
 from signer import model
@@ -57,9 +58,10 @@ def signer_name_of(pcr: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def request_from(pcr: Mapping[str, Any]) -> model.Request:
+def request_from(pcr: Mapping[str, Any], *, key_not_served: bool = False) -> model.Request:
     """The signer's view of a request, read by `podcert.api.requests`; every field the API
-    server always sets must be there (a request without one is denied as InvalidRequest)."""
+    server always sets must be there (a request without one is denied as InvalidRequest).
+    `key_not_served`: the adapter found that no served version shows this request's key."""
     try:
         parsed = requests.parse_request(pcr)
     except requests.RequestError as err:
@@ -85,6 +87,7 @@ def request_from(pcr: Mapping[str, Any]) -> model.Request:
         proof_of_possession=spec.proof_of_possession,
         user_annotations=dict(spec.unverified_user_annotations),
         created=parsed.created,
+        key_not_served=key_not_served,
     )
 
 

@@ -183,6 +183,17 @@ def subject_key(stub_csr: bytes, pkix_public_key: bytes, proof: bytes) -> StubCS
     )
 
 
+_KEY_FIELDS: Final = ("stubPKCS10Request", "pkixPublicKey", "proofOfPossession")
+
+
+def holds_key(pcr: Mapping[str, object]) -> bool:
+    """Whether the request's spec carries any of its key fields (tolerant, never raises). A view
+    without one is either a broken request or, at v1 on a 1.37 server, a 1.35 node's request
+    whose pkixPublicKey that version cannot show (`podcert.api.versions.key_fallback`)."""
+    spec = pcr.get("spec")
+    return isinstance(spec, Mapping) and any(spec.get(name) for name in _KEY_FIELDS)
+
+
 def key_fields(form: KeyForm, key: keys.PrivateKey, pod_uid: str) -> dict[str, str]:
     """The spec fields (base64, as JSON carries bytes) that carry `key` in `form`, for a request
     about the pod with UID `pod_uid`. The private key itself is never among them."""

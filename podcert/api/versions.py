@@ -4,9 +4,11 @@ in which form a node sends its key there.
 Kubernetes 1.37 serves both as v1; 1.35 and 1.36 as v1beta1 (and v1 already serves
 CertificateSigningRequests, so the question is per resource, not per version). The key's form
 differs within v1beta1: 1.35's spec has only pkixPublicKey + proofOfPossession, 1.36's also
-stubPKCS10Request (preferred: the other two are deprecated), v1 has only the stub. The answers
-come from discovery and the server's OpenAPI schema, which `podcert.discovery` asks; choosing
-from them is pure and lives here.
+stubPKCS10Request (preferred: the other two are deprecated), v1 has only the stub. A 1.37 server
+with v1beta1 enabled keeps taking 1.35's form there, and its v1 view of such a request has no
+key: `key_fallback` names the version to read it through. The answers come from discovery and
+the server's OpenAPI schema, which `podcert.discovery` asks; choosing from them is pure and
+lives here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ GROUP: Final = "certificates.k8s.io"
 # Newest first: the order in which a version is preferred.
 VERSIONS: Final = ("v1", "v1beta1")
 PCRS: Final = "podcertificaterequests"
+# Where a request's key may hide from the newest version's view: Kubernetes 1.37 stores a 1.35
+# node's pkixPublicKey + proofOfPossession (made through v1beta1), but its v1 has neither field,
+# so the v1 view of such a request holds no key at all and only v1beta1 shows it.
+KEY_FALLBACK: Final[Mapping[str, str]] = {"v1": "v1beta1"}
 CTBS: Final = "clustertrustbundles"
 
 
@@ -49,6 +55,12 @@ def choose(served: Mapping[str, Collection[str]]) -> Served:
         return next((v for v in VERSIONS if resource in served.get(v, ())), None)
 
     return Served(pcr=newest(PCRS), ctb=newest(CTBS))
+
+
+def key_fallback(version: str) -> str | None:
+    """The older version that shows a key the view at `version` lacks, or None when `version`
+    already shows every form (v1beta1 does)."""
+    return KEY_FALLBACK.get(version)
 
 
 def group_version(version: str) -> str:

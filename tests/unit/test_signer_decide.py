@@ -108,6 +108,14 @@ DENIALS = [
         id="denied when the proof of possession was made by another key",
     ),
     pytest.param(
+        make_request(stub_csr=b"", key_not_served=True),
+        make_facts(),
+        POLICY,
+        model.KEY_NOT_SERVED,
+        "--runtime-config=certificates.k8s.io/v1beta1/podcertificaterequests=true",
+        id="denied when no served version shows the key (v1 view of a 1.35 request, no v1beta1)",
+    ),
+    pytest.param(
         make_request(max_expiration_seconds=3599),
         make_facts(),
         POLICY,

@@ -62,7 +62,7 @@ def pcr(namespace: str, name: str, node: str) -> dict[str, Any]:
             "serviceAccountUID": "sa-uid",
             "nodeName": node,
             "nodeUID": f"{node}-uid",
-            "stubPKCS10Request": "",
+            "stubPKCS10Request": "c3R1Yg==",  # not a CSR: denied InvalidRequest
         },
     }
 

@@ -55,6 +55,7 @@ def pcr() -> dict[str, Any]:
             "podName": "frontend-0",
             "nodeName": "node-a",
             "serviceAccountName": "frontend",
+            "stubPKCS10Request": "c3R1Yg==",  # a key's field: read as is, not looked for
         },
     }
 
@@ -322,7 +323,7 @@ def test_every_decision_kind_is_settled_once_or_put_off(
         ctrl, "facts", lambda request, seen_at: model.Facts(None, None, None, ca=ISSUER)
     )
     monkeypatch.setattr(controller_module, "decide", lambda *args, **kwargs: decision)
-    monkeypatch.setattr(controller_module.objects, "request_from", lambda obj: REQUEST)
+    monkeypatch.setattr(controller_module.objects, "request_from", lambda obj, **_: REQUEST)
     monkeypatch.setattr(ctrl, "apply", lambda settlement: applied.append(settlement))
     after = ctrl.reconcile(("web", "req-1"))
     assert [s.outcome for s in applied] == ([written] if written else [])
