@@ -1,4 +1,5 @@
-"""`podcert devcluster up | down | status | kubelet | node-kubeconfig | build | deps | image`."""
+"""`podcert devcluster up | upgrade | down | status | kubelet | node-kubeconfig | build | deps |
+image`. A refused version change (`devcluster.skew`) is one line on stderr and exit 2."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from devcluster import build, cluster, host, imagebuild, kube, nodes, nodestate, tools
+from devcluster import (
+    build,
+    cluster,
+    host,
+    imagebuild,
+    kube,
+    nodes,
+    nodestate,
+    skew,
+    tools,
+    upgrade,
+)
 from devcluster.identities import Paths
 from devcluster.spire import ensure_spire
 from devcluster.supervise import ClusterError, NodeError
@@ -52,21 +64,76 @@ def _status(args: argparse.Namespace) -> int:
         f"apiserver pid {state.apiserver_pid}, controller-manager pid "
         f"{state.controller_manager_pid}, scheduler pid {state.scheduler_pid})"
     )
+    lagging = [f"{name} {v}" for name, v in state.versions().items() if v != state.kube_version]
+    if lagging:
+        print(f"upgrade unfinished: {', '.join(lagging)}")
     for node in nodes.started(args.dir):
         found = nodestate.read_state(args.dir, node)
         if found is not None:
-            print(f"node {node}: {found.kind} kubelet pid {found.kubelet_pid}, root {found.root}")
+            print(
+                f"node {node}: {found.kind} kubelet {found.kube_version} pid {found.kubelet_pid}, "
+                f"root {found.root}"
+            )
+    return 0
+
+
+def _refused(action: str, err: skew.RefusedError) -> int:
+    _say(f"devcluster {action}: {err.reason}")
+    return 2
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    try:
+        state = upgrade.control_plane(
+            args.dir, args.kube_version, progress=_say, timeout=args.timeout
+        )
+    except skew.RefusedError as err:
+        return _refused("upgrade", err)
+    except (ClusterError, NodeError, build.BuildError) as err:
+        _say(f"devcluster upgrade failed: {err}")
+        return 1
+    _say(f"API server {state.server} (Kubernetes {state.kube_version})")
+    return 0
+
+
+def _upgrade_kubelet(args: argparse.Namespace) -> int:
+    if args.hollow or args.real or args.services:
+        return _refused(
+            "kubelet",
+            skew.RefusedError(
+                "--upgrade keeps the node's kind and services: drop --hollow, --real and --services"
+            ),
+        )
+    try:
+        state = upgrade.kubelet(
+            args.dir, args.node, args.kube_version, progress=_say, timeout=args.timeout
+        )
+    except skew.RefusedError as err:
+        return _refused("kubelet", err)
+    except (NodeError, ClusterError, build.BuildError) as err:
+        _say(f"devcluster kubelet failed: {err}")
+        return 1
+    print(state.root)
     return 0
 
 
 def _kubelet(args: argparse.Namespace) -> int:
+    if args.upgrade:
+        return _upgrade_kubelet(args)
     hollow = args.hollow
     if not hollow and not args.real:
         reason = nodes.real_node_unavailable()
         if reason:
             _say(f"running {args.node} as a hollow kubelet: {reason}")
             hollow = True
+    version: str | None = None
     try:
+        if args.kube_version is not None:
+            version = str(skew.require(skew.offered(args.kube_version, upgrade.OFFERED)))
+            binary = build.HOLLOW_KUBELET if hollow else build.REAL_KUBELET
+            line = upgrade.unbuilt(version, [binary])
+            if line:
+                raise skew.RefusedError(line)
         state = nodes.start(
             args.dir,
             args.node,
@@ -74,7 +141,10 @@ def _kubelet(args: argparse.Namespace) -> int:
             progress=_say,
             timeout=args.timeout,
             services=args.services,
+            kube_version=version,
         )
+    except skew.RefusedError as err:
+        return _refused("kubelet", err)
     except (NodeError, ClusterError, build.BuildError) as err:
         _say(f"devcluster kubelet failed: {err}")
         return 1
@@ -162,12 +232,32 @@ def register(subparsers: Any) -> None:
         default=cluster.READY_TIMEOUT,
         help="seconds to wait for the control plane (default: %(default)s)",
     )
+    up_grade = add(
+        "upgrade",
+        "upgrade the running control plane in place to the next minor, as kubeadm does: the "
+        "same etcd data, kube-apiserver first, then kube-controller-manager and "
+        "kube-scheduler; kubelets stay at their minor until `kubelet NODE --upgrade`",
+        _upgrade,
+    )
+    up_grade.add_argument(
+        "--kube-version",
+        metavar="MINOR",
+        required=True,
+        help="the target minor (one above today's)",
+    )
+    up_grade.add_argument(
+        "--timeout",
+        type=float,
+        default=upgrade.READY_TIMEOUT,
+        help="seconds to wait for each component (default: %(default)s)",
+    )
     add("down", "stop everything `up` and `kubelet` started, remove the kubelets' roots", _down)
     add("status", "say whether the devcluster runs, and its kubelets", _status)
     kubelet = add(
         "kubelet",
-        "start a kubelet of the cluster's version for NODE, as that node; wait until it is "
-        "Ready; print its root directory (the folder holding pods/) as the last line",
+        "start a kubelet for NODE (of the cluster's minor unless --kube-version), as that node; "
+        "wait until it is Ready; print its root directory (the folder holding pods/) as the "
+        "last line",
         _kubelet,
     )
     kubelet.add_argument("node", help="node name")
@@ -188,6 +278,18 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="real nodes: also run kube-proxy and CoreDNS beside it (Service addresses and "
         "names for its pods)",
+    )
+    kubelet.add_argument(
+        "--kube-version",
+        metavar="MINOR",
+        help="the kubelet's Kubernetes minor (default: the API server's); it may run up to "
+        "three minors behind the API server, never ahead",
+    )
+    kubelet.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="restart NODE's running kubelet on a newer binary (the API server's minor, or "
+        "--kube-version) with that minor's flags and gates, its pods kept",
     )
     kubelet.add_argument(
         "--timeout",

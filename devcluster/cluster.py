@@ -4,7 +4,8 @@ kube-apiserver, kube-controller-manager and kube-scheduler of one Kubernetes min
 
 The folder holds everything: PKI, etcd data, logs, `state.json` (ports and pids) and
 `admin.kubeconfig`. `up` returns only when every component answers; `down` stops the kubelets
-started with `devcluster.nodes` too, and leaves no process behind.
+started with `devcluster.nodes` too, and leaves no process behind. `devcluster.upgrade` moves a
+running control plane to the next minor in place, on the same etcd data.
 """
 
 import contextlib
@@ -59,10 +60,21 @@ class State:
     scheduler_pid: int = 0
     scheduler_binary: str = ""
     scheduler_port: int = 0
+    # The API server runs `kube_version`; these two lag it during an upgrade ("": the same).
+    controller_manager_version: str = ""
+    scheduler_version: str = ""
 
     @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"
+
+    def versions(self) -> dict[str, str]:
+        """The minor each control-plane component runs, by its binary's name."""
+        return {
+            "kube-apiserver": self.kube_version,
+            "kube-controller-manager": self.controller_manager_version or self.kube_version,
+            "kube-scheduler": self.scheduler_version or self.kube_version,
+        }
 
 
 def read_state(paths: Paths) -> State | None:
@@ -93,7 +105,7 @@ def running(paths: Paths) -> State | None:
     return None
 
 
-def _insecure_ssl() -> ssl.SSLContext:
+def insecure_ssl() -> ssl.SSLContext:
     """The controller-manager and scheduler serve /healthz with a certificate they make up."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
@@ -101,7 +113,7 @@ def _insecure_ssl() -> ssl.SSLContext:
     return ctx
 
 
-def _save(paths: Paths, state: State) -> None:
+def save(paths: Paths, state: State) -> None:
     paths.state.write_text(json.dumps(asdict(state)))
 
 
@@ -122,7 +134,8 @@ def up(
         if current.kube_version != kube_version:
             raise ClusterError(
                 f"a {current.kube_version} devcluster already runs under {paths.root}; "
-                f"stop it (down) before starting {kube_version}"
+                f"stop it (down) before starting {kube_version}, or upgrade it in place "
+                f"(upgrade --kube-version {kube_version})"
             )
         progress(f"devcluster {current.kube_version} already running at {current.server}")
         return current
@@ -153,8 +166,10 @@ def up(
         controller_manager_port=kcm_port,
         scheduler_binary=str(bins.kube_scheduler),
         scheduler_port=scheduler_port,
+        controller_manager_version=kube_version,
+        scheduler_version=kube_version,
     )
-    _save(paths, state)
+    save(paths, state)
     deadline = time.monotonic() + timeout
     try:
         wait_until(
@@ -169,7 +184,7 @@ def up(
             logs["kube-apiserver"],
         )
         state = State(**{**asdict(state), "apiserver_pid": api.pid})
-        _save(paths, state)
+        save(paths, state)
         wait_until(
             lambda: get_ok(f"{server}/readyz", admin_ssl(paths)),
             deadline,
@@ -189,8 +204,8 @@ def up(
         state = State(
             **{**asdict(state), "controller_manager_pid": kcm.pid, "scheduler_pid": scheduler.pid}
         )
-        _save(paths, state)
-        insecure = _insecure_ssl()
+        save(paths, state)
+        insecure = insecure_ssl()
         for name, proc, port in (
             ("kube-controller-manager", kcm, kcm_port),
             ("kube-scheduler", scheduler, scheduler_port),
@@ -251,7 +266,7 @@ def restart_apiserver(root: Path, timeout: float = READY_TIMEOUT) -> State:
     )
     proc = spawn(args, log)
     state = State(**{**asdict(state), "apiserver_pid": proc.pid})
-    _save(paths, state)
+    save(paths, state)
     ctx = admin_ssl(paths)
     wait_until(
         lambda: get_ok(f"{state.server}/readyz", ctx),

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
-from devcluster import cluster, host
+from devcluster import host
 from devcluster.flags import feature_gate_flags
 from devcluster.identities import Paths
 from devcluster.nodestate import HOLLOW, NodeState, file_size, save, wait_ready
@@ -56,7 +56,7 @@ def kubemark_args(
 def start(
     paths: Paths,
     node: str,
-    plane: cluster.State,
+    kube_version: str,
     binary: Path,
     kubeconfig: Path,
     folder: Path,
@@ -66,13 +66,13 @@ def start(
 ) -> NodeState:
     port = free_port()
     log = folder / "kubelet.log"
-    progress(f"starting hollow kubelet {plane.kube_version} for {node} (kubelet port {port})")
+    progress(f"starting hollow kubelet {kube_version} for {node} (kubelet port {port})")
     before = runtime_sockets()
     offset = file_size(log)
-    args = kubemark_args(binary, node, kubeconfig, port, plane.kube_version, max_pods)
+    args = kubemark_args(binary, node, kubeconfig, port, kube_version, max_pods)
     proc = host.spawn(list(args), log)
     state = NodeState(
-        node, HOLLOW, plane.kube_version, proc.pid, str(binary), "", port, kubelet_args=args
+        node, HOLLOW, kube_version, proc.pid, str(binary), "", port, kubelet_args=args
     )
     save(paths.root, state)
     state = find_parts(paths.root, state, proc, log, offset, before, deadline)

@@ -1,5 +1,6 @@
-"""Real kubelets for the devcluster, of the cluster's own Kubernetes version, each with its node's
-own identity (client certificate CN=system:node:<node>, O=system:nodes). Two kinds:
+"""Real kubelets for the devcluster, of the cluster's Kubernetes version or an older one the skew
+policy allows (`devcluster.skew`), each with its node's own identity (client certificate
+CN=system:node:<node>, O=system:nodes). Two kinds:
 
 - real: the kubelet on Debian's containerd + runc + bridge CNI, running real containers from
   images made on this machine (`devcluster.images`). One per machine at a time: the kubelet and
@@ -8,9 +9,9 @@ own identity (client certificate CN=system:node:<node>, O=system:nodes). Two kin
   runtime. Cheap enough for many nodes.
 
 Like the control plane, a kubelet is detached and recorded under the cluster's folder
-(`devcluster.nodestate`); `restart_kubelet` restarts only the kubelet, as an upgrade or a crash
-does; `stop` (and `cluster.down`) stop it, remove its root directory and whatever it left on the
-host.
+(`devcluster.nodestate`); `restart_kubelet` restarts only the kubelet, as a crash does, or on
+another minor's binary with that minor's flags and gates, as an upgrade does; `stop` (and
+`cluster.down`) stop it, remove its root directory and whatever it left on the host.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from devcluster import build, cluster, host, images, kube, network, nodestate
+from devcluster import build, cluster, host, images, kube, network, nodestate, skew
 from devcluster import hollow as hollow_kubelet
-from devcluster.flags import DNS_SERVICE_IP
+from devcluster.flags import DNS_SERVICE_IP, feature_gate_flags, feature_gates
 from devcluster.identities import Paths
 from devcluster.nodeconfig import BRIDGE, cni_config, containerd_config, kubelet_config
 from devcluster.nodestate import HOLLOW, REAL, NodeState, node_dir, read_state
@@ -107,9 +108,13 @@ def start(
     max_pods: int | None = None,
     sync_frequency: dt.timedelta | None = None,
     services: bool = False,
+    kube_version: str | None = None,
 ) -> NodeState:
     """Start a kubelet for `node` on the devcluster under `root` and wait until the Node is
-    Ready. Idempotent while that kubelet runs. `max_pods` raises the kubelet's limit of 110;
+    Ready. Idempotent while that kubelet runs. `kube_version` (default: the API server's) may be
+    older than the API server, as far as the skew policy allows (`skew.RefusedError`
+    otherwise, and when the running kubelet is of another minor). `max_pods` raises the
+    kubelet's limit of 110;
     `sync_frequency` (real nodes only: kubemark fixes its own at 10 s) shortens its pod resync.
     `services` (real nodes only) runs kube-proxy and the cluster DNS beside it
     (`devcluster.network`), its pods' nameserver, and returns once they answer."""
@@ -122,15 +127,26 @@ def start(
     plane = cluster.running(paths)
     if plane is None:
         raise NodeError(f"no devcluster runs under {paths.root}")
+    version = kube_version or plane.kube_version
+    skew.require(
+        skew.kubelet_allowed(
+            skew.require(skew.parse(version)), skew.require(skew.parse(plane.kube_version)), node
+        )
+    )
     current = read_state(paths.root, node)
     if current is not None and alive(current.kubelet_pid, current.kubelet_binary):
+        if current.kube_version != version:
+            raise skew.RefusedError(
+                f"node {node} already runs kubelet {current.kube_version}; upgrade it "
+                f"(kubelet {node} --upgrade --kube-version {version}) rather than start another"
+            )
         return current
     stop(paths.root, node)  # the remains of a dead one
     if not hollow:
         reason = real_node_unavailable()
         if reason:
             raise NodeError(f"cannot run a real node here: {reason}")
-    binary = build.ensure_kubelet(plane.kube_version, hollow=hollow, progress=progress)
+    binary = build.ensure_kubelet(version, hollow=hollow, progress=progress)
     if services:  # built before the deadline starts, as the kubelet is
         build.ensure_network(plane.kube_version, progress)
     folder = node_dir(paths.root, node)
@@ -140,13 +156,14 @@ def start(
     try:
         if hollow:
             state = hollow_kubelet.start(
-                paths, node, plane, binary, kubeconfig, folder, progress, deadline, max_pods
+                paths, node, version, binary, kubeconfig, folder, progress, deadline, max_pods
             )
         else:
             state = _start_real(
                 paths,
                 node,
                 plane,
+                version,
                 binary,
                 kubeconfig,
                 folder,
@@ -159,7 +176,7 @@ def start(
     except BaseException:
         stop(paths.root, node)  # whatever part of it started
         raise
-    progress(f"node {node} Ready ({state.kind} kubelet {plane.kube_version}); root {state.root}")
+    progress(f"node {node} Ready ({state.kind} kubelet {version}); root {state.root}")
     return state
 
 
@@ -167,6 +184,7 @@ def _start_real(
     paths: Paths,
     node: str,
     plane: cluster.State,
+    version: str,
     binary: Path,
     kubeconfig: Path,
     folder: Path,
@@ -201,7 +219,7 @@ def _start_real(
     state = NodeState(
         node,
         REAL,
-        plane.kube_version,
+        version,
         0,
         str(binary),
         str(kubelet_root),
@@ -235,7 +253,7 @@ def _start_real(
             raise NodeError(f"ctr images import {archive.name} failed: {done.stderr.strip()}")
     ip = host.node_ip()
     config = kubelet_config(
-        kube_version=plane.kube_version,
+        kube_version=version,
         folder=folder,
         socket=socket,
         cgroup=cgroup,
@@ -248,7 +266,7 @@ def _start_real(
     )
     (folder / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     log = folder / "kubelet.log"
-    progress(f"starting kubelet {plane.kube_version} for {node} ({ip}:{port})")
+    progress(f"starting kubelet {version} for {node} ({ip}:{port})")
     args = (
         str(binary),
         f"--config={folder / 'kubelet.yaml'}",
@@ -272,16 +290,36 @@ def _short_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def restart_kubelet(root: Path, node: str, *, timeout: float = READY_TIMEOUT) -> NodeState:
-    """Stop only the kubelet for `node` and start it again with the same command line, as a
-    kubelet restarts on an upgrade or a crash. A real node's containers keep running under
-    containerd; a hollow kubelet comes back with a fresh root directory (kubemark makes one per
-    start; the old one is removed). Returns once the new kubelet has renewed its node lease."""
+def restart_kubelet(
+    root: Path,
+    node: str,
+    *,
+    timeout: float = READY_TIMEOUT,
+    kube_version: str | None = None,
+    progress: Progress = lambda _line: None,
+) -> NodeState:
+    """Stop only the kubelet for `node` and start it again, as a kubelet restarts on a crash:
+    the same command line; or with `kube_version`, as an upgrade does: that minor's binary
+    (built first if missing, before the old kubelet stops) with its own feature gates, the rest
+    of its flags and configuration kept. A real node's containers keep running under containerd
+    and its root directory is kept; a hollow kubelet comes back with a fresh root directory
+    (kubemark makes one per start; the old one is removed) and projects its pods' volumes
+    there anew. Returns once the new kubelet has renewed its node lease and, on another minor,
+    the Node reports that release. Whether the change is allowed is `devcluster.skew`'s call,
+    made by the caller (`devcluster.upgrade`)."""
     state = read_state(root, node)
     if state is None or not state.kubelet_args:
         raise NodeError(f"no kubelet for {node} was started under {root}")
+    version = kube_version or state.kube_version
+    if version != state.kube_version:
+        binary = build.ensure_kubelet(version, hollow=state.kind == HOLLOW, progress=progress)
+        args = retargeted_args(state.kubelet_args, binary, version)
+        state = replace(state, kube_version=version, kubelet_args=args)
     stop_process(state.kubelet_pid, state.kubelet_binary, 15.0)
-    log = node_dir(root, node) / "kubelet.log"
+    folder = node_dir(root, node)
+    if state.kind == REAL:
+        _retarget_config(folder / "kubelet.yaml", version)
+    log = folder / "kubelet.log"
     offset, before, old_root = (
         nodestate.file_size(log),
         hollow_kubelet.runtime_sockets(),
@@ -289,15 +327,49 @@ def restart_kubelet(root: Path, node: str, *, timeout: float = READY_TIMEOUT) ->
     )
     since = dt.datetime.now(dt.UTC)
     cgroup = f"{state.cgroup}/runtime" if state.kind == REAL else ""
+    progress(f"starting {state.kind} kubelet {version} for {node}")
     proc = host.spawn(list(state.kubelet_args), log, cgroup=cgroup)
-    state = replace(state, kubelet_pid=proc.pid)
+    state = replace(state, kubelet_pid=proc.pid, kubelet_binary=state.kubelet_args[0])
     nodestate.save(root, state)
     deadline = time.monotonic() + timeout
     if state.kind == HOLLOW:
         state = hollow_kubelet.find_parts(root, state, proc, log, offset, before, deadline)
         shutil.rmtree(old_root, ignore_errors=True)
     nodestate.wait_lease_renewed(root, node, since, proc, log, deadline)
+    release = build.release(version)
+    wait_until(
+        lambda: kubelet_release(root, node) == release,
+        deadline,
+        f"node {node} to report kubelet {release}",
+        interval=0.2,
+        failed=exited(proc, log),
+    )
     return state
+
+
+def retargeted_args(args: tuple[str, ...], binary: Path, kube_version: str) -> tuple[str, ...]:
+    """A kubelet's command line moved to another minor's `binary`: kubemark's takes that minor's
+    feature gates as a flag (the real kubelet reads them from its config file)."""
+    kept = [a for a in args[1:] if not a.startswith("--feature-gates=")]
+    hollow = "--morph=kubelet" in args
+    return (str(binary), *kept, *(feature_gate_flags(kube_version) if hollow else ()))
+
+
+def _retarget_config(path: Path, kube_version: str) -> None:
+    config = yaml.safe_load(path.read_text())
+    config["featureGates"] = feature_gates(kube_version)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def kubelet_release(root: Path, node: str) -> str | None:
+    """The kubelet release ("v1.36.3") the Node last reported, or None."""
+    try:
+        with kube.admin_client(root) as api:
+            found = client.CoreV1Api(api).read_node(node)
+    except ApiException:
+        return None
+    info = found.status.node_info if found.status else None
+    return info.kubelet_version if info else None
 
 
 def _ctr(socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
