@@ -103,6 +103,9 @@ class Review:
     operation: str
     username: str
     object: Mapping[str, Any] = field(repr=False)
+    # The version the request was made at, when the API server converted the object to
+    # another one for us (matchPolicy Equivalent, a rule not naming that version); else "".
+    converted_from: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,10 @@ def parse_review(body: bytes) -> Review:
     obj = request.get("object")
     if operation == "CREATE" or obj is not None:
         obj = _field(request, "object", dict, "request")
-    return Review(uid=uid, operation=operation, username=username, object=obj or {})
+    made = request.get("requestKind")
+    made_at = made.get("version") if isinstance(made, dict) else None
+    converted = made_at if isinstance(made_at, str) and made_at != kind["version"] else ""
+    return Review(uid, operation, username, obj or {}, converted_from=converted[:MAX_UID_LENGTH])
 
 
 def _field(parent: Mapping[str, Any], name: str, kind: type, where: str = "") -> Any:
@@ -197,11 +203,14 @@ def admit(
     facts: Callable[[model.Request], model.Facts],
     policy: Policy,
     now: dt.datetime,
+    *,
+    converted_from: str = "",
 ) -> Verdict:
     """The answer for one admission request. `facts` is only called for our own signer names,
     and only for requests that are well-formed (an unauthenticated caller cannot make the
-    signer read the API with names the checks would refuse anyway)."""
-    verdict = _verdict(username, operation, pcr, served, facts, policy, now)
+    signer read the API with names the checks would refuse anyway). `converted_from`: the
+    version the request was made at, when the object came converted (`Review`)."""
+    verdict = _verdict(username, operation, pcr, served, facts, policy, now, converted_from)
     if verdict.allowed or not _leaks(verdict.message, pcr):
         return verdict
     return Verdict(
@@ -220,11 +229,16 @@ def _verdict(
     facts: Callable[[model.Request], model.Facts],
     policy: Policy,
     now: dt.datetime,
+    converted_from: str,
 ) -> Verdict:
     spec = pcr.get("spec") if isinstance(pcr.get("spec"), Mapping) else None
     signer_name = spec.get("signerName") if spec else None
     if operation != "CREATE" or signer_name not in served:
         return Verdict(True)
+    if converted_from and not objects.holds_key(pcr):
+        # A 1.35 node's request made at v1beta1, sent to us as v1, which drops its key: the
+        # registration must name every version (apiVersions ["*"], as shipped).
+        return Verdict(False, _KEY_DROPPED.format(show(converted_from)), model.KEY_NOT_SERVED)
     node_name = spec.get("nodeName") if spec else None
     if not isinstance(node_name, str) or username != f"system:node:{node_name}":
         shown = show(node_name) if isinstance(node_name, str) else repr(node_name)
@@ -254,6 +268,14 @@ def _verdict(
     if decision.reason in model.BINDING_REASONS:
         return Verdict(False, _binding_message(request), BINDING_MISMATCH, detail)
     return Verdict(False, detail, decision.reason, detail)
+
+
+_KEY_DROPPED: Final = (
+    "KeyNotServed: the API server sent this webhook the request converted from {} to a version "
+    "that cannot hold its spec.pkixPublicKey and spec.proofOfPossession, so its key cannot be "
+    "checked: register the webhook for every version of podcertificaterequests "
+    '(rules[].apiVersions: ["*"], as manifests/signer/admission-webhook.yaml does)'
+)
 
 
 def _binding_message(request: model.Request) -> str:

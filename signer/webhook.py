@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import ssl
 import threading
@@ -95,14 +96,17 @@ class WebhookServer:
         try:
             verdict = await loop.run_in_executor(
                 None,
-                admission.admit,
-                review.username,
-                review.operation,
-                review.object,
-                self.served,
-                self.facts,
-                self.policy,
-                self.clock(),
+                functools.partial(
+                    admission.admit,
+                    review.username,
+                    review.operation,
+                    review.object,
+                    self.served,
+                    self.facts,
+                    self.policy,
+                    self.clock(),
+                    converted_from=review.converted_from,
+                ),
             )
         except ApiError as err:  # the API server must get an answer: fail closed
             log.warning("admission check could not read the cluster: %s", err)

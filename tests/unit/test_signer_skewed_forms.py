@@ -9,6 +9,7 @@ tests/integration/test_skewed_request_forms.py holds the same against a real 1.3
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any, cast
 
 import pytest
@@ -17,7 +18,7 @@ from cryptography import x509
 from podcert import discovery
 from podcert.api import keys, requests, versions
 from podcert.rest import ApiError, Rest
-from signer import model
+from signer import admission, model
 from signer.castore import CAStore
 from signer.controller import Controller, utcnow
 from signer.kube import KeyNotServed, SignerKube
@@ -279,3 +280,94 @@ def test_a_request_gone_from_v1beta1_is_forgotten_unsettled(
     monkeypatch.setattr(ctrl, "apply", lambda settlement: pytest.fail("nothing to write"))
     assert ctrl.reconcile((REQUEST.namespace, REQUEST.name)) is None
     assert (REQUEST.namespace, REQUEST.name) not in ctrl._store
+
+
+# --- the webhook: the 1.35 form judged as the v1 form is ------------------------------------
+
+NODE_USER = f"system:node:{REQUEST.node_name}"
+KIND_V1 = {"group": "certificates.k8s.io", "version": "v1", "kind": "PodCertificateRequest"}
+KIND_BETA = {**KIND_V1, "version": "v1beta1"}
+
+
+def admission_review(obj: dict[str, Any], kind: dict[str, str], made: dict[str, str]) -> bytes:
+    """An AdmissionReview as kube-apiserver sends it: `kind` the object's version, `made`
+    (requestKind) the version the request was made at."""
+    request = {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "kind": kind,
+        "resource": {**kind, "resource": "podcertificaterequests"},
+        "requestKind": made,
+        "namespace": REQUEST.namespace,
+        "operation": "CREATE",
+        "userInfo": {"username": NODE_USER, "groups": ["system:nodes"]},
+        "object": obj,
+    }
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    return json.dumps(body).encode()
+
+
+def verdict(body: bytes) -> admission.Verdict:
+    review = admission.parse_review(body)
+    return admission.admit(
+        review.username,
+        review.operation,
+        review.object,
+        [SIGNER],
+        lambda request: make_facts(),
+        Policy({SIGNER: POLICY}),
+        NOW,
+        converted_from=review.converted_from,
+    )
+
+
+@pytest.mark.parametrize(
+    ("obj", "kind", "made", "allowed", "reason"),
+    [
+        pytest.param(STUB_VIEW, KIND_V1, KIND_V1, True, "", id="the v1 form is admitted"),
+        pytest.param(
+            proven(), KIND_BETA, KIND_BETA, True, "", id="the 1.35 form sent as made is admitted"
+        ),
+        pytest.param(
+            proven(pod_uid="another-pod"),
+            KIND_BETA,
+            KIND_BETA,
+            False,
+            model.INVALID_PROOF_OF_POSSESSION,
+            id="the 1.35 form with a proof for another pod is refused",
+        ),
+        pytest.param(
+            STUB_VIEW,
+            KIND_V1,
+            KIND_BETA,
+            True,
+            "",
+            id="a 1.36 stub CSR converted to v1 keeps its key and is admitted",
+        ),
+        pytest.param(
+            V1_VIEW,
+            KIND_V1,
+            KIND_BETA,
+            False,
+            model.KEY_NOT_SERVED,
+            id="the 1.35 form converted to v1 (key dropped) is refused naming the registration",
+        ),
+    ],
+)
+def test_the_webhook_judges_each_form_as_the_api_server_sends_it(
+    obj: dict[str, Any], kind: dict[str, str], made: dict[str, str], allowed: bool, reason: str
+) -> None:
+    got = verdict(admission_review(obj, kind, made))
+    assert (got.allowed, got.reason) == (allowed, reason), got.message
+    if reason == model.KEY_NOT_SERVED:
+        assert "converted from 'v1beta1'" in got.message
+        assert 'apiVersions: ["*"]' in got.message
+
+
+def test_a_review_says_which_version_the_request_was_made_at() -> None:
+    assert admission.parse_review(admission_review(V1_VIEW, KIND_V1, KIND_BETA)).converted_from == (
+        "v1beta1"
+    )
+    assert (
+        admission.parse_review(admission_review(proven(), KIND_BETA, KIND_BETA)).converted_from
+        == ""
+    )
