@@ -31,10 +31,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from podcert.auditlog import (
     CHECKPOINT_ALGORITHM,
+    FORMAT,
     GENESIS,
     AuditLogError,
     Decision,
     Entry,
+    Line,
+    NewerFormatLine,
     Verification,
     encode_line,
     entry_fields,
@@ -43,6 +46,7 @@ from podcert.auditlog import (
     parse_line,
     verify,
 )
+from podcert.persisted import FormatTooNew, check_readable, format_number
 
 __all__ = [
     "GENESIS",
@@ -81,6 +85,8 @@ class AuditLog:
     """An append-only audit log file, continued across restarts. Safe to share between threads.
 
     Opening takes an exclusive flock on the file, so two writers can never fork one chain.
+    A file whose last line is in a newer format than this release writes (`FORMAT`) is refused
+    with FormatTooNew before anything is written to it, a torn tail included.
     """
 
     def __init__(
@@ -150,6 +156,8 @@ class AuditLog:
                 break
             window *= 2
         end = data.rfind(b"\n") + 1  # just past the last newline; 0 when there is none
+        last = data[data.rfind(b"\n", 0, end - 1) + 1 : end - 1] if end else b""
+        line = self._last_line(last) if last else None
         if end < len(data):
             # Lines are written whole with their newline, so bytes after the last newline are the
             # remains of a write a crash interrupted: the append() that made them never returned.
@@ -164,17 +172,28 @@ class AuditLog:
             size = start + end
             if end == 0 and start == 0:
                 return 0, 0, GENESIS, 0
-        last = data[data.rfind(b"\n", 0, end - 1) + 1 : end - 1]
+        assert line is not None  # a complete last line exists when `end` > 0
+        unsigned = 0 if line.kind == "checkpoint" else 1  # "some": the exact count is not needed
+        return size, line.seq, line_hash(last), unsigned
+
+    def _last_line(self, last: bytes) -> Line:
+        """The file's last complete line, parsed; raises (touching nothing) when it is in a newer
+        format or is no audit line at all."""
+        what = f"audit log {self.path}"
         try:
             line = parse_line(last)
-        except ValueError as err:
+            if line.kind == "checkpoint":
+                claims = jwt.decode(str(line.body.get("jwt")), options={"verify_signature": False})
+                check_readable(format_number(claims.get("format"), what), FORMAT, what)
+        except NewerFormatLine as err:
+            raise FormatTooNew(what, err.found, FORMAT) from None
+        except (ValueError, jwt.PyJWTError) as err:  # FormatUnreadable is a ValueError
             # A complete but unreadable last line is damage, not a torn write: refuse to chain a
             # new line onto it and leave the file as it is for a human to look at.
             raise AuditLogError(
-                None, f"audit log {self.path}: the last line is not an audit line: {err}"
+                None, f"{what}: the last line is not an audit line: {err}"
             ) from None
-        unsigned = 0 if line.kind == "checkpoint" else 1  # "some": the exact count is not needed
-        return size, line.seq, line_hash(last), unsigned
+        return line
 
     def _last_checkpoint_number(self) -> int:
         """The `n` of the file's last checkpoint (0 when it has none), read backwards from the
@@ -192,7 +211,9 @@ class AuditLog:
                     continue
                 try:
                     line = parse_line(raw)
-                    claims = jwt.decode(str(line.body["jwt"]), options={"verify_signature": False})
+                    claims = jwt.decode(
+                        str(line.body.get("jwt")), options={"verify_signature": False}
+                    )
                 except (ValueError, KeyError, jwt.PyJWTError):
                     continue
                 number = claims.get("n")
@@ -310,6 +331,7 @@ class AuditLog:
             "lines": self._seq,
             "n": self._checkpoints + 1,
             "iat": int(now.timestamp()),
+            "format": FORMAT,
         }
         # RFC 7515 x5c: standard (not URL-safe) base64 of each DER certificate, leaf first.
         x5c = [

@@ -9,6 +9,12 @@ silently overwrite each other. Key material is held in memory only, never logged
 
 Each step also writes the SPIFFE bundle's sequence number into the Secret (`signer.spiffebundle`),
 so every replica's bundle endpoint serves the same, never-decreasing number.
+
+The Secret carries its format (`FORMAT_KEY`, see `podcert.persisted`); one without it (0.1.0's,
+or an operator's own) is format 1. A Secret in a newer format than `FORMAT` is never written:
+`load` reports it (the signer does not start, so never leads on it), a watch event bringing one
+stops this replica from signing (`issuing` is None) and from rotating (`step` refuses), and the
+CA it held stays as it was until a Secret it reads comes back.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import base64
 import datetime as dt
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Final
 
 from cryptography import x509
 
+from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from signer import ca, model, rotation, spiffebundle
@@ -29,6 +37,10 @@ from signer.kube import SignerKube
 log = logging.getLogger("podcert.signer.ca")
 
 MANAGED_LABEL = {"app.kubernetes.io/managed-by": "podcert-signer"}
+# The Secret's format: what this release writes, and the newest it reads. Format 1 is 0.1.0's
+# Secret (0.1.0 ignores this key, so it reads and rotates a Secret this release wrote).
+FORMAT_KEY: Final = "podcert.format"
+FORMAT: Final = 1
 
 
 class CAStore:
@@ -53,6 +65,8 @@ class CAStore:
         self._version = ""
         self._sequence = 0
         self.error: str | None = None
+        # Set while the Secret is in a format this release cannot read (cleared by one it can).
+        self.too_new: FormatTooNew | None = None
         self._listeners: list[Callable[[], None]] = []
 
     @property
@@ -70,6 +84,10 @@ class CAStore:
         return current.bundle if current else None
 
     def issuing(self) -> model.IssuingCA | None:
+        """The CA that signs now; None while there is none, or while the Secret is in a newer
+        format (a newer release may have moved on from the CA this replica last read)."""
+        if self.too_new is not None:
+            return None
         bundle = self.bundle
         return ca.issuing_ca(bundle) if bundle is not None else None
 
@@ -105,6 +123,7 @@ class CAStore:
             now = self.clock()
             gens = rotation.apply([], rotation.Prepare(), now, self.settings, self._new_ca())
             data = rotation.to_secret(gens)
+            data[FORMAT_KEY] = str(FORMAT).encode()
             data[spiffebundle.SEQUENCE_KEY] = str(spiffebundle.initial_sequence(now)).encode()
             if self.kube.create_secret(self.namespace, self.secret_name, data, MANAGED_LABEL):
                 log.info("created a new root and intermediate CA in Secret %s", self.ref)
@@ -115,11 +134,25 @@ class CAStore:
 
     def _adopt(self, data: dict[str, bytes], version: str) -> list[rotation.Generation] | None:
         try:
+            self._check_format(data)
+        except FormatTooNew as err:
+            if self.too_new is None or self.too_new.found != err.found:
+                log.error("%s", err)
+            self.too_new, self.error = err, str(err)
+            return None
+        except FormatUnreadable as err:
+            self.error = str(err)
+            log.error("cannot use the CA: %s", self.error)
+            return None
+        try:
             gens = rotation.from_secret(data, self.clock())
         except ca.CAError as err:
             self.error = f"CA Secret {self.ref}: {err}"
             log.error("cannot use the CA: %s", self.error)
             return None
+        if self.too_new is not None:
+            log.warning("CA Secret %s is in format %d again: signing resumes", self.ref, FORMAT)
+            self.too_new = None
         sequence = _sequence(data, gens)
         with self._lock:
             changed = version != self._version
@@ -165,6 +198,10 @@ class CAStore:
         if found is None:
             raise ApiError(404, "NotFound", f"CA Secret {self.ref} does not exist")
         data, version = found
+        try:
+            self._check_format(data)  # a newer release's Secret is left as it is
+        except (FormatTooNew, FormatUnreadable) as err:
+            raise rotation.RotationError(str(err)) from None
         gens = rotation.from_secret(data, now)
         if any(g.id == "operator" for g in gens):
             raise rotation.RotationError(
@@ -173,6 +210,7 @@ class CAStore:
         fresh = self._new_ca() if isinstance(step, rotation.Prepare) else None
         after = rotation.apply(gens, step, now, self.settings, fresh)
         written = rotation.to_secret(after)
+        written[FORMAT_KEY] = str(FORMAT).encode()
         sequence = spiffebundle.next_sequence(
             _sequence(data, gens), rotation.trusted_roots(gens), rotation.trusted_roots(after), now
         )
@@ -186,9 +224,14 @@ class CAStore:
 
     def due(self) -> rotation.Step | None:
         gens = self.generations
-        if not gens or any(g.id == "operator" for g in gens):
+        if self.too_new is not None or not gens or any(g.id == "operator" for g in gens):
             return None
         return rotation.ca_schedule(gens, self.clock(), self.settings)
+
+    def _check_format(self, data: Mapping[str, bytes]) -> None:
+        """Raise FormatTooNew (or FormatUnreadable) unless this release reads the Secret."""
+        what = f"CA Secret {self.ref}"
+        check_readable(format_number(data.get(FORMAT_KEY), what), FORMAT, what)
 
 
 def _sequence(data: dict[str, bytes], generations: list[rotation.Generation]) -> int:

@@ -29,7 +29,14 @@ Line format (one JSON object per line, compact, ASCII, keys in this order):
 its newline (64 zeros on line 1). Checkpoint claims: `head` (hash of the line before it), `lines`
 (how many lines precede it), `n` (the checkpoint's number: 1, 2, 3... in the file, never reused;
 the signer exports the newest as a metric, so a log cut back to an earlier checkpoint shows) and
-`iat` (seconds since the epoch).
+`iat` (seconds since the epoch), and `format`.
+
+Format versions (`podcert.persisted`): `FORMAT` is what this release writes and the newest it
+reads. Format 1 is 0.1.0's log: its lines carry no `format` field and 0.1.0's checkpoints no
+`format` claim; this release writes the same lines, and checkpoints with `"format": 1` (a claim
+0.1.0 ignores, so 0.1.0 still reads and continues the log). From format 2 on every line carries
+`"format": N` after `kind`, so a reader meets a newer line as `NewerFormatLine`, not as damage:
+`verify` stops there naming the line and the format, and the writer refuses to open the file.
 """
 
 from podcert.auditlog.checkpoints import (
@@ -41,11 +48,13 @@ from podcert.auditlog.checkpoints import (
 )
 from podcert.auditlog.lines import (
     CHECKPOINT_ALGORITHM,
+    FORMAT,
     GENESIS,
     AuditLogError,
     Decision,
     Entry,
     Line,
+    NewerFormatLine,
     encode_line,
     entry_fields,
     iter_entries,
@@ -57,12 +66,14 @@ __all__ = [
     "AUDIT_SIGNING_EKU",
     "AUDIT_SPIFFE_PATH",
     "CHECKPOINT_ALGORITHM",
+    "FORMAT",
     "GENESIS",
     "AuditLogError",
     "audit_certificate_problem",
     "Decision",
     "Entry",
     "Line",
+    "NewerFormatLine",
     "Verification",
     "encode_line",
     "entry_fields",

@@ -23,12 +23,15 @@ from cryptography.x509 import verification
 from podcert.api.times import format_precise
 from podcert.auditlog.lines import (
     CHECKPOINT_ALGORITHM,
+    FORMAT,
     GENESIS,
+    NewerFormatLine,
     _as_bytes,
     _entry_from_fields,
     line_hash,
     parse_line,
 )
+from podcert.persisted import FormatUnreadable, format_number
 
 # The audit certificate's one extended key usage: "signs podcert audit log checkpoints". A UUID
 # OID (ITU-T X.667, arc 2.25), so it is unique without a registry and no other issuer uses it.
@@ -119,6 +122,12 @@ def _check_checkpoint(
         )
     except jwt.PyJWTError as err:
         return _Checked([f"{where} signature invalid: {err}"])
+    try:
+        found = format_number(claims.get("format"), f"{where} claims")
+    except FormatUnreadable as err:
+        return _Checked([str(err)])
+    if found > FORMAT:
+        return _Checked([f"{where} is {NewerFormatLine(found)}"])
     claimed_head, claimed_lines = claims.get("head"), claims.get("lines")
     number, iat = claims.get("n"), claims.get("iat")
     if (
@@ -260,6 +269,11 @@ def verify(
         try:
             line = parse_line(data)
             entry = _entry_from_fields(line.body) if line.kind == "entry" else None
+        except NewerFormatLine as err:
+            # Written by a newer release: nothing from here on can be judged by this one.
+            problems.append(f"line {line_no}: {err}; lines {line_no}.. were not read")
+            broken.append(line_no)
+            break
         except ValueError as err:
             problems.append(f"line {line_no}: {err}")
             broken.append(line_no)

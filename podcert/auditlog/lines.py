@@ -15,15 +15,31 @@ from dataclasses import dataclass, fields
 from typing import Any, Final, Literal, get_args
 
 from podcert.api.times import format_precise
+from podcert.persisted import FormatUnreadable, format_number
 
 Decision = Literal["issued", "denied", "failed"]
 
 GENESIS: Final = "0" * 64  # the `prev` of line 1
+# The log's format: what this release writes, and the newest it reads (`podcert.persisted`).
+# Format 1 is 0.1.0's; its lines carry no `format` field (so 0.1.0 reads and continues a log this
+# release wrote), its checkpoints carry the claim. From format 2 on every line carries `format`,
+# which is how a reader that knows only format 1 tells a newer line from a damaged one.
+FORMAT: Final = 1
 CHECKPOINT_ALGORITHM: Final = "ES256"
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 _HEX: Final = re.compile(r"[0-9a-fA-F]+")
 _FRAME_KEYS: Final = ("seq", "prev", "kind")
-_CHECKPOINT_KEYS: Final = frozenset({*_FRAME_KEYS, "jwt"})
+_CHECKPOINT_KEYS: Final = frozenset({*_FRAME_KEYS, "format", "jwt"})
+
+
+class NewerFormatLine(ValueError):
+    """A line in a newer format than this release reads: not damage, and not readable here."""
+
+    def __init__(self, found: int) -> None:
+        super().__init__(
+            f"in audit log format {found}, newer than format {FORMAT}, the newest read"
+        )
+        self.found = found
 
 
 class AuditLogError(Exception):
@@ -66,7 +82,7 @@ class Entry:
 
 
 _ENTRY_FIELDS: Final = tuple(f.name for f in fields(Entry))
-_ENTRY_KEYS: Final = frozenset({*_FRAME_KEYS, *_ENTRY_FIELDS})
+_ENTRY_KEYS: Final = frozenset({*_FRAME_KEYS, "format", *_ENTRY_FIELDS})
 _TIME_FIELDS: Final = frozenset({"time", "not_before", "not_after"})
 _OPTIONAL_FIELDS: Final = frozenset({"spiffe_id", "serial", "not_before", "not_after"})
 
@@ -149,6 +165,13 @@ def parse_line(data: bytes) -> Line:
         raise ValueError("nested too deeply to be an audit log line") from None
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
+    try:
+        found = format_number(obj.get("format"), "line")
+    except FormatUnreadable as err:
+        raise ValueError(str(err)) from None
+    if found > FORMAT:
+        # Before any other check: a newer format may frame its lines differently.
+        raise NewerFormatLine(found)
     seq, prev, kind = obj.get("seq"), obj.get("prev"), obj.get("kind")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         raise ValueError(f"seq must be a positive integer, not {seq!r}")

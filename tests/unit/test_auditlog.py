@@ -238,6 +238,7 @@ def test_line_format(tmp_path: Path, pki: Pki) -> None:
         "lines": 4,
         "n": 1,
         "iat": int(T0.timestamp()) + 4,
+        "format": 1,  # the log's format; its lines carry none while it is 1 (0.1.0 reads them)
     }
 
 
