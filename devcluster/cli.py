@@ -249,7 +249,8 @@ def register(subparsers: Any) -> None:
         "--timeout",
         type=float,
         default=upgrade.READY_TIMEOUT,
-        help="seconds to wait for each component (default: %(default)s)",
+        help="seconds the whole upgrade may take, each component answering before the next "
+        "stops (default: %(default)s)",
     )
     add("down", "stop everything `up` and `kubelet` started, remove the kubelets' roots", _down)
     add("status", "say whether the devcluster runs, and its kubelets", _status)

@@ -318,7 +318,7 @@ def restart_kubelet(
     stop_process(state.kubelet_pid, state.kubelet_binary, 15.0)
     folder = node_dir(root, node)
     if state.kind == REAL:
-        _retarget_config(folder / "kubelet.yaml", version)
+        retarget_config(folder / "kubelet.yaml", version)
     log = folder / "kubelet.log"
     offset, before, old_root = (
         nodestate.file_size(log),
@@ -355,7 +355,9 @@ def retargeted_args(args: tuple[str, ...], binary: Path, kube_version: str) -> t
     return (str(binary), *kept, *(feature_gate_flags(kube_version) if hollow else ()))
 
 
-def _retarget_config(path: Path, kube_version: str) -> None:
+def retarget_config(path: Path, kube_version: str) -> None:
+    """A real kubelet's config file moved to another minor: that minor's feature gates, the
+    rest kept."""
     config = yaml.safe_load(path.read_text())
     config["featureGates"] = feature_gates(kube_version)
     path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -5,12 +5,14 @@ running cluster."""
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import json
 from pathlib import Path
 
 import pytest
+import yaml
 
-from devcluster import build, cluster, identities, nodes, skew, upgrade
+from devcluster import build, cluster, identities, nodeconfig, nodes, skew, upgrade
 from devcluster.hollow import kubemark_args
 from devcluster.skew import (
     CONTROLLER_MANAGER,
@@ -282,6 +284,29 @@ def test_an_upgraded_real_kubelet_keeps_its_flags_its_gates_live_in_its_config()
     old = ("/c/kubelet-v1.36.3", "--config=/n/kubelet.yaml", "--root-dir=/r", "--v=1")
     new = nodes.retargeted_args(old, Path("/c/kubelet-v1.37.2"), "1.35")
     assert new == ("/c/kubelet-v1.37.2", "--config=/n/kubelet.yaml", "--root-dir=/r", "--v=1")
+
+
+def test_an_upgraded_real_kubelets_config_gets_the_new_minors_gates_and_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    def config(version: str) -> dict[str, object]:
+        return nodeconfig.kubelet_config(
+            kube_version=version,
+            folder=tmp_path,
+            socket=tmp_path / "c.sock",
+            cgroup="/podcert-devcluster-n",
+            address="192.0.2.2",
+            port=10250,
+            ca_file=tmp_path / "ca.crt",
+            max_pods=300,
+            sync_frequency=dt.timedelta(seconds=10),
+        )
+
+    path = tmp_path / "kubelet.yaml"
+    path.write_text(yaml.safe_dump(config("1.35"), sort_keys=False))
+    nodes.retarget_config(path, "1.37")
+    assert yaml.safe_load(path.read_text()) == config("1.37")
+    assert config("1.37") != config("1.35")
 
 
 # --- the recorded state --------------------------------------------------------------------------
