@@ -8,6 +8,10 @@ transient trouble), `build` the agent, start it, wait for SIGTERM/SIGINT and sto
 | `Agent` (+ its pool)   | the node's pods, requests and trust bundles -> files in volumes  |
 | `AtomicDirStorage`     | the kubelet's projected volumes under `--root`, atomically       |
 | metrics server         | /metrics, /healthz, /readyz                                      |
+
+/healthz is the runtime's (every long-running thread alive) and the node identity's: unhealthy
+while the API server keeps refusing it (`podcert.refusals`), so a node certificate that expired
+unrenewed restarts the shim instead of leaving it answering every new pod with a 401.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import datetime as dt
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,7 +67,8 @@ def run(config: Config) -> int:
         if config.cleanup_kubeconfig or config.cleanup_in_cluster
         else None
     )
-    api = ShimKube(Rest(load_client(config.kubeconfig)), config.node_name, cleanup)
+    rest = Rest(load_client(config.kubeconfig))
+    api = ShimKube(rest, config.node_name, cleanup)
     # Start-up waits out transient API trouble (and a node not registered yet) instead of
     # crashing into a restart loop.
     try:
@@ -89,6 +95,7 @@ def run(config: Config) -> int:
         config.root,
     )
     shim = build(config, api, runtime)
+    shim.identity_healthy = rest.refusals.healthy  # the node's; not the clean-up identity's
     shim.start()
     runtime.wait()
     log.info("shutting down")
@@ -105,6 +112,10 @@ class Shim:
     runtime: Runtime
     agent: Agent
     server: health.BoundedHTTPServer | None = None
+    identity_healthy: Callable[[], bool] = lambda: True  # the API server accepts the node
+
+    def healthy(self) -> bool:
+        return self.runtime.healthy() and self.identity_healthy()
 
     def start(self) -> None:
         config, runtime = self.config, self.runtime
@@ -116,7 +127,7 @@ class Shim:
             self.agent.metrics,
             config.metrics_port,
             runtime.ready,
-            runtime.healthy,
+            self.healthy,
             host=config.metrics_host,
         )
         log.info("metrics on port %d", self.server.server_address[1])

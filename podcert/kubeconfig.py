@@ -10,21 +10,22 @@ plugins (the cloud providers' kubeconfigs) give bearer tokens: `podcert.execcred
 
 A projected service-account token rotates (the kubelet rewrites it well before it expires), so a
 token file is read again at most every `TOKEN_REREAD_PERIOD` seconds, as client-go's cached
-file token source does. Messages never quote a credential (token, key, proxy password).
+file token source does; a client certificate and key named as files (the kubelet renews its
+own) are followed as client-go follows them (`podcert.clientcerts`). Messages never quote a
+credential (token, key, proxy password).
 """
 
 from __future__ import annotations
 
 import binascii
-import contextlib
+import functools
 import logging
 import os
 import ssl
 import stat
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from podcert import proxies
+from podcert.clientcerts import CertFiles, memory_file, subject_of
 from podcert.errors import ConfigError
 from podcert.execcredential import ExecError, ExecToken
 
@@ -89,11 +91,22 @@ class ClientSettings:
     tls_server_name: str | None = None  # the name to verify instead of the server's host
     proxy: str | None = field(default=None, repr=False)  # http://[user:pass@]host:port
     source: str = ""  # "kubeconfig PATH" or "in-cluster configuration", for messages
+    # Client certificate and key files, followed as they are replaced (`ssl_context`: the first)
+    client_certs: CertFiles | None = field(default=None, repr=False)
+    identity: str = ""  # who the credentials say we are, for messages: never a secret
 
     @property
     def client_settings(self) -> ClientSettings:
         """Itself: what `Rest` asks of anything it is built from."""
         return self
+
+    def who(self) -> str:
+        """The identity presented now (a client certificate's subject and file, a token's
+        source), for messages."""
+        parts = [self.identity] if self.identity else []
+        if self.client_certs is not None:
+            parts.insert(0, self.client_certs.identity)
+        return " and ".join(parts) or f"no credentials ({self.source or 'client settings'})"
 
 
 def load(kubeconfig: Path | None) -> ClientSettings:
@@ -124,7 +137,8 @@ def in_cluster(
         proxy = _env_proxy(server, environ)
     except ClientConfigError as err:
         raise ClientConfigError(f"{where}: {err}") from None
-    return ClientSettings(server, context, token, proxy=proxy, source=where)
+    identity = f"service account token {account / 'token'}"
+    return ClientSettings(server, context, token, proxy=proxy, source=where, identity=identity)
 
 
 def from_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> ClientSettings:
@@ -205,10 +219,11 @@ def _from_document(
         raise ClientConfigError(f"{what}: server has no valid port") from None
     user_name = _string(context, "user", f"context {current!r}")
     user = _named(doc, "users", user_name, "user") if user_name is not None else {}
-    token, chain = _credentials(user, f"user {user_name!r}", base)
+    who = f"user {user_name!r}"
+    token, chain = _credentials(user, who, base)
 
     _one_of(cluster, "certificate-authority", what)
-    context_ = None
+    context_, certs = None, None
     if parts.scheme == "https":
         ca_data = _decoded(cluster, "certificate-authority-data", what)
         ca_file = _string(cluster, "certificate-authority", what)
@@ -218,14 +233,21 @@ def _from_document(
             raise ClientConfigError(
                 f"{what}: insecure-skip-tls-verify and a certificate-authority both set"
             )
-        context_ = _context(
+        make = functools.partial(
+            _context,
             cafile=base / ca_file if ca_file and not ca_data else None,
             cadata=ca_data,
             insecure=insecure,
             what=what,
         )
+        context_ = make()
         if chain is not None:
-            _load_chain(context_, chain, f"user {user_name!r}")
+            cert, key = chain
+            if isinstance(cert, Path) and isinstance(key, Path):
+                certs = _cert_files(cert, key, make, who)  # re-read as client-go does
+                context_ = certs.current()[1]
+            else:
+                _load_chain(context_, chain, who)
     elif chain is not None or token is not None:
         # client-go never sends credentials over plain http (it drops them); sending a token in
         # clear text would be worse than refusing.
@@ -240,7 +262,33 @@ def _from_document(
         tls_server_name=_string(cluster, "tls-server-name", what) if context_ else None,
         proxy=proxy or _env_proxy(server, environ),
         source=where,
+        client_certs=certs,
+        identity=_identity(user, chain if certs is None else None, base, where),
     )
+
+
+def _identity(user: Mapping[str, Any], chain: Chain | None, base: Path, where: str) -> str:
+    """Who a kubeconfig user's credentials say it is, named without any secret."""
+    parts = []
+    if chain is not None and isinstance(chain[0], bytes):
+        parts.append(f"client certificate {subject_of(chain[0]) or '(no subject)'} in {where}")
+    if user.get("exec") is not None:
+        parts.append(f"exec credential plugin in {where}")
+    elif user.get("tokenFile") or user.get("token"):
+        token_file = user.get("tokenFile")
+        parts.append(f"bearer token from {base / str(token_file) if token_file else where}")
+    return " and ".join(parts)
+
+
+def _cert_files(cert: Path, key: Path, make: Callable[[], ssl.SSLContext], who: str) -> CertFiles:
+    """A client certificate and key from files, read again as they change."""
+
+    def build(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+        context = make()
+        _load_chain(context, (cert_pem, key_pem), who)
+        return context
+
+    return CertFiles(cert, key, lambda path, what: _read(path, f"{who}: {what}"), build)
 
 
 # What client-go can do with a user and podcert does not: each named, so a kubeconfig that
@@ -427,18 +475,11 @@ def _load_chain(context: ssl.SSLContext, chain: Chain, what: str) -> None:
         return b""
 
     try:
-        if isinstance(cert, Path) and isinstance(key, Path):
-            for name, path in (("client-certificate", cert), ("client-key", key)):
-                if not path.is_file():  # OpenSSL would block on a FIFO
-                    why = "not a regular file" if path.exists() else "no such file"
-                    raise ClientConfigError(f"{what}: {name} {path}: {why}")
-            context.load_cert_chain(cert, key, password=no_passphrase)
-            return
         pem = b"".join(
             _read(part, name) if isinstance(part, Path) else part
             for name, part in (("client-certificate", cert), ("client-key", key))
         )
-        with _memory_file(pem) as name:
+        with memory_file(pem) as name:
             context.load_cert_chain(name, password=no_passphrase)
     except (ssl.SSLError, ValueError) as err:
         if asked:
@@ -450,26 +491,6 @@ def _load_chain(context: ssl.SSLContext, chain: Chain, what: str) -> None:
         raise ClientConfigError(f"{what}: {why}") from None
     except OSError as err:
         raise ClientConfigError(f"{what}: client certificate: {err.strerror}") from None
-
-
-@contextlib.contextmanager
-def _memory_file(data: bytes) -> Iterator[str]:
-    """A file name from which `data` can be read until the block ends, then gone."""
-    memfd = getattr(os, "memfd_create", None)
-    path = ""
-    if memfd is not None and Path("/proc/self/fd").is_dir():
-        fd = memfd("podcert-client", os.MFD_CLOEXEC)
-        name = f"/proc/self/fd/{fd}"
-    else:
-        fd, path = tempfile.mkstemp(prefix="podcert-client-")  # mode 0600
-        name = path
-    try:
-        os.write(fd, data)
-        yield name
-    finally:
-        os.close(fd)
-        if path:
-            Path(path).unlink(missing_ok=True)
 
 
 def _env_proxy(server: str, environ: Mapping[str, str]) -> str | None:

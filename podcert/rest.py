@@ -29,6 +29,7 @@ import msgspec
 
 from podcert import __version__, pages, transport
 from podcert.kubeconfig import ClientConfigError, ClientSettings, load
+from podcert.refusals import Refusals
 
 __all__ = ["ClientConfigError", "ClientSettings"]  # re-exported: their home is podcert.kubeconfig
 
@@ -119,7 +120,10 @@ class Rest:
     reason Unavailable (no answer, or it broke off: a write may or may not have been applied,
     and is never sent twice by this client) or BadResponse (an answer that is not HTTP/1.1 as
     h11 reads it, or a body that is not the JSON asked for). A token source that hands out what
-    is not a header value is a ClientConfigError."""
+    is not a header value is a ClientConfigError.
+
+    Every answer is told to `refusals`, which judges whether the API server keeps refusing the
+    identity (`podcert.refusals`: what a process's /healthz reports)."""
 
     def __init__(
         self, client: HasClientSettings, timeout: float = 30.0, user_agent: str = USER_AGENT
@@ -129,6 +133,7 @@ class Rest:
         self._user_agent = user_agent
         self._endpoint = transport.Endpoint.of(self.settings)
         self._pool = transport.Pool(self._endpoint)
+        self.refusals = Refusals(self.settings.who)
         # A Rest dropped without close() (tests make one per call) closes its connections too.
         self._finalizer = weakref.finalize(self, self._pool.close)
         self._fixed = (
@@ -184,9 +189,11 @@ class Rest:
         connect, read = limit if isinstance(limit, tuple) else (limit, limit)
         head = self._head(method, target, content_type, len(data) if data is not None else None)
         try:
-            return self._pool.send(head, data, method, connect, read)
+            resp = self._pool.send(head, data, method, connect, read)
         except OSError as err:  # refused, reset, timed out, TLS refused, not HTTP
             raise self._unavailable(err) from None
+        self.refusals.answer(method, resp.status)
+        return resp
 
     def _unavailable(self, err: OSError) -> ApiError:
         if isinstance(err, transport.ProtocolError):

@@ -23,12 +23,13 @@ net/http rules, which client-go follows): nothing of it was written, or its meth
 HEAD, OPTIONS, TRACE) and no byte of an answer came back. A POST, PUT, PATCH or DELETE that was
 written is never sent again: its caller learns the outcome is unknown. Every failure is an
 `OSError` (`ProtocolError` for an answer that is not HTTP/1.1 as h11 reads it); the connection
-it happened on is closed, never reused.
+it happened on is closed, never reused. A client certificate read from files that was replaced
+(`podcert.clientcerts`) retires the connections made with the old one: each is closed instead
+of reused once its request ends, so the next request presents the new pair.
 """
 
 from __future__ import annotations
 
-import base64
 import io
 import re
 import select
@@ -36,11 +37,11 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final, Protocol, cast
-from urllib.parse import unquote, urlsplit
 
-from podcert.kubeconfig import ClientSettings
+from podcert.endpoints import Endpoint
+
+__all__ = ["Endpoint"]  # re-exported: its home is podcert.endpoints
 
 MAX_LINE: Final = 64 * 1024  # a status line, header or chunk-size line longer is not HTTP we read
 MAX_HEADERS: Final = 200
@@ -74,63 +75,19 @@ class Unsent(ConnectionError):
     """A connection failed before any byte of the request was written on it."""
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """Where the bytes go: the API server (through a proxy's CONNECT tunnel, if any)."""
-
-    host: str
-    port: int
-    context: ssl.SSLContext | None
-    server_hostname: str  # what TLS checks the certificate against
-    prefix: str  # a path the server URL carries, before every API path
-    proxy: tuple[str, int] | None = None
-    proxy_auth: str | None = None  # a Proxy-Authorization value (never in a message)
-
-    @classmethod
-    def of(cls, settings: ClientSettings) -> Endpoint:
-        parts = urlsplit(settings.server)
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        proxy, auth = None, None
-        if settings.proxy:
-            p = urlsplit(settings.proxy)
-            proxy = (p.hostname or "", p.port or 80)
-            if p.username is not None:
-                creds = f"{unquote(p.username)}:{unquote(p.password or '')}".encode()
-                auth = "Basic " + base64.b64encode(creds).decode()
-        return cls(
-            host,
-            port,
-            settings.ssl_context if parts.scheme == "https" else None,
-            settings.tls_server_name or host,
-            parts.path.rstrip("/"),
-            proxy,
-            auth,
-        )
-
-    @property
-    def where(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-    @property
-    def host_header(self) -> str:
-        default = 443 if self.context is not None else 80
-        return self.where if self.port != default else self.where.rsplit(":", 1)[0]
-
-
 class Connection:
     """One TCP (and TLS) connection, used by one request at a time."""
 
     def __init__(self, endpoint: Endpoint, timeout: float) -> None:
         target = endpoint.proxy or (endpoint.host, endpoint.port)
+        self.generation, context = endpoint.tls()  # the client certificate it presents
         sock = socket.create_connection(target, timeout=timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if endpoint.proxy is not None:
                 _tunnel(sock, endpoint)
-            if endpoint.context is not None:
-                sock = endpoint.context.wrap_socket(sock, server_hostname=endpoint.server_hostname)
+            if context is not None:
+                sock = context.wrap_socket(sock, server_hostname=endpoint.server_hostname)
         except BaseException:
             sock.close()
             raise
@@ -472,7 +429,13 @@ class Pool:
     def release(self, response: Response) -> None:
         """The response's connection back to the pool, or closed when it cannot be reused."""
         conn = response.conn
-        if response.done and response.keep and not self._closed and len(self._idle) < self.keep:
+        if (
+            response.done
+            and response.keep
+            and not self._closed
+            and len(self._idle) < self.keep
+            and self._current(conn)
+        ):
             conn.reused = True
             self._idle.append(conn)
         else:
@@ -492,6 +455,11 @@ class Pool:
                 conn = self._idle.pop()  # the most recently used: least likely closed
             except IndexError:
                 return None
-            if not conn.idle_closed():
+            if self._current(conn) and not conn.idle_closed():
                 return conn
             conn.close()
+
+    def _current(self, conn: Connection) -> bool:
+        """Whether `conn` presents the client certificate in use: one made with a replaced pair
+        is not used again, so a renewed certificate takes over as soon as connections are idle."""
+        return self.endpoint.contexts is None or conn.generation == self.endpoint.tls()[0]

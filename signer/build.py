@@ -17,6 +17,10 @@ piece does one job and learns of the others only through the callbacks wired her
 | `BundleServer`           | the SPIFFE bundle endpoint (optional)                         |
 | `Federator` (+ pool)     | federated trust domains' bundles, polled and published (leader) |
 | metrics server           | /metrics, /healthz, /readyz                                   |
+
+/healthz is the runtime's (every long-running thread alive) and the signer's identity's:
+unhealthy while the API server keeps refusing it (`podcert.refusals`: a revoked token, a
+deleted service account), which no retry can fix and a restart may.
 """
 
 from __future__ import annotations
@@ -168,12 +172,13 @@ class Signer:
         # webhook and the bundle endpoint (which start last) accept connections, it says no.
         wired = threading.Event()
         runtime.ready_when(wired.is_set)
-        # /healthz is the runtime's: a dead rotation loop, reflector or worker shows.
+        # /healthz: a dead rotation loop, reflector or worker shows, and an identity refused.
+        refusals = self.kube.rest.refusals
         self.server = metrics.serve(
             self.metrics,
             config.metrics_port,
             runtime.ready,
-            runtime.healthy,
+            lambda: runtime.healthy() and refusals.healthy(),
             host=config.metrics_host,
             limits=config.metrics_limits,
         )

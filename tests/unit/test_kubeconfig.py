@@ -9,6 +9,7 @@ import base64
 import logging
 import os
 import ssl
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -362,7 +363,7 @@ def test_key_bytes_never_reach_a_file_that_stays(
     monkeypatch.delattr(os, "memfd_create", raising=False)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    monkeypatch.setattr(kc.tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     seen: list[int] = []
     load_cert_chain = ssl.SSLContext.load_cert_chain
 
