@@ -5,6 +5,16 @@ as read, who we are, when we last saw its record change (our own monotonic clock
 holder's timestamps, so clock skew between replicas cannot steal a lease) and the settings. The
 elector applies it with a resourceVersion-guarded write; a leader that cannot renew within the
 renew deadline steps down at once and stops issuing.
+
+A holder's lease is judged by the duration the holder wrote (`spec.leaseDurationSeconds`), as
+client-go's `isLeaseValid` does, not by our own: during a rolling update that changes
+--lease-duration, a standby with a shorter one would otherwise take the lease while the holder,
+still inside its own renew deadline, leads. `honoured_duration` says what is honoured: the
+holder's value when it is a whole number of seconds from 1 to `MAX_HONOURED`; our own when it is
+missing, zero, negative or not a number (client-go would take such a lease at once: a holder
+that wrote no duration is more likely a foreign writer than one that meant "take it now"); and
+`MAX_HONOURED` for a larger one, so a dead holder's absurd claim (a day, a year) cannot keep
+every replica from leading for that long. A released lease (no holder) is taken at once.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from podcert.api.times import format_micro_time
 from podcert.rest import JSON, ApiError, Rest, path_of
@@ -23,6 +33,14 @@ from podcert.rest import JSON, ApiError, Rest, path_of
 log = logging.getLogger("podcert.signer.leader")
 
 GV = "coordination.k8s.io/v1"
+MAX_HONOURED: Final = 3600.0  # seconds: the longest lease duration a holder is taken at
+RECORD: Final = (
+    "holderIdentity",
+    "renewTime",
+    "leaseTransitions",
+    "leaseDurationSeconds",
+    "acquireTime",
+)
 
 
 @dataclass(frozen=True)
@@ -35,20 +53,31 @@ class LeaseSettings:
 Action = Literal["acquire", "renew", "wait"]
 
 
+def honoured_duration(written: object, own: float) -> float:
+    """How long a holder's lease lasts without renewal, from the `leaseDurationSeconds` it wrote
+    (any JSON value, or None when absent) and our own duration."""
+    if isinstance(written, bool) or not isinstance(written, int) or written <= 0:
+        return own
+    return min(float(written), MAX_HONOURED)
+
+
 def decide_lease(
     holder: str | None,
     me: str,
     seen_change_at: float | None,
     now: float,
     settings: LeaseSettings,
+    holder_duration: object = None,
 ) -> Action:
     """`holder` from the lease (None when absent or released); `seen_change_at` is when this
-    process last observed the lease record change (monotonic seconds)."""
+    process last observed the lease record change (monotonic seconds); `holder_duration` the
+    lease's `spec.leaseDurationSeconds` as read (`honoured_duration`)."""
     if holder == me:
         return "renew"
     if not holder:
         return "acquire"
-    if seen_change_at is None or now - seen_change_at >= settings.duration:
+    duration = honoured_duration(holder_duration, settings.duration)
+    if seen_change_at is None or now - seen_change_at >= duration:
         return "acquire"  # the holder stopped renewing
     return "wait"
 
@@ -81,7 +110,8 @@ class Elector:
 
     def _observe(self, lease: JSON | None) -> str | None:
         spec: Mapping[str, Any] = (lease or {}).get("spec") or {}
-        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseTransitions"))
+        # The whole record, as client-go compares it: any write of the holder's is a sign of life.
+        record = tuple(spec.get(k) for k in RECORD)
         if record != self._record:
             self._record = record
             self._seen_change_at = self.clock()
@@ -111,8 +141,14 @@ class Elector:
         """One acquire-or-renew round: (we hold the lease afterwards, the holder we saw)."""
         lease = self.rest.get(self.path)
         holder = self._observe(lease)
+        spec = (lease or {}).get("spec") or {}
         action = decide_lease(
-            holder, self.identity, self._seen_change_at, self.clock(), self.settings
+            holder,
+            self.identity,
+            self._seen_change_at,
+            self.clock(),
+            self.settings,
+            spec.get("leaseDurationSeconds"),
         )
         if action == "wait":
             return False, holder
