@@ -99,7 +99,15 @@ class SignerKube:
         self.pcr_version, ctb = certificates_versions(self.rest, trust_bundles=trust_bundles)
         self.ctb_version = ctb or self.ctb_version
         fallback = key_fallback(self.pcr_version)
-        self.fallback_served = fallback is not None and serves(self.rest, fallback)
+        if fallback is not None:
+            self.fallback_served = serves(self.rest, fallback)
+            log.info(
+                "requests whose %s view holds no key (made by 1.35 kubelets) %s",
+                group_version(self.pcr_version),
+                f"are read through {group_version(fallback)}"
+                if self.fallback_served
+                else f"are denied KeyNotServed: {group_version(fallback)} serves no requests",
+            )
         return self.pcr_version
 
     def _pcrs(self, namespace: str | None = None, name: str = "") -> str:
