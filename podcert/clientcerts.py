@@ -106,10 +106,9 @@ class CertFiles:
         self.cert, self.key = cert, key
         self._read, self._build, self.period, self.clock = read, build, period, clock
         cert_pem, key_pem = self._pair()
-        self._context = build(cert_pem, key_pem)
+        self._current = (0, build(cert_pem, key_pem))  # (generation, context): one read
         self._subject = subject_of(cert_pem)
         self._seen = Seen(clock(), digest_of(cert_pem, key_pem))
-        self._generation = 0
         self._lock = threading.Lock()
 
     @property
@@ -125,12 +124,12 @@ class CertFiles:
     def current(self) -> tuple[int, ssl.SSLContext]:
         """(generation, context) for a new connection; the files read again when due."""
         if not due(self._seen, self.clock(), self.period):
-            return self._generation, self._context
+            return self._current
         with self._lock:
             now = self.clock()
             if due(self._seen, now, self.period):
                 self._look(now)
-            return self._generation, self._context
+            return self._current
 
     def _pair(self) -> tuple[bytes, bytes]:
         cert = self._read(self.cert, "client-certificate")
@@ -155,8 +154,7 @@ class CertFiles:
         except ConfigError as err:
             self._seen = self._refuse(seen, digest, err)
             return
-        self._context, self._subject = context, subject_of(cert)
-        self._generation += 1
+        self._current, self._subject = (self._current[0] + 1, context), subject_of(cert)
         self._seen = replace(seen, loaded=digest, refused=None)
         log.info(
             "client certificate from %s replaced: now %s; new connections present it",
