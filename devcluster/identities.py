@@ -1,6 +1,7 @@
 """The devcluster's folder layout and its identities: the CA, the API server's serving
 certificate, the admin and control-plane client certificates, and the kubeconfigs that carry them.
-Made once per folder; re-pointed at the current port on each start."""
+Made once per folder; re-pointed at the current port on each start. A node identity can also be
+kept as the kubelet keeps its own client certificate, renewed in place (`node_client_files`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from devcluster import pki
 
@@ -40,6 +45,13 @@ class Paths:
 
     def component_kubeconfig(self, component: str) -> Path:
         return self.root / f"{component}.kubeconfig"
+
+    def node_pki(self, node: str) -> Path:
+        """Where a node kept as the kubelet keeps itself holds its client certificates."""
+        return self.root / "nodes" / f"{node}-pki"
+
+    def node_files_kubeconfig(self, node: str) -> Path:
+        return self.root / "nodes" / f"{node}-files.kubeconfig"
 
 
 def kubeconfig(server: str, ca_pem: bytes, user: str, creds: dict[str, str]) -> str:
@@ -157,3 +169,66 @@ def admin_ssl(paths: Paths) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(paths.pki / "ca.crt"))
     ctx.load_cert_chain(str(paths.pki / "admin.crt"), str(paths.pki / "admin.key"))
     return ctx
+
+
+def node_client_pair(
+    paths: Paths, node: str, not_before: dt.datetime, not_after: dt.datetime
+) -> pki.KeyPair:
+    """A client certificate for node `node` (CN=system:node:<node>, O=system:nodes) valid from
+    `not_before` to `not_after`, as exactly as the test asks (a lifetime of seconds, so the API
+    server refuses it once it passes), signed by the cluster's CA."""
+    ca = load_ca(paths)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}"),
+        ]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        # A client certificate only: what the kubelet's certificate manager asks for.
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return pki.KeyPair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
+
+
+def node_client_files(paths: Paths, node: str, server: str, pair: pki.KeyPair) -> Path:
+    """Node `node`'s identity kept as the kubelet keeps its own client certificate: each pair in
+    a dated file `kubelet-client-<serial>.pem` (certificate, then key, mode 0600) under
+    `paths.node_pki(node)`, `kubelet-client-current.pem` a link to the newest, and a kubeconfig
+    that names that link as both client-certificate and client-key. Called again with a new
+    pair, it renews in place as the kubelet does: the new file written, then the link swapped
+    by a rename, so a reader of the link finds one whole pair or the other. Returns the
+    kubeconfig's path."""
+    folder = paths.node_pki(node)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    serial = x509.load_pem_x509_certificate(pair.cert_pem).serial_number
+    dated = folder / f"kubelet-client-{serial:x}.pem"
+    pki.write_private(dated, pair.cert_pem + pair.key_pem)
+    current = folder / "kubelet-client-current.pem"
+    link = folder / ".kubelet-client-current.pem.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(dated.name)
+    link.replace(current)
+    out = paths.node_files_kubeconfig(node)
+    creds = {"client-certificate": str(current), "client-key": str(current)}
+    text = kubeconfig(server, load_ca(paths).cert_pem, f"system:node:{node}", creds)
+    pki.write_private(out, text.encode())
+    return out
