@@ -315,11 +315,10 @@ def restart_kubelet(
         binary = build.ensure_kubelet(version, hollow=state.kind == HOLLOW, progress=progress)
         args = retargeted_args(state.kubelet_args, binary, version)
         state = replace(state, kube_version=version, kubelet_args=args)
+        if state.kind == REAL:  # read by the kubelet at its start only
+            retarget_config(node_dir(root, node) / "kubelet.yaml", version)
     stop_process(state.kubelet_pid, state.kubelet_binary, 15.0)
-    folder = node_dir(root, node)
-    if state.kind == REAL:
-        retarget_config(folder / "kubelet.yaml", version)
-    log = folder / "kubelet.log"
+    log = node_dir(root, node) / "kubelet.log"
     offset, before, old_root = (
         nodestate.file_size(log),
         hollow_kubelet.runtime_sockets(),
