@@ -174,9 +174,9 @@ def admin_ssl(paths: Paths) -> ssl.SSLContext:
 def node_client_pair(
     paths: Paths, node: str, not_before: dt.datetime, not_after: dt.datetime
 ) -> pki.KeyPair:
-    """A client certificate for node `node` (CN=system:node:<node>, O=system:nodes) valid from
-    `not_before` to `not_after`, as exactly as the test asks (a lifetime of seconds, so the API
-    server refuses it once it passes), signed by the cluster's CA."""
+    """A client certificate for node `node` (CN=system:node:<node>, O=system:nodes), signed by
+    the cluster's CA, valid exactly from `not_before` to `not_after`: a lifetime of seconds
+    makes one the API server refuses (401) once it has passed."""
     ca = load_ca(paths)
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
