@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 
+from devcluster import kube
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
@@ -112,3 +115,37 @@ def events_for(devcluster: DevCluster, pcr: JSON, timeout: float = 5.0) -> list[
         return items or None
 
     return eventually(probe, timeout=timeout, what=f"an event on {name}")
+
+
+SHIPPED_WEBHOOK = (
+    Path(__file__).resolve().parents[2] / "manifests" / "signer" / "admission-webhook.yaml"
+)
+
+
+def register_webhook(
+    devcluster: DevCluster,
+    namespace: str,
+    port: int,
+    signer: str,
+    *,
+    name: str | None = None,
+    api_versions: list[str] | None = None,
+) -> None:
+    """The shipped webhook registration for `signer` only, pointed at a signer serving its
+    webhook on loopback `port` with the CA of the Secret `podcert-ca` in `namespace`; renamed
+    and its rule's apiVersions replaced when given."""
+    secret = Rest(devcluster.admin).request(
+        "GET", path_of("v1", "secrets", namespace, "podcert-ca")
+    )
+    config = yaml.safe_load(SHIPPED_WEBHOOK.read_text())
+    if name is not None:
+        config["metadata"]["name"] = name
+    hook = config["webhooks"][0]
+    if api_versions is not None:
+        hook["rules"][0]["apiVersions"] = api_versions
+    hook["matchConditions"][0]["expression"] = f"object.spec.signerName in ['{signer}']"
+    hook["clientConfig"] = {
+        "url": f"https://localhost:{port}/validate-podcertificaterequests",
+        "caBundle": secret["data"]["ca.crt"],
+    }
+    kube.apply(devcluster.admin, [config])

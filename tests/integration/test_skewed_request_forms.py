@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cryptography import x509
 
 from bundles import formats
@@ -41,7 +40,7 @@ from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm
 from podcert.api.versions import group_version
 from podcert.cli import main
 from podcert.rest import JSON, ApiError, Rest, path_of
-from tests.integration.helpers import pcr_spec
+from tests.integration.helpers import pcr_spec, register_webhook
 from tests.integration.test_admission import grant_create
 
 V1 = group_version("v1")
@@ -68,9 +67,6 @@ def policy(names: tuple[str, ...]) -> str:
 """
         for name in names
     )
-
-
-WEBHOOK = Path(__file__).resolve().parents[2] / "manifests" / "signer" / "admission-webhook.yaml"
 
 
 @dataclass
@@ -105,8 +101,17 @@ def skewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Skewed]:
         )
         try:
             signer.start().wait_ready(60)
-            _register_webhook(handle, port, HOOKED, "podcert-skew-webhook", ["*"])
-            _register_webhook(handle, port, HOOKED_V1, "podcert-skew-webhook-v1", ["v1"])
+            register_webhook(
+                handle, NAMESPACE, port, HOOKED, name="podcert-skew-webhook", api_versions=["*"]
+            )
+            register_webhook(
+                handle,
+                NAMESPACE,
+                port,
+                HOOKED_V1,
+                name="podcert-skew-webhook-v1",
+                api_versions=["v1"],
+            )
             grant_create(handle, "mallory")
             kube.ensure_node(handle.admin, NODE)
             yield Skewed(handle, signer, work)
@@ -115,24 +120,6 @@ def skewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Skewed]:
             handle.admin.close()
     finally:
         cluster.down(root)
-
-
-def _register_webhook(
-    handle: DevCluster, port: int, signer: str, name: str, api_versions: list[str]
-) -> None:
-    """The shipped webhook registration for `signer` only, its rule's apiVersions as given,
-    pointed at the signer on loopback."""
-    secret = Rest(handle.admin).request("GET", path_of("v1", "secrets", NAMESPACE, "podcert-ca"))
-    config = yaml.safe_load(WEBHOOK.read_text())
-    config["metadata"]["name"] = name
-    hook = config["webhooks"][0]
-    hook["rules"][0]["apiVersions"] = api_versions
-    hook["matchConditions"][0]["expression"] = f"object.spec.signerName in ['{signer}']"
-    hook["clientConfig"] = {
-        "url": f"https://localhost:{port}/validate-podcertificaterequests",
-        "caBundle": secret["data"]["ca.crt"],
-    }
-    kube.apply(handle.admin, [config])
 
 
 # --- requests as the node ------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from bundles import formats
 from devcluster import cluster, kube, processes
@@ -31,7 +30,7 @@ from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm
 from podcert.api.versions import group_version
 from podcert.cli import main
 from podcert.rest import JSON, ApiError, Rest, path_of
-from tests.integration.helpers import pcr_spec
+from tests.integration.helpers import pcr_spec, register_webhook
 from tests.integration.test_admission import grant_create
 
 MINORS = ("1.35", "1.36")
@@ -55,7 +54,6 @@ signers:
       - namespaces: ["*"]
         serviceAccounts: ["default"]
 """
-WEBHOOK = Path(__file__).resolve().parents[2] / "manifests" / "signer" / "admission-webhook.yaml"
 # The forms each minor's PodCertificateRequestSpec takes (pkg/apis/certificates/validation),
 # the preferred one first.
 FORMS: dict[str, tuple[KeyForm, ...]] = {
@@ -106,7 +104,7 @@ def minor(
         )
         try:
             signer.start().wait_ready(60)
-            _register_webhook(handle, port)
+            register_webhook(handle, NAMESPACE, port, HOOKED)
             grant_create(handle, "mallory")
             kube.ensure_node(handle.admin, NODE)
             yield Minor(version, handle, signer, work)
@@ -115,19 +113,6 @@ def minor(
             handle.admin.close()
     finally:
         cluster.down(root)
-
-
-def _register_webhook(handle: DevCluster, port: int) -> None:
-    """The shipped webhook registration, for HOOKED only, pointed at the signer on loopback."""
-    secret = Rest(handle.admin).request("GET", path_of("v1", "secrets", NAMESPACE, "podcert-ca"))
-    config = yaml.safe_load(WEBHOOK.read_text())
-    hook = config["webhooks"][0]
-    hook["matchConditions"][0]["expression"] = f"object.spec.signerName in ['{HOOKED}']"
-    hook["clientConfig"] = {
-        "url": f"https://localhost:{port}/validate-podcertificaterequests",
-        "caBundle": secret["data"]["ca.crt"],
-    }
-    kube.apply(handle.admin, [config])
 
 
 # --- requests as the node, in a form the server takes -------------------------------------------
@@ -141,9 +126,7 @@ def make_pod(minor: Minor, ns: str, name: str, signer: str, account: str = "defa
 def spec_for(
     minor: Minor, pod: Any, signer: str, key: keys.PrivateKey, form: KeyForm
 ) -> dict[str, Any]:
-    spec = pcr_spec(minor.cluster, pod, signer, key)
-    del spec["stubPKCS10Request"]
-    return {**spec, **requests.key_fields(form, key, pod.metadata.uid)}
+    return pcr_spec(minor.cluster, pod, signer, key, form)
 
 
 def create(api: Any, namespace: str, spec: dict[str, Any]) -> JSON:
