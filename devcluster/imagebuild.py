@@ -2,8 +2,10 @@
 podman (`devcluster.podman`: Debian's packages, a locally made base, storage under the cache) and
 check the result (`devcluster.imagecheck`), printing its size and each layer's.
 
-Two images: `ghcr.io/podcert/podcert:0.1.0`, the reference the manifests ship, and
-`ghcr.io/podcert/podcert-examples:0.1.0`, the same plus the example mTLS pair
+Two images, both tagged with podcert's version (`podcert.__version__`, as the manifests, the
+chart's appVersion and `examples/Dockerfile` name them: tests/unit/test_versions_pinned.py):
+`ghcr.io/podcert/podcert:<version>`, the reference the manifests ship, and
+`ghcr.io/podcert/podcert-examples:<version>`, the same plus the example mTLS pair
 (`examples/Dockerfile`), which the cluster image does not carry. Rebuilds are cached by podman's
 layers (the dependencies' layer changes only with `locks/runtime.txt`).
 """
@@ -23,11 +25,12 @@ from typing import IO, Any
 from devcluster import imagecheck, podman
 from devcluster.podman import ImageError
 from devcluster.supervise import Progress
+from podcert import __version__
 from podcert.cli import SUBCOMMANDS
 
 REPO = Path(__file__).resolve().parent.parent
-IMAGE = "ghcr.io/podcert/podcert:0.1.0"
-EXAMPLES_IMAGE = "ghcr.io/podcert/podcert-examples:0.1.0"
+IMAGE = f"ghcr.io/podcert/podcert:{__version__}"
+EXAMPLES_IMAGE = f"ghcr.io/podcert/podcert-examples:{__version__}"
 # The subcommands the cluster image runs; every other one is a development tool it lacks.
 IMAGE_COMMANDS = ("signer", "shim", "audit")
 DEVELOPMENT_COMMANDS = tuple(name for name in SUBCOMMANDS if name not in IMAGE_COMMANDS)
