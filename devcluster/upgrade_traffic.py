@@ -3,16 +3,16 @@
 hold podcert credentials and the example mTLS pair keeps calling.
 
 `Upgrade(root, work, shape)` starts, on a control plane of `shape.start`: two signer replicas
-(leader election, an audit log each), one shim node, `shape.hollow_nodes` hollow kubelets and,
-with `shape.real_node`, the real kubelet (containerd; one per machine: its caller checks
-`nodes.real_node_unavailable()` first), `shape.pods_per_node` pods with an identity volume on each node,
-and the pair: its server on a pod of the real node (whose kubelet keeps its root directory and
-re-keys every projection when it restarts, so the server's credential changes under it at each
-node step), its client on the shim node. `run()` then goes through `shape.targets`: for each, the
-control plane (`devcluster.upgrade.control_plane`), one new pod per node (what a kubelet still on
-the old minor asks of the new API server, in its own form), then each kubelet
-(`devcluster.upgrade.kubelet`). The shim node has no kubelet to upgrade (the shim's own upgrade
-is a release of podcert's, not of Kubernetes'): it lives through the control plane changes.
+(leader election, an audit log each), one shim node, `shape.hollow_nodes` hollow kubelets and, with
+`shape.real_node`, the real kubelet (containerd; one per machine: its caller checks
+`nodes.real_node_unavailable()` first), `shape.pods_per_node` pods with an identity volume on each
+node, and the pair: its server on a pod of the real node (whose kubelet keeps its root directory and
+re-keys every projection when it restarts, so the server's credential changes under it at each node
+step), its client on the shim node. `run()` then goes through `shape.targets`: for each, the control
+plane (`devcluster.upgrade.control_plane`), one new pod per node (what a kubelet still on the old
+minor asks of the new API server, in its own form), then each kubelet
+(`devcluster.upgrade.kubelet`). The shim node has no kubelet to upgrade (the shim's own upgrade is a
+release of podcert's, not of Kubernetes'): it lives through the control plane changes.
 
 What it records, for the caller to judge (`Report`):
 - after each step, every pod whose files do not hold a valid credential once the step settled
@@ -119,7 +119,7 @@ class Report:
     steps: list[Step] = field(default_factory=list)
     gaps: list[tuple[float, str, str]] = field(default_factory=list)  # (t, pod, why) sampled
     outcomes: dict[str, str | None] = field(default_factory=dict)  # request uid -> outcome
-    decisions: Counter[str] = field(default_factory=Counter)  # audit log decisions
+    decisions: dict[str, int] = field(default_factory=dict)  # audit log decisions, counted
     answered_twice: list[str] = field(default_factory=list)  # request uids decided twice
     pair: dict[str, Any] = field(default_factory=dict)  # the pair's own summaries
     audits: dict[str, tuple[int, str]] = field(default_factory=dict)  # node -> (exit, tail)
@@ -437,7 +437,7 @@ class Upgrade:
             report.outcomes[item["metadata"]["uid"]] = requests.outcome(item)
         decided: Counter[str] = Counter()
         for entry in self.audit_entries():
-            report.decisions[entry.decision] += 1
+            report.decisions[entry.decision] = report.decisions.get(entry.decision, 0) + 1
             decided[entry.uid] += 1
         report.answered_twice = sorted(uid for uid, n in decided.items() if n > 1)
         for node in [SHIM_NODE, *self.kubelets]:
