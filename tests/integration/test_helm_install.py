@@ -15,8 +15,10 @@ from none of them and leaves none behind: the two share a session, and the real 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,35 @@ def load_shipped_image(kubelet: Kubelet, folder: Path) -> None:
     archive.unlink()
 
 
+@contextlib.contextmanager
+def chart_node(
+    devcluster: DevCluster,
+    kubelet: Kubelet,
+    docs: list[dict[str, Any]],
+    load_images: Callable[[], None],
+) -> Iterator[Rest]:
+    """The real node holding the chart's images (`load_images`), pods scheduled onto it alone
+    and reaching the API server, and none of `docs` before or after.
+
+    An earlier module's leftovers (a dry-run's namespace, an RBAC check's ClusterRole) would
+    make `helm install` refuse to take them over, and the trust-bundle policy installed for
+    earlier signers run as the chart's ServiceAccount would judge the chart's signer by their
+    signer names too: start as a fresh cluster would."""
+    rest = Rest(devcluster.admin)
+    leftovers = processes.signer_trust_bundle_policy(NAMESPACE, [], NAMESPACE)
+    clear(rest, [*leftovers, *docs])
+    load_images()
+    incluster.schedulable(rest, kubelet.name)
+    with (
+        incluster.only_node(rest, kubelet.name),
+        incluster.api_server_for_pods(devcluster.state),
+    ):
+        try:
+            yield rest
+        finally:
+            clear(rest, docs)
+
+
 @pytest.fixture(scope="module")
 def installed(
     devcluster: DevCluster,
@@ -97,26 +128,15 @@ def installed(
     cluster_helm: list[str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Rest]:
-    rest = Rest(devcluster.admin)
+    folder = tmp_path_factory.mktemp("image")
     docs = render(helm)
-    # An earlier module's leftovers (a dry-run's namespace, an RBAC check's ClusterRole) would
-    # make `helm install` refuse to take them over, and the trust-bundle policy installed for
-    # earlier signers run as the chart's ServiceAccount would judge the chart's signer by their
-    # signer names too: start as a fresh cluster would.
-    leftovers = processes.signer_trust_bundle_policy(NAMESPACE, [], NAMESPACE)
-    clear(rest, [*leftovers, *docs])
-    load_shipped_image(real_kubelet, tmp_path_factory.mktemp("image"))
-    incluster.schedulable(rest, real_kubelet.name)
-    with (
-        incluster.only_node(rest, real_kubelet.name),
-        incluster.api_server_for_pods(devcluster.state),
-    ):
+    load = functools.partial(load_shipped_image, real_kubelet, folder)
+    with chart_node(devcluster, real_kubelet, docs, load) as rest:
         run(cluster_helm, "install", RELEASE, str(CHART))
         try:
             yield rest
         finally:
             run(cluster_helm, "uninstall", RELEASE, check=False)  # done unless a test failed
-            clear(rest, docs)
 
 
 def ready_replicas(rest: Rest, count: int = 2, checksum: str | None = None) -> list[Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,19 +35,14 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from devcluster import build, imagebuild, incluster, podman, processes
+from devcluster import build, imagebuild, incluster, podman
 from devcluster.testing import DevCluster, Kubelet, eventually
 from podcert import __version__
 from podcert.rest import ApiError, Rest, path_of
 from signer import rotation
 from tests.integration.kubelet_helpers import BUNDLE, certificates_in
 from tests.integration.test_chart import CHART, helm, render, run
-from tests.integration.test_helm_install import (
-    RELEASE,
-    clear,
-    cluster_helm,
-    issuing_ca,
-)
+from tests.integration.test_helm_install import RELEASE, chart_node, cluster_helm, issuing_ca
 from tests.integration.test_in_cluster import (
     NAMESPACE,
     credential_pod,
@@ -139,21 +135,12 @@ def cluster(
     helm: list[str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Rest]:
-    """The real node holding both images, pods scheduled onto it alone and reaching the API
-    server; no object of either chart, nor the trust-bundle policy earlier modules' signers
-    left for the chart's ServiceAccount (see test_helm_install), before or after."""
-    rest = Rest(devcluster.admin)
+    """test_helm_install's chart node holding both images, with no object of either chart."""
+    folder = tmp_path_factory.mktemp("images")
     docs = [*rendered(helm, RELEASE_CHART), *render(helm)]
-    leftovers = processes.signer_trust_bundle_policy(NAMESPACE, [], NAMESPACE)
-    clear(rest, [*leftovers, *docs])
-    load_images(real_kubelet, tmp_path_factory.mktemp("images"))
-    incluster.schedulable(rest, real_kubelet.name)
-    with (
-        incluster.only_node(rest, real_kubelet.name),
-        incluster.api_server_for_pods(devcluster.state),
-    ):
+    load = functools.partial(load_images, real_kubelet, folder)
+    with chart_node(devcluster, real_kubelet, docs, load) as rest:
         yield rest
-    clear(rest, docs)
 
 
 @pytest.fixture

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import re
 import stat
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +35,7 @@ from devcluster import processes
 from devcluster.testing import DevCluster, eventually
 from podcert.rest import Rest, path_of
 from tests.integration.shim_helpers import Shim, certificate_volume, outcome, requests_of, shim
-from tests.integration.test_upgrade_signer import release
+from tests.integration.test_upgrade_signer import release, run_release
 
 __all__ = ["release"]  # the fixture: release 0.1.0's wheel, unpacked
 
@@ -54,17 +51,7 @@ class ReleaseShim(processes.Shim):
     release: Path = field(default_factory=Path)
 
     def start(self) -> Self:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as out:
-            # -P and the release as the working directory: nothing of this tree is imported.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "podcert", *self.args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": str(self.release)},
-                cwd=self.release,
-            )
+        self.proc = run_release(self.release, self.args, self.log)
         return self
 
 

@@ -46,6 +46,21 @@ LEASE = ["--lease-duration=4", "--renew-deadline=3", "--retry-period=1"]
 REQUESTS_PER_SECOND = 10
 
 
+def run_release(release: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """`podcert ARGS` from an unpacked release, its output appended to `log`: -P and the
+    release as the working directory, so nothing of this tree is imported."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-P", "-m", "podcert", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(release)},
+            cwd=release,
+        )
+
+
 @dataclass
 class ReleaseSigner(processes.Signer):
     """`podcert signer` run from an unpacked release instead of this tree."""
@@ -53,17 +68,7 @@ class ReleaseSigner(processes.Signer):
     release: Path = field(default_factory=Path)
 
     def start(self) -> Self:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as out:
-            # -P and the release as the working directory: nothing of this tree is imported.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "podcert", *self.args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": str(self.release)},
-                cwd=self.release,
-            )
+        self.proc = run_release(self.release, self.args, self.log)
         return self
 
 
