@@ -12,9 +12,9 @@ applied: one request, issued once, the pod's files holding its key.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
-import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -39,51 +39,68 @@ DEADLINE = 20.0
 
 class DropFirstCreated:
     """A TLS proxy to the API server that drops the answer to the first PodCertificateRequest
-    create the API server answered 201, after the server applied it."""
+    create the API server answered 201, after the server applied it.
+
+    All its TLS runs on one asyncio loop in a thread of its own. An SSL connection must never
+    be read in one thread while another writes it (OpenSSL's rule; Python does not lock it):
+    the proxy this replaced did so, a reading and a writing thread per connection, and once in
+    a while a list through it never got its answer and the shim never became ready."""
 
     def __init__(self, upstream: str, context: ssl.SSLContext, served: ssl.SSLContext) -> None:
         host, _, port = upstream.removeprefix("https://").partition(":")
         self.upstream = (host, int(port))
         self.context = context  # to the API server, as the node
         self.served = served  # to the shim
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
         self.dropped = 0
         self.creates = 0
-        self.lock = threading.Lock()
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.port = 0
+        self._writers: list[asyncio.StreamWriter] = []
+        self._loop = asyncio.new_event_loop()
+        listening = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(listening,), daemon=True)
+        self._thread.start()
+        if not listening.wait(10):
+            raise RuntimeError("the proxy did not start listening in 10 s")
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                raw, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+    def _run(self, listening: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.served)
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        listening.set()
+        self._loop.run_forever()
 
-    def _serve(self, raw: socket.socket) -> None:
+    async def _serve(self, down_r: asyncio.StreamReader, down_w: asyncio.StreamWriter) -> None:
+        self._writers.append(down_w)
         try:
-            down = self.served.wrap_socket(raw, server_side=True)
-            up = self.context.wrap_socket(
-                socket.create_connection(self.upstream), server_hostname=self.upstream[0]
+            up_r, up_w = await asyncio.open_connection(
+                *self.upstream, ssl=self.context, server_hostname=self.upstream[0]
             )
         except OSError:
-            raw.close()
+            down_w.close()
             return
-        self.socks += [down, up]
+        self._writers.append(up_w)
         # Set (before the request goes up) when the next answer on this connection is a
         # create's: the shim's client sends one request at a time on a connection.
-        create_next = threading.Event()
-        threading.Thread(target=self._answers, args=(up, down, create_next), daemon=True).start()
-        self._requests(down, up, create_next)
+        create_next = asyncio.Event()
+        pumps = [
+            asyncio.create_task(self._requests(down_r, up_w, create_next)),
+            asyncio.create_task(self._answers(up_r, down_w, create_next)),
+        ]
+        # Either side ending (or the drop) ends the connection, both ways.
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        for pump in pumps:
+            pump.cancel()
+        for writer in (up_w, down_w):
+            writer.close()
 
-    def _requests(
-        self, down: ssl.SSLSocket, up: ssl.SSLSocket, create_next: threading.Event
+    async def _requests(
+        self, down: asyncio.StreamReader, up: asyncio.StreamWriter, create_next: asyncio.Event
     ) -> None:
         buffer = b""
-        try:
-            while data := down.recv(65536):
+        with contextlib.suppress(OSError):
+            while data := await down.read(65536):
                 buffer += data
                 while b"\r\n\r\n" in buffer:
                     head, _, rest = buffer.partition(b"\r\n\r\n")
@@ -100,45 +117,35 @@ class DropFirstCreated:
                     if method == "POST" and target.split("?")[0].endswith(
                         "/podcertificaterequests"
                     ):
-                        with self.lock:
-                            self.creates += 1
+                        self.creates += 1
                         create_next.set()
-                    up.sendall(head + b"\r\n\r\n" + rest[:length])
-        except OSError:
-            pass
-        finally:
-            _close(up, down)
+                    up.write(head + b"\r\n\r\n" + rest[:length])
+                    await up.drain()
 
-    def _answers(
-        self, up: ssl.SSLSocket, down: ssl.SSLSocket, create_next: threading.Event
+    async def _answers(
+        self, up: asyncio.StreamReader, down: asyncio.StreamWriter, create_next: asyncio.Event
     ) -> None:
-        try:
-            while data := up.recv(65536):
+        with contextlib.suppress(OSError):
+            while data := await up.read(65536):
                 if create_next.is_set():
                     create_next.clear()
-                    while len(data) < 12 and (more := up.recv(65536)):
+                    while len(data) < 12 and (more := await up.read(65536)):
                         data += more
-                    with self.lock:
-                        drop = data.startswith(b"HTTP/1.1 201") and self.dropped == 0
-                        self.dropped += drop
-                    if drop:
+                    if data.startswith(b"HTTP/1.1 201") and self.dropped == 0:
+                        self.dropped += 1
                         return  # applied upstream; the answer never reaches the shim
-                down.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _close(up, down)
+                down.write(data)
+                await down.drain()
 
     def close(self) -> None:
-        self.listener.close()
-        _close(*self.socks)
+        async def shut() -> None:
+            self._server.close()
+            for writer in self._writers:
+                writer.close()
 
-
-def _close(*socks: socket.socket) -> None:
-    for sock in socks:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
+        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
 
 
 @pytest.fixture(scope="module")
