@@ -41,7 +41,8 @@ lint: $(VENV)/.installed
 # with both kubelets for each minor, 1.37 first (1.35 reuses much of 1.36's Go build cache), and
 # the tests' own Go programs (tests/interop: go-spiffe's conformance checker, SPIRE's server and
 # agent for the federation tests), helm for the chart's tests, and kube-proxy 1.37 and CoreDNS
-# for the in-cluster tests' Services.
+# for the in-cluster tests' Services. Two lanes at once: Kubernetes' builds one after another,
+# and beside them whatever shares no module with them (the Go programs, SPIRE, helm, CoreDNS).
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps
 	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire --helm --network

@@ -418,13 +418,19 @@ def ensure_network(
     CoreDNS, built once into the cache; CoreDNS's name carries a hash of its generated main, so
     another plugin list builds anew."""
     proxy = ensure_component(kubernetes_component(KUBE_PROXY, kube_version), progress)
+    return Network(kube_proxy=proxy, coredns=ensure_coredns(progress))
+
+
+def ensure_coredns(progress: Progress | None = None) -> Path:
+    """CoreDNS alone (no Kubernetes module of its own to share): what `ensure_network` builds
+    beside kube-proxy, callable apart so a build can run it beside the Kubernetes builds."""
     digest = hashlib.sha256(COREDNS_MAIN_GO.encode()).hexdigest()[:8]
     dns = cached_path(COREDNS).with_name(f"coredns-{COREDNS_VERSION}-{RECIPE}-{digest}")
     if not dns.is_file():
         say: Progress = progress or _default_progress
         say(f"coredns {COREDNS_VERSION} is not cached yet; building it once")
         build_component(COREDNS, dns, say)
-    return Network(kube_proxy=proxy, coredns=dns)
+    return dns
 
 
 def interop_source(name: str) -> Path:
