@@ -42,7 +42,7 @@ lint: $(VENV)/.installed
 # the tests' own Go programs (tests/interop: go-spiffe's conformance checker, SPIRE's server and
 # agent for the federation tests), helm for the chart's tests, and kube-proxy 1.37 and CoreDNS
 # for the in-cluster tests' Services. Two lanes at once: Kubernetes' builds one after another,
-# and beside them whatever shares no module with them (the Go programs, SPIRE, helm, CoreDNS).
+# and beside them what builds apart from them (the Go programs, SPIRE, helm, CoreDNS).
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps
 	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire --helm --network

@@ -204,8 +204,8 @@ def _build(args: argparse.Namespace) -> int:
             build.ensure_component(build.kubernetes_component(build.KUBE_PROXY, versions[0]), say)
 
     def beside() -> None:
-        """What shares no module with Kubernetes' builds: the tests' Go programs, SPIRE, helm,
-        CoreDNS."""
+        """What builds apart from Kubernetes (its own binaries and work folders; a module both
+        download is safe in Go's module cache): the tests' Go programs, SPIRE, helm, CoreDNS."""
         say = _labelled("tools")
         if args.interop:
             for name in build.INTEROP_PROGRAMS:
