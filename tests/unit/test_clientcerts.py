@@ -22,6 +22,7 @@ from podcert import kubeconfig as kc
 from podcert.clientcerts import REREAD_PERIOD, CertFiles, Seen, due, judge
 from podcert.kubeconfig import ClientConfigError
 from podcert.rest import Rest
+from tests.unit.test_identity_health import accept_in_threads
 
 A, B = b"a" * 32, b"b" * 32
 
@@ -266,15 +267,7 @@ def mtls_server(ca: trustme.CA) -> Iterator[tuple[str, list[str]]]:
         except OSError:
             pass
 
-    def accept() -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(sock,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
+    accept_in_threads(listener, serve)
     yield f"https://127.0.0.1:{listener.getsockname()[1]}", seen
     listener.close()
 

@@ -9,7 +9,7 @@ import http.client
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -116,6 +116,20 @@ def test_one_line_names_the_identity_when_it_turns_and_one_when_it_recovers(
 # --- through Rest: every answer told; the identity named without its secret ---------------------
 
 
+def accept_in_threads(listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
+    """Serve each connection `listener` accepts in a thread of its own, until it is closed."""
+
+    def accept() -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(sock,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+
 @pytest.fixture
 def refusing() -> Iterator[tuple[str, list[int]]]:
     """A loopback server that answers each request with the next status of a script."""
@@ -137,15 +151,7 @@ def refusing() -> Iterator[tuple[str, list[int]]]:
         finally:
             sock.close()
 
-    def accept() -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(sock,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
+    accept_in_threads(listener, serve)
     yield f"http://127.0.0.1:{listener.getsockname()[1]}", statuses
     listener.close()
 
