@@ -3,8 +3,9 @@ federate podcert with (issue 17). Built from modules like the control plane, run
 
 `ensure_spire` builds spire-server and spire-agent, the `tool`s of the module
 tests/interop/spire (its go.mod names them, `go get -tool ...@v1.13.3`; its go.sum pins every
-module), into the cache, once per content of that module. cgo is on: the server's SQLite
-datastore (mattn/go-sqlite3) needs it.
+module), into the cache, once per content of that module and of the plugin list it keeps
+(`devcluster.spire_catalog`: the release's own code, its catalogs holding only the plugins
+configured here). cgo is on: the server's SQLite datastore (mattn/go-sqlite3) needs it.
 
 `SpireDomain.start` runs one trust domain: a server (SQLite datastore, in-memory keys, join
 token node attestation) with its SPIFFE bundle endpoint (https_spiffe) and `federates_with`
@@ -15,6 +16,7 @@ on a unix socket, attesting workloads with the unix attestor. `server_config` an
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devcluster import supervise
+from devcluster import spire_catalog, supervise
 from devcluster.build import (
     INTEROP_ROOT,
     BuildError,
@@ -36,6 +38,7 @@ from devcluster.build import (
     interop_digest,
 )
 
+SPIRE_MODULE = "github.com/spiffe/spire"
 SPIRE_PROGRAMS = ("spire-server", "spire-agent")
 START_TIMEOUT = 120.0  # a cold SQLite migration and the first CA on shared cores
 
@@ -56,38 +59,77 @@ def spire_version(go_mod: str) -> str:
 
 
 def ensure_spire(progress: Progress | None = None) -> Spire:
-    """spire-server and spire-agent, built when the cache lacks them."""
+    """spire-server and spire-agent, built when the cache lacks them: the release the tool
+    module pins, from a copy of its source whose plugin catalogs hold only the plugins the
+    devcluster configures (`devcluster.spire_catalog`), both in one `go build` (their shared
+    packages compiled once, the two links side by side)."""
     say: Progress = progress or _default_progress
     folder = INTEROP_ROOT / "spire"
     if not (folder / "go.mod").is_file():
         raise BuildError(f"{folder} holds no go.mod (the tests' Go programs live in a checkout)")
-    version = spire_version((folder / "go.mod").read_text())
-    digest = interop_digest(folder)
+    go_mod = (folder / "go.mod").read_text()
+    version = spire_version(go_mod)
+    digest = f"{interop_digest(folder)}-{spire_catalog.recipe_digest()}"
     paths = {name: cache_root() / "bin" / f"{name}-{version}-{digest}" for name in SPIRE_PROGRAMS}
+    if all(path.is_file() for path in paths.values()):
+        return Spire(paths["spire-server"], paths["spire-agent"], version)
+    component = Component(
+        binary="spire",
+        module=SPIRE_MODULE,
+        version=version,
+        package=".",
+        replace_version="",
+    )
+    say(f"building spire-server and spire-agent {version} (tests/interop/spire pins its modules)")
+    work = cache_root() / "build" / f"spire-{version}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    source = _module_source(folder, component)
+    shutil.copytree(source, work / "spire")
+    for path in (work / "spire").rglob("*"):  # the module cache's copies are read-only
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    (work / "spire").chmod(0o755)
+    spire_catalog.trim_catalogs(work / "spire")
+    (work / "go.mod").write_text(f"{go_mod.rstrip()}\n\nreplace {SPIRE_MODULE} => ./spire\n")
+    shutil.copyfile(folder / "go.sum", work / "go.sum")
+    out = work / "out"
+    _run_go(
+        [
+            "build",
+            "-v",
+            "-mod=readonly",
+            "-trimpath",
+            "-ldflags=-s -w",
+            "-o",
+            f"{out}/",
+            *(f"{SPIRE_MODULE}/cmd/{name}" for name in SPIRE_PROGRAMS),
+        ],
+        work,
+        component,
+        say,
+        every=100,
+        cgo=True,
+    )
     for name, dest in paths.items():
-        if dest.is_file():
-            continue
-        component = Component(
-            binary=name,
-            module="github.com/spiffe/spire",
-            version=version,
-            package=f"github.com/spiffe/spire/cmd/{name}",
-            replace_version="",
-        )
-        say(f"building {name} {version} from tests/interop/spire (go.sum pins its modules)")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = dest.with_name(dest.name + ".partial")
-        build = ["build", "-v", "-mod=readonly", "-trimpath", "-ldflags=-s -w"]
-        _run_go(
-            [*build, "-o", str(partial), component.package],
-            folder,
-            component,
-            say,
-            every=100,
-            cgo=True,
-        )
-        partial.replace(dest)
+        (out / name).replace(dest)
+    shutil.rmtree(work, ignore_errors=True)
     return Spire(paths["spire-server"], paths["spire-agent"], version)
+
+
+def _module_source(folder: Path, component: Component) -> Path:
+    """SPIRE's source in the module cache, downloaded and checked against the tool module's
+    go.sum."""
+    out = _run_go(
+        ["mod", "download", "-json", f"{SPIRE_MODULE}@{component.version}"],
+        folder,
+        component,
+        lambda _line: None,
+    )
+    info = json.loads(out[out.index("{") :])
+    if "Error" in info:
+        raise BuildError(f"cannot download {SPIRE_MODULE}@{component.version}: {info['Error']}")
+    return Path(info["Dir"])
 
 
 # --- configuration (HCL) -------------------------------------------------------------------------
