@@ -53,9 +53,15 @@ controlplane: $(VENV)/.installed
 image: $(VENV)/.installed
 	$(BIN)/podcert devcluster image
 
+# The suite in WORKERS processes (pytest-xdist): its integration tests mostly wait on real
+# servers, so one process leaves the machine idle. A module runs whole in one worker (its fixtures
+# start once), and the modules marked `machine` (the real node, the podman store: there is one of
+# each) one after another in one worker (tests/conftest.py). WORKERS=0 runs it in this process.
+WORKERS ?= 2
+
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 define PYTEST
-	$(BIN)/python -m pytest $(1); rc=$$?; \
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadgroup) $(1); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing the run" >&2; exit 1; fi; \
 	exit $$rc
 endef

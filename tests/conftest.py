@@ -8,11 +8,23 @@ import pytest
 from devcluster import nodes
 from devcluster.testing import DevCluster, Kubelet, running
 
+# The xdist group of every module that holds what the machine has only one of: the real node
+# (`nodes.REAL_NODE_SLOT`, containerd, kube-proxy's iptables) or the podman store the images are
+# built in. Those modules run one after another in one worker; each other module runs whole in
+# whichever worker is free, so its module-scoped fixtures start once.
+MACHINE_GROUP = "machine"
 
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/integration/" in str(item.path).replace(os.sep, "/"):
             item.add_marker(pytest.mark.integration)
+        machine = item.get_closest_marker("machine") is not None
+        if "real_kubelet" in getattr(item, "fixturenames", ()) and not machine:
+            raise pytest.UsageError(f"{item.nodeid} uses the real node: mark its module `machine`")
+        group = MACHINE_GROUP if machine else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -81,7 +81,8 @@ ENTRYPOINT ["podcert"]
 CMD ["--help"]
 """
 
-pytestmark = pytest.mark.timeout(900)  # the setup also builds or loads both images
+# The real node and the podman store; a long timeout: the setup builds or loads both images
+pytestmark = [pytest.mark.machine, pytest.mark.timeout(900)]
 
 
 def say(line: str) -> None:
