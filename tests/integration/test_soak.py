@@ -16,6 +16,7 @@ from devcluster import host
 
 pytestmark = pytest.mark.machine  # the real node, where the machine allows it (tests/conftest.py)
 
+
 # Set-up, 1.5 minutes of faults, then the last CA rotation to its end: a real kubelet picks up a
 # new root at its next pod sync (up to 90 s), twice.
 @pytest.mark.timeout(1200)
