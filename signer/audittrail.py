@@ -41,7 +41,7 @@ class AuditTrail:
         trust_domain: str,
         *,
         clock: Callable[[], dt.datetime],
-        backdate: dt.timedelta = dt.timedelta(seconds=60),
+        backdate: dt.timedelta = certs.DEFAULT_LEAF_BACKDATE,
         checkpoint_interval: float = 60.0,
     ) -> None:
         self.audit = audit

@@ -28,6 +28,16 @@ from podcert.api.lifetimes import REFRESH_MARGIN
 from podcert.auditlog import AUDIT_SIGNING_EKU, AUDIT_SPIFFE_PATH
 from signer import model
 
+# A leaf's timing when the signer is told nothing else: the one place these defaults are
+# written. `controller.Settings`, `decide` and the audit trail default to them, and so do
+# `podcert signer`'s --backdate-seconds and --refresh-fraction, which read them from there.
+DEFAULT_LEAF_BACKDATE: Final = dt.timedelta(seconds=60)
+"""How far a leaf's notBefore lies before the moment it is signed: room for the clocks of the
+signer, the API server and peers to disagree, well inside the 5 minutes the API server allows
+(`podcert.api.lifetimes.NOT_BEFORE_SKEW`)."""
+DEFAULT_REFRESH_FRACTION: Final = 0.5
+"""beginRefreshAt at this share of a leaf's lifetime, before jitter (`begin_refresh_at`)."""
+
 
 def sign_leaf(plan: model.LeafPlan, ca: model.IssuingCA, serial: int) -> str:
     """The PEM chain for `plan` signed by `ca`: the leaf, then the intermediate.
@@ -154,7 +164,7 @@ def begin_refresh_at(
     request_uid: str,
     not_before: dt.datetime,
     not_after: dt.datetime,
-    fraction: float = 0.5,
+    fraction: float = DEFAULT_REFRESH_FRACTION,
     jitter_fraction: float = 0.1,
 ) -> dt.datetime:
     """When the node should start replacing this leaf.

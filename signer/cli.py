@@ -17,7 +17,7 @@ from podcert.rest import ApiError, Rest, load_client
 from signer import build, bundleendpoint, federator, policy, rotation, spiffebundle
 from signer.ca import CAError
 from signer.castore import CAStore, describe
-from signer.controller import Settings, utcnow
+from signer.controller import DEFAULT_SETTINGS, Settings, utcnow
 from signer.kube import SignerKube
 from signer.leader import LeaseSettings
 
@@ -154,13 +154,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--refresh-fraction",
         type=float,
-        default=0.5,
+        default=DEFAULT_SETTINGS.refresh_fraction,
         help="beginRefreshAt as a fraction of the lifetime (jittered per request)",
     )
     p.add_argument(
         "--backdate-seconds",
         type=int,
-        default=60,
+        default=int(DEFAULT_SETTINGS.backdate.total_seconds()),
         help="notBefore is backdated this far for clock skew (API allows 5 min)",
     )
     p.add_argument(

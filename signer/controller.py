@@ -49,8 +49,8 @@ def utcnow() -> dt.datetime:
 @dataclass(frozen=True)
 class Settings:
     workers: int = 4
-    backdate: dt.timedelta = dt.timedelta(seconds=60)
-    refresh_fraction: float = 0.5
+    backdate: dt.timedelta = certs.DEFAULT_LEAF_BACKDATE
+    refresh_fraction: float = certs.DEFAULT_REFRESH_FRACTION
     # Workers wait this long for the pod/node/ServiceAccount caches' first full list.
     facts_sync_timeout: float = 60.0
     # Workers serve nodes in turn, then a node's namespaces in turn (False: one FIFO, as

@@ -44,8 +44,8 @@ def decide(
     policy: SignerPolicy,
     now: dt.datetime,
     *,
-    backdate: dt.timedelta = dt.timedelta(seconds=60),
-    refresh_fraction: float = 0.5,
+    backdate: dt.timedelta = certs.DEFAULT_LEAF_BACKDATE,
+    refresh_fraction: float = certs.DEFAULT_REFRESH_FRACTION,
 ) -> model.Decision:
     """What to do with `request`, given `facts` read just now and the signer's `policy`."""
     if request.signer_name != policy.name:
