@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from podcert import connections, logs
+from podcert.api.lifetimes import NOT_BEFORE_SKEW
 from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.rest import ApiError, Rest, load_client
@@ -24,7 +25,8 @@ from signer.leader import LeaseSettings
 log = logging.getLogger("podcert.signer")
 
 MAX_PORT = 65535
-MAX_BACKDATE_SECONDS = 300  # the API server wants notBefore within 5 minutes of its clock
+# The API server wants notBefore within this of its clock, so no backdate may go further.
+MAX_BACKDATE_SECONDS = int(NOT_BEFORE_SKEW.total_seconds())
 
 
 def _namespace_default() -> str:
