@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal
+from typing import Final, Literal
 
 import jwt
 from cryptography import x509
@@ -49,6 +49,7 @@ from podcert.auditlog import (
 from podcert.persisted import FormatTooNew, check_readable, format_number
 
 __all__ = [
+    "DEFAULT_CHECKPOINT_EVERY",
     "GENESIS",
     "AuditLog",
     "AuditLogError",
@@ -67,6 +68,9 @@ logger = logging.getLogger(__name__)
 # and an `issued` entry is always on disk before `append` returns (see `append`), whatever the
 # policy: the log must hold every certificate that exists.
 FsyncPolicy = Literal["always", "checkpoint", "never"]
+
+# A signed checkpoint after this many entries unless told otherwise (--audit-checkpoint-every).
+DEFAULT_CHECKPOINT_EVERY: Final = 1000
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -93,7 +97,7 @@ class AuditLog:
         self,
         path: Path | str,
         *,
-        checkpoint_every: int = 1000,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         fsync: FsyncPolicy = "checkpoint",
     ) -> None:
         if checkpoint_every < 1:

@@ -19,6 +19,7 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
+from typing import Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -29,6 +30,8 @@ from signer.metrics import Metrics
 log = logging.getLogger("podcert.signer")
 
 AUDIT_CERT_LIFETIME = dt.timedelta(days=30)
+# Seconds between timed checkpoints unless told otherwise (--audit-checkpoint-interval).
+DEFAULT_CHECKPOINT_INTERVAL: Final = 60.0
 PROBE_INTERVAL = 1.0  # seconds between checkpoint probes while the log refuses writes
 
 
@@ -42,7 +45,7 @@ class AuditTrail:
         *,
         clock: Callable[[], dt.datetime],
         backdate: dt.timedelta = certs.DEFAULT_LEAF_BACKDATE,
-        checkpoint_interval: float = 60.0,
+        checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
     ) -> None:
         self.audit = audit
         self.metrics = metrics

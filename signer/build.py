@@ -39,7 +39,7 @@ from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
 from podcert.runtime import GaveUp, Runtime, retry_until
 from signer import auditlog, bundleendpoint, metrics, rotation
-from signer.audittrail import AuditTrail
+from signer.audittrail import DEFAULT_CHECKPOINT_INTERVAL, AuditTrail
 from signer.cainjector import CAInjector
 from signer.castore import CAStore
 from signer.controller import Controller, Settings, utcnow
@@ -73,8 +73,8 @@ class Config:
     metrics_limits: Limits = health.METRICS_LIMITS
     serving_limits: Limits = DEFAULT_LIMITS  # the webhook's and the bundle endpoint's ports
     audit_log: Path | None = None
-    audit_checkpoint_every: int = 1000
-    audit_checkpoint_interval: float = 60.0
+    audit_checkpoint_every: int = auditlog.DEFAULT_CHECKPOINT_EVERY
+    audit_checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
     publish_trust_bundles: bool = True
     leader_elect: bool = True
     lease_name: str = "podcert-signer"

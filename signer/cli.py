@@ -68,20 +68,25 @@ def _cluster_flags(p: argparse.ArgumentParser, *, after_ca: bool) -> None:
     p.add_argument(
         "--ca-prepare-at",
         type=float,
-        default=default(0.5),
+        default=default(rotation.DEFAULT_SETTINGS.prepare_at),
         help="prepare the next CA once the active one has used this share of its life",
     )
     p.add_argument(
         "--ca-overlap-seconds",
         type=float,
-        default=default(3600.0),
+        default=default(rotation.DEFAULT_SETTINGS.overlap.total_seconds()),
         help="a prepared CA is published this long before it starts signing",
     )
-    p.add_argument("--ca-root-days", type=int, default=default(365), help="lifetime of new roots")
+    p.add_argument(
+        "--ca-root-days",
+        type=int,
+        default=default(rotation.DEFAULT_SETTINGS.root_lifetime.days),
+        help="lifetime of new roots",
+    )
     p.add_argument(
         "--ca-intermediate-days",
         type=int,
-        default=default(90),
+        default=default(rotation.DEFAULT_SETTINGS.intermediate_lifetime.days),
         help="lifetime of new intermediates (the signing CA)",
     )
 
@@ -93,6 +98,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _cluster_flags(p, after_ca=False)
+    lease = LeaseSettings()
     p.add_argument(
         "--signer-name",
         dest="signer_names",
@@ -116,11 +122,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="policy YAML file (validated at start-up); allow-all defaults when absent",
     )
-    p.add_argument("--workers", type=int, default=4, help="concurrent reconcile workers")
+    p.add_argument(
+        "--workers", type=int, default=DEFAULT_SETTINGS.workers, help="concurrent reconcile workers"
+    )
     p.add_argument(
         "--fair-queue",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=DEFAULT_SETTINGS.fair_queue,
         help="workers serve nodes in turn, then each node's namespaces, so one node's flood "
         "cannot hold back the others (--no-fair-queue: one FIFO, for comparison)",
     )
@@ -144,13 +152,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--audit-checkpoint-every",
         type=int,
-        default=1000,
+        default=build.Config.audit_checkpoint_every,
         help="write a signed audit checkpoint every N lines",
     )
     p.add_argument(
         "--audit-checkpoint-interval",
         type=float,
-        default=60.0,
+        default=build.Config.audit_checkpoint_interval,
         help="seconds between timed audit checkpoints",
     )
     p.add_argument(
@@ -175,19 +183,19 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--lease-duration",
         type=float,
-        default=15.0,
+        default=lease.duration,
         help="seconds a lease is honoured without renewal",
     )
     p.add_argument(
         "--renew-deadline",
         type=float,
-        default=10.0,
+        default=lease.renew_deadline,
         help="seconds a leader may fail to renew before it steps down",
     )
     p.add_argument(
         "--retry-period",
         type=float,
-        default=2.0,
+        default=lease.retry_period,
         help="seconds between lease acquire/renew attempts",
     )
     p.add_argument(

@@ -48,13 +48,14 @@ def utcnow() -> dt.datetime:
 
 @dataclass(frozen=True)
 class Settings:
+    """How the controller works; `podcert signer`'s flags read their defaults from here."""
+
     workers: int = 4
     backdate: dt.timedelta = certs.DEFAULT_LEAF_BACKDATE
     refresh_fraction: float = certs.DEFAULT_REFRESH_FRACTION
     # Workers wait this long for the pod/node/ServiceAccount caches' first full list.
     facts_sync_timeout: float = 60.0
-    # Workers serve nodes in turn, then a node's namespaces in turn (False: one FIFO, as
-    # before; kept to measure the difference).
+    # Workers serve nodes in turn, then a node's namespaces in turn (False: one FIFO, to compare).
     fair_queue: bool = True
 
 

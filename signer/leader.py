@@ -45,6 +45,9 @@ RECORD: Final = (
 
 @dataclass(frozen=True)
 class LeaseSettings:
+    """Lease timings, in seconds. These defaults are the only ones: `podcert signer`'s
+    --lease-duration, --renew-deadline and --retry-period read theirs from here."""
+
     duration: float = 15.0  # how long a lease is honoured without renewal
     renew_deadline: float = 10.0  # a leader that has not renewed within this steps down
     retry_period: float = 2.0  # how often to try to acquire or renew

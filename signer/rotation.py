@@ -54,6 +54,9 @@ class Generation:
 
 @dataclass(frozen=True)
 class Settings:
+    """The CA schedule. These defaults are the only ones: `podcert signer`'s --ca-* flags
+    read theirs from `DEFAULT_SETTINGS`."""
+
     # Prepare the next CA once the active intermediate has used this fraction of its life.
     prepare_at: float = 0.5
     # Keep a prepared CA published this long before it signs (trust must reach every pod).
