@@ -41,7 +41,8 @@ DEFAULT_ROOT = Path("/var/lib/kubelet")
 
 @dataclass(frozen=True)
 class Config:
-    """Everything `podcert shim` is told on its command line, validated."""
+    """Everything `podcert shim` is told on its command line, validated. A field's default
+    here is its flag's default too: the CLI reads it from the class (`Config.metrics_port`)."""
 
     node_name: str
     kubeconfig: Path | None = None

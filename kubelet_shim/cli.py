@@ -84,10 +84,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=9091,
+        default=build.Config.metrics_port,
         help="port for /metrics, /healthz and /readyz (0 picks a free one)",
     )
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics server binds")
+    p.add_argument(
+        "--metrics-host", default=build.Config.metrics_host, help="address the metrics server binds"
+    )
     p.add_argument(
         "--clock-offset-seconds",
         type=float,
@@ -97,7 +99,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--startup-timeout",
         type=float,
-        default=120.0,
+        default=build.Config.startup_timeout,
         help="seconds to wait for a reachable API server at start before exiting 1 (0: forever)",
     )
     p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")

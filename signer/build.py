@@ -57,7 +57,8 @@ WEBHOOK_START_TIMEOUT = 30.0
 
 @dataclass(frozen=True)
 class Config:
-    """Everything `podcert signer` is told on its command line, validated."""
+    """Everything `podcert signer` is told on its command line, validated. A field's default
+    here is its flag's default too: the CLI reads it from the class (`Config.metrics_port`)."""
 
     signer_names: tuple[str, ...]
     policy: Policy

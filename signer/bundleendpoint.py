@@ -51,7 +51,8 @@ START_TIMEOUT: Final = 30.0
 
 @dataclass(frozen=True)
 class Settings:
-    """`--bundle-endpoint-*`: where to listen and how to authenticate."""
+    """`--bundle-endpoint-*`: where to listen and how to authenticate. The defaults here are
+    the flags' defaults too (the CLI reads them from the class)."""
 
     port: int
     host: str = "0.0.0.0"  # noqa: S104 (other trust domains reach it from outside the pod)

@@ -62,7 +62,7 @@ def _cluster_flags(p: argparse.ArgumentParser, *, after_ca: bool) -> None:
     )
     p.add_argument(
         "--ca-secret",
-        default=default("podcert-ca"),
+        default=default(build.Config.ca_secret),
         help="Secret holding the CA; created with a new root + intermediate if absent",
     )
     p.add_argument(
@@ -135,12 +135,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=9090,
+        default=build.Config.metrics_port,
         help="port for /metrics, /healthz and /readyz (0 picks a free one)",
     )
     p.add_argument(
         "--metrics-host",
-        default="0.0.0.0",  # noqa: S104
+        default=build.Config.metrics_host,
         help="address the metrics server binds",
     )
     p.add_argument(
@@ -179,7 +179,7 @@ def register(subparsers: Any) -> None:
         default=True,
         help="elect one leader among replicas with a Lease; only it issues",
     )
-    p.add_argument("--lease-name", default="podcert-signer", help="the Lease's name")
+    p.add_argument("--lease-name", default=build.Config.lease_name, help="the Lease's name")
     p.add_argument(
         "--lease-duration",
         type=float,
@@ -214,7 +214,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--webhook-host",
-        default="0.0.0.0",  # noqa: S104
+        default=build.Config.webhook_host,
         help="address the webhook binds",
     )
     p.add_argument(
@@ -239,7 +239,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--bundle-endpoint-host",
-        default="0.0.0.0",  # noqa: S104
+        default=bundleendpoint.Settings.host,
         help="address the bundle endpoint binds",
     )
     p.add_argument(
@@ -266,7 +266,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--startup-timeout",
         type=float,
-        default=120.0,
+        default=build.Config.startup_timeout,
         help="seconds to wait for a reachable API server at start before exiting 1 (0: forever)",
     )
     connections.add_flags(p, "the webhook and the bundle endpoint")
