@@ -44,8 +44,6 @@ DenyReason = Literal[
 ]
 FailReason = Literal["SignerMisconfigured"]  # permanent faults on the signer's side only
 RetryReason = Literal["CANotLoaded", "CANotYetValid", "CATooShort"]  # transient, our side
-Outcome = Literal["Issued", "Denied", "Failed"]
-"""The condition a settled request carries (exactly one, and terminal)."""
 
 BINDING_REASONS: Final = frozenset(get_args(BindingReason))
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, assert_never
 
+from podcert.api.requests import Outcome
 from podcert.auditlog import Decision, Entry
 from signer import model, objects
 
@@ -25,7 +26,7 @@ SettledReason = Literal[model.DenyReason, model.FailReason, "Issued"]
 """The reason on a settled request's condition (an issuance's is "Issued")."""
 
 ISSUED: Final[SettledReason] = "Issued"
-_DECISIONS: Final[Mapping[model.Outcome, Decision]] = {
+_DECISIONS: Final[Mapping[Outcome, Decision]] = {
     "Issued": "issued",
     "Denied": "denied",
     "Failed": "failed",
@@ -47,14 +48,14 @@ class Labels:
     histogram). Never a node or namespace: the series stay few."""
 
     signer: str
-    outcome: model.Outcome
+    outcome: Outcome
     reason: SettledReason
 
 
 @dataclass(frozen=True)
 class Settlement:
     key: tuple[str, str]  # (namespace, name) of the request
-    outcome: model.Outcome
+    outcome: Outcome
     reason: SettledReason
     message: str
     status: JSON = field(repr=False)  # the object to PUT to /status, with its resourceVersion
@@ -79,7 +80,7 @@ def settle(
 ) -> Settlement:
     """Everything the signer writes for `answer` to `pcr`. `request` is None when the object
     could not be read as a request (the answer is then an InvalidRequest denial)."""
-    outcome: model.Outcome
+    outcome: Outcome
     reason: SettledReason
     event: EventNote | None
     plan: model.LeafPlan | None = None

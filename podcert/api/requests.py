@@ -29,6 +29,8 @@ from podcert.api.lifetimes import DEFAULT_MAX_EXPIRATION_SECONDS
 from podcert.api.times import TimeFieldError, parse_time, require_time
 
 Outcome = Literal["Issued", "Denied", "Failed"]
+"""The condition a settled request carries (exactly one, and terminal). The one such type: the
+signer writes it, and the node shim, the audit and the tests read it."""
 OUTCOMES: Final[frozenset[str]] = frozenset(get_args(Outcome))
 
 

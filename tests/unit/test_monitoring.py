@@ -20,8 +20,9 @@ import yaml
 
 from kubelet_shim import metrics as shim_metrics
 from kubelet_shim.projection import ProjectionState
+from podcert.api.requests import Outcome
 from signer import metrics as signer_metrics
-from signer import model, rotation
+from signer import rotation
 
 MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
 RULES = MONITORING / "prometheusrule.yaml"
@@ -36,8 +37,8 @@ _SUFFIXES = {
 }
 # Labels whose values are closed types in the code: a typo here would match nothing, silently.
 CLOSED_VALUES: dict[tuple[str, str], frozenset[str]] = {
-    ("podcert_signer_requests_total", "outcome"): frozenset(get_args(model.Outcome)),
-    ("podcert_signer_issue_latency_seconds_bucket", "outcome"): frozenset(get_args(model.Outcome)),
+    ("podcert_signer_requests_total", "outcome"): frozenset(get_args(Outcome)),
+    ("podcert_signer_issue_latency_seconds_bucket", "outcome"): frozenset(get_args(Outcome)),
     ("podcert_shim_projections", "state"): frozenset(s.value for s in ProjectionState),
     ("podcert_signer_ca_generations", "state"): frozenset(rotation.STATES),
 }
