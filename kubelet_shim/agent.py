@@ -28,7 +28,7 @@ from kubelet_shim import projection, trust
 from kubelet_shim.kube import ShimApi
 from kubelet_shim.metrics import Metrics
 from kubelet_shim.projection import ProjectionState
-from kubelet_shim.state import Caches, Outcome, object_key, pod_from, pod_uid
+from kubelet_shim.state import Caches, Requeue, object_key, pod_from, pod_uid
 from kubelet_shim.storage import Storage, StorageError
 from kubelet_shim.sync import PodSync
 from podcert.api.pods import WorkKey
@@ -240,19 +240,19 @@ class Agent:
     def _reconcile(self, uid: str) -> float | None:
         """One pod's turn, in the runtime's terms: seconds until the pod is looked at again
         (with the queue's backoff when the reconcile asks for a retry), or None."""
-        outcome = self.reconcile(uid)
-        if outcome.retry:
+        requeue = self.reconcile(uid)
+        if requeue.retry:
             delay = self.queue.backoff(uid)
             log.info("will retry in %.2fs", delay, extra=_ctx(uid))
             return delay
         self.queue.forget(uid)
-        return None if outcome.wake_at is None else self._delay_until(outcome.wake_at)
+        return None if requeue.wake_at is None else self._delay_until(requeue.wake_at)
 
     def _delay_until(self, at: dt.datetime) -> float:
         seconds = (at - self.clock()).total_seconds()
         return max(0.0, min(seconds, self.settings.resync.total_seconds()))
 
-    def reconcile(self, uid: str) -> Outcome:
+    def reconcile(self, uid: str) -> Requeue:
         """Bring one pod's projected files in line with what the caches say."""
         return self.sync.reconcile(uid)
 

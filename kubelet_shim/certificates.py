@@ -23,7 +23,7 @@ from kubelet_shim import projection
 from kubelet_shim.kube import ForeignRequest, ShimApi, pcr_body, request_name
 from kubelet_shim.metrics import Metrics
 from kubelet_shim.projection import ProjectionState
-from kubelet_shim.state import Caches, Memory, Outcome, Pod, Tracked, VolumePlan, log_context
+from kubelet_shim.state import Caches, Memory, Pod, Requeue, Tracked, VolumePlan, log_context
 from podcert.api import keys
 from podcert.api.pods import CertificateSource, ProjectedVolume, WorkKey
 from podcert.api.requests import RequestError, certificates, key_fields, parse_status
@@ -76,7 +76,7 @@ class CertificateSources:
         current: Mapping[str, bytes],
         plan: VolumePlan,
         now: dt.datetime,
-        outcome: Outcome,
+        requeue: Requeue,
     ) -> None:
         key = source.key(pod.ref.uid)
         key_mode = volume.default_mode & KEY_MODE_MASK
@@ -85,7 +85,7 @@ class CertificateSources:
             source.key_path: key_mode,
             source.chain_path: volume.default_mode,
         }
-        write = None if pod.terminal else self._drive(pod, memory, source, current, now, outcome)
+        write = None if pod.terminal else self._drive(pod, memory, source, current, now, requeue)
         if write is not None:
             # The chain as the kubelet writes it: re-encoded block by block, after the key.
             credential = formats.Credential(
@@ -112,7 +112,7 @@ class CertificateSources:
         memory: Memory,
         source: CertificateSource,
         now: dt.datetime,
-        outcome: Outcome,
+        requeue: Requeue,
     ) -> None:
         """Staleness events on state changes, and the next instant this projection needs us."""
         if pod.terminal:
@@ -132,7 +132,7 @@ class CertificateSources:
             self.event(
                 pod, "Warning", reason, f"{source.signer_name} certificate {what} ({until})", now
             )
-        outcome.wake(projection.wake_at(state, now, force_after=pod.force_after, settings=settings))
+        requeue.wake(projection.wake_at(state, now, force_after=pod.force_after, settings=settings))
 
     def _drive(
         self,
@@ -141,7 +141,7 @@ class CertificateSources:
         source: CertificateSource,
         current: Mapping[str, bytes],
         now: dt.datetime,
-        outcome: Outcome,
+        requeue: Requeue,
     ) -> projection.WriteCredential | None:
         """Feed the projection what was observed, then a Tick; carry out its actions."""
         key = source.key(pod.ref.uid)
@@ -163,7 +163,7 @@ class CertificateSources:
                 if isinstance(action, projection.WriteCredential):
                     write = action
                 elif isinstance(action, projection.CreateRequest):
-                    created = self._create(pod, memory, source, action.reason, outcome)
+                    created = self._create(pod, memory, source, action.reason, requeue)
                     if created is not None:
                         events.append(projection.RequestCreated(*created))
         return write
@@ -226,7 +226,7 @@ class CertificateSources:
         memory: Memory,
         source: CertificateSource,
         reason: str,
-        outcome: Outcome,
+        requeue: Requeue,
     ) -> tuple[str, keys.PrivateKey] | None:
         """A new key and a request for it, made as the node. None (and a retry) on API trouble.
         The key of a create whose outcome is unknown is kept for the next try: the request's
@@ -255,7 +255,7 @@ class CertificateSources:
             if isinstance(err, ForeignRequest):
                 del memory.unanswered[work]  # that name is taken: the next key names another
             self.metrics.errors.labels(operation="create_request").inc()
-            outcome.retry = True
+            requeue.retry = True
             log.warning("cannot create request: %s", err, extra=extra)
             # Refusals (as opposed to outages) are worth telling the pod's owner, once.
             if err.status in (400, 403, 422) and memory.first(

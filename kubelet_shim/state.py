@@ -2,7 +2,7 @@
 
 `Caches` holds what the reflectors feed (the node's pods, their PodCertificateRequests, the
 ClusterTrustBundles) and the state of every projection, under one lock. `Memory` is what the agent
-remembers about one pod between reconciles, owned by whichever worker holds the pod; `Outcome` is
+remembers about one pod between reconciles, owned by whichever worker holds the pod; `Requeue` is
 what one reconcile asks of that worker; `VolumePlan` the files one volume should hold. `pod_from`
 reads a pod object into what the agent serves.
 """
@@ -63,8 +63,10 @@ class Caches:
 
 
 @dataclass
-class Outcome:
-    """What one reconcile asks of its worker: wake at `wake_at`, or retry with backoff."""
+class Requeue:
+    """What one reconcile asks of its worker: look at the pod again at `wake_at`, or retry with
+    backoff; with neither, the pod waits for its next event. Not a request's settled outcome
+    (`podcert.api.requests.Outcome`), which the shim reads but never decides."""
 
     wake_at: dt.datetime | None = None
     retry: bool = False

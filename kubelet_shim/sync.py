@@ -18,7 +18,7 @@ from kubelet_shim import projection, trust
 from kubelet_shim.certificates import CertificateSources
 from kubelet_shim.kube import ShimApi
 from kubelet_shim.metrics import Metrics
-from kubelet_shim.state import Caches, Memory, Outcome, Pod, VolumePlan, log_context
+from kubelet_shim.state import Caches, Memory, Pod, Requeue, VolumePlan, log_context
 from kubelet_shim.storage import FileSpec, Storage, StorageError, UnsafeDirectoryError
 from podcert.api.pods import CertificateSource, ProjectedVolume, TrustBundleSource
 from podcert.api.requests import outcome as settled
@@ -52,22 +52,22 @@ class PodSync:
             kube, caches, metrics, settings=settings, clock=clock, rng=rng, event=self.event
         )
 
-    def reconcile(self, uid: str) -> Outcome:
+    def reconcile(self, uid: str) -> Requeue:
         """Bring one pod's projected files in line with what the caches say."""
         with self.caches.lock:
             pod = self.caches.pods.get(uid)
         if pod is None:
             return self._forget_pod(uid)
         now = self.clock()
-        outcome = Outcome()
+        requeue = Requeue()
         memory = self.memory.setdefault(uid, Memory())
         if pod.volumes.errors and memory.first(("volume-errors",)):
             problems = "; ".join(str(e) for e in pod.volumes.errors)
             self.event(pod, "Warning", "InvalidProjectedVolume", problems, now)
         for volume in pod.volumes.volumes:
             if any(isinstance(s, CertificateSource | TrustBundleSource) for s in volume.sources):
-                self._sync_volume(pod, memory, volume, now, outcome)
-        return outcome
+                self._sync_volume(pod, memory, volume, now, requeue)
+        return requeue
 
     def _sync_volume(
         self,
@@ -75,7 +75,7 @@ class PodSync:
         memory: Memory,
         volume: ProjectedVolume,
         now: dt.datetime,
-        outcome: Outcome,
+        requeue: Requeue,
     ) -> None:
         uid = pod.ref.uid
         try:
@@ -83,7 +83,7 @@ class PodSync:
         except UnsafeDirectoryError as err:
             # Refused before anything is planned: no new key or request for a volume that
             # cannot be written.
-            self._refuse_volume(pod, memory, volume.name, err, now, outcome)
+            self._refuse_volume(pod, memory, volume.name, err, now, requeue)
             return
         plan = VolumePlan()
         # The atomic writer takes one owner per volume: that of the first source we serve
@@ -91,7 +91,7 @@ class PodSync:
         owner: int | None = None
         for source in volume.sources:
             if isinstance(source, CertificateSource):
-                self.sources.plan(pod, memory, volume, source, current, plan, now, outcome)
+                self.sources.plan(pod, memory, volume, source, current, plan, now, requeue)
             elif isinstance(source, TrustBundleSource):
                 self._plan_trust(pod, memory, volume, source, current, plan, now)
             else:
@@ -105,14 +105,14 @@ class PodSync:
                 self.storage.write_volume(uid, volume.name, files, owner)
             except UnsafeDirectoryError as err:
                 # As below, the new key waits in its state; the retry reads the disk again.
-                self._refuse_volume(pod, memory, volume.name, err, now, outcome)
+                self._refuse_volume(pod, memory, volume.name, err, now, requeue)
                 plan.written.clear()
             except StorageError as err:
                 # The previous version is intact; the new key stays in its Fresh state for the
                 # retry. The error names a path and a cause, never file content.
                 self.metrics.writes.labels(result="error").inc()
                 log.error("cannot write volume: %s", err, extra=log_context(pod, volume.name))
-                outcome.retry = True
+                requeue.retry = True
                 plan.written.clear()
             else:
                 self.metrics.writes.labels(result="ok").inc()
@@ -126,7 +126,7 @@ class PodSync:
 
         for source in volume.sources:
             if isinstance(source, CertificateSource):
-                self.sources.after(pod, memory, source, now, outcome)
+                self.sources.after(pod, memory, source, now, requeue)
 
     def _current(self, uid: str, memory: Memory, volume: str) -> dict[str, bytes]:
         """What the volume holds: remembered from our last write, or read once from disk.
@@ -161,14 +161,14 @@ class PodSync:
         volume: str,
         err: UnsafeDirectoryError,
         now: dt.datetime,
-        outcome: Outcome,
+        requeue: Requeue,
     ) -> None:
         """A link (or a non-directory) where the volume's directories should be: leave the
         volume alone, tell the pod's owner once, and look again with backoff (up to 5 min),
         so the volume is served again once the directory is put right."""
         memory.disk.pop(volume, None)  # the retry reads the disk again before planning
         self.metrics.writes.labels(result="error").inc()
-        outcome.retry = True
+        requeue.retry = True
         if memory.first(("unsafe-volume", volume)):
             self.event(
                 pod,
@@ -202,9 +202,9 @@ class PodSync:
         if memory.first(("trust-missing", source.volume, source.index)):
             self.event(pod, "Warning", "TrustBundleUnavailable", str(resolved.problem), now)
 
-    def _forget_pod(self, uid: str) -> Outcome:
+    def _forget_pod(self, uid: str) -> Requeue:
         """Remove a deleted pod's files and its requests still waiting for an answer."""
-        outcome = Outcome()
+        requeue = Requeue()
         try:
             self.storage.remove_pod(uid)
         except UnsafeDirectoryError as err:
@@ -213,7 +213,7 @@ class PodSync:
             log.error("left the pod's files alone: %s", err, extra={"pod_uid": uid})
         except StorageError as err:
             log.error("cannot remove the pod's files: %s", err, extra={"pod_uid": uid})
-            outcome.retry = True
+            requeue.retry = True
         self.memory.pop(uid, None)
         with self.caches.lock:
             self.caches.tracked = {k: v for k, v in self.caches.tracked.items() if k.pod_uid != uid}
@@ -229,7 +229,7 @@ class PodSync:
             except ApiError as err:
                 self.metrics.errors.labels(operation="delete_request").inc()
                 log.warning("cannot delete request: %s", err, extra={"request": meta["name"]})
-                outcome.retry = True
+                requeue.retry = True
                 continue
             extra = {"namespace": meta["namespace"], "request": meta["name"]}
             if deleted:
@@ -237,7 +237,7 @@ class PodSync:
             else:
                 # Nodes may not delete requests; the garbage collector follows ownerReferences.
                 log.debug("pending request of a deleted pod left to the collector", extra=extra)
-        return outcome
+        return requeue
 
     def event(self, pod: Pod, kind: str, reason: str, message: str, now: dt.datetime) -> None:
         level = logging.WARNING if kind == "Warning" else logging.INFO

@@ -424,9 +424,9 @@ def test_a_future_rotate_instant_schedules_the_rotation(rig: Rig) -> None:
     issued_pod(rig)
     later = make_pod([cert_volume()], annotations={ROTATE_ANNOTATION: "2026-11-29T22:00:00Z"})
     rig.agent.on_pod_event("MODIFIED", later)
-    outcome = rig.agent.reconcile(UID)
+    requeue = rig.agent.reconcile(UID)
     assert len(rig.kube.created) == 1
-    assert outcome.wake_at == T0 + 2 * HOUR
+    assert requeue.wake_at == T0 + 2 * HOUR
     rig.clock.now = T0 + 2 * HOUR
     rig.agent.reconcile(UID)
     assert len(rig.kube.created) == 2
@@ -757,8 +757,8 @@ def test_a_volume_behind_a_link_gets_no_request_one_event_and_retries(rig: Rig) 
     rig.storage.plant_link(UID, "identity")
     pod = make_pod([cert_volume(), cert_volume("other", credentialBundlePath="b.pem")])
     rig.agent.on_pod_event("ADDED", pod)
-    outcome = rig.agent.reconcile(UID)
-    assert outcome.retry, "looked at again with backoff"
+    requeue = rig.agent.reconcile(UID)
+    assert requeue.retry, "looked at again with backoff"
     [asked] = rig.kube.created
     assert asked["spec"]["stubPKCS10Request"]
     assert rig.kube.names == [asked["metadata"]["name"]], "only 'other' asked"
@@ -858,9 +858,9 @@ def test_on_disk_a_link_to_an_outside_folder_gets_nothing_written_through_it(
     assert len(unsafe_events(rig)) == 1
 
     rig.agent.on_pod_event("DELETED", forced)
-    outcome = rig.agent.reconcile(UID)
+    requeue = rig.agent.reconcile(UID)
     if where[-1] != "identity":
-        assert not outcome.retry, "a link on the way is left to the operator, not retried"
+        assert not requeue.retry, "a link on the way is left to the operator, not retried"
         assert spot.is_symlink()
     else:
         assert not os.path.lexists(spot), "inside the plugin directory the link itself goes"
