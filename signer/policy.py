@@ -57,6 +57,7 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from bundles.spiffe import SpiffeIdError, parse_trust_domain
 from podcert.api.keys import KEY_TYPES, KeyType
 from podcert.api.lifetimes import (
     DEFAULT_MAX_EXPIRATION_SECONDS,
@@ -76,7 +77,6 @@ MIN_RATE_PER_SECOND: Final = 0.01
 MAX_RATE_PER_SECOND: Final = 10000.0
 MAX_BURST: Final = 100000
 
-_TRUST_DOMAIN = re.compile(r"[a-z0-9._-]{1,255}")
 # Globs over Kubernetes names: lowercase name characters plus fnmatch's * ? [ ] !.
 _NAME_GLOB = re.compile(r"[a-z0-9.*?\[\]!-]+")
 
@@ -127,12 +127,18 @@ class Policy:
 
 
 def trust_domain_problem(trust_domain: str) -> str | None:
-    """Why `trust_domain` is not a SPIFFE trust domain name, or None when it is one."""
+    """Why `trust_domain` is not a SPIFFE trust domain name, or None when it is one.
+
+    A name is accepted exactly when `bundles.spiffe` accepts it as a bare trust domain, so the
+    signer never issues an ID its own workloads would refuse; the messages name the policy
+    file's terms (a scheme, a port) first."""
     if "://" in trust_domain:
         return "must be a bare trust domain name, without a scheme such as spiffe://"
     if ":" in trust_domain:
         return "must not carry a port"
-    if not _TRUST_DOMAIN.fullmatch(trust_domain):
+    try:
+        parse_trust_domain(trust_domain)  # the SPIFFE rule workloads check peers' IDs by
+    except SpiffeIdError:
         return (
             "must be 1 to 255 characters of lowercase letters, digits, dots, dashes and underscores"
         )
