@@ -190,8 +190,16 @@ def dump_private_key(key: PrivateKey) -> bytes:
 
 
 def dump_certificates(certificates: Iterable[x509.Certificate]) -> bytes:
-    """Concatenated CERTIFICATE blocks: a chain file, or a trust bundle from its roots."""
+    """Concatenated CERTIFICATE blocks, as given: a chain file, or a trust bundle from its roots.
+    The one place certificates are joined into PEM text (`dump_roots` too goes through it)."""
     return b"".join(cert.public_bytes(serialization.Encoding.PEM) for cert in certificates)
+
+
+def dump_roots(roots: Iterable[x509.Certificate]) -> bytes:
+    """The CERTIFICATE blocks of `roots`, each distinct certificate once, in the order it first
+    appears: what a published trust bundle holds. The API server refuses a ClusterTrustBundle
+    that lists a certificate twice, and the same roots always give the same bytes."""
+    return dump_certificates(dict.fromkeys(roots))
 
 
 def dump_trust_bundle(bundle: TrustBundle) -> bytes:

@@ -59,6 +59,7 @@ from urllib.parse import urlsplit
 from cryptography import exceptions, x509
 from cryptography.hazmat.primitives import hashes, serialization
 
+from bundles.formats import dump_certificates
 from bundles.spiffe import SpiffeId, SpiffeIdError
 from signer import spiffebundle
 
@@ -371,7 +372,7 @@ def bundle_name(signer_name: str, trust_domain: str) -> str:
 
 def desired(signer_name: str, bundle: Bundle, managed_by: Mapping[str, str]) -> dict[str, Any]:
     """The ClusterTrustBundle publishing a federated trust domain's roots."""
-    pem = "".join(r.public_bytes(serialization.Encoding.PEM).decode() for r in bundle.roots)
+    pem = dump_certificates(bundle.roots).decode()
     return {
         "metadata": {
             "name": bundle_name(signer_name, bundle.trust_domain),

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from bundles.formats import dump_roots
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from podcert.runtime import WorkerPool
@@ -34,24 +35,13 @@ def bundle_name(signer_name: str) -> str:
     return f"{signer_name.replace('/', ':')}:roots"
 
 
-def pem_bundle(roots: Iterable[x509.Certificate]) -> str:
-    seen: set[bytes] = set()
-    out = []
-    for root in roots:
-        pem = root.public_bytes(serialization.Encoding.PEM)
-        if pem not in seen:
-            seen.add(pem)
-            out.append(pem.decode())
-    return "".join(out)
-
-
 def desired(signer_name: str, trust_domain: str, roots: Sequence[x509.Certificate]) -> JSON:
     labels = dict(MANAGED_BY)
     if _LABEL_VALUE.match(trust_domain):
         labels[TRUST_DOMAIN_LABEL] = trust_domain
     return {
         "metadata": {"name": bundle_name(signer_name), "labels": labels},
-        "spec": {"signerName": signer_name, "trustBundle": pem_bundle(roots)},
+        "spec": {"signerName": signer_name, "trustBundle": dump_roots(roots).decode()},
     }
 
 

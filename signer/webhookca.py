@@ -26,17 +26,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-
-def ca_bundle(roots: Sequence[x509.Certificate]) -> bytes:
-    """The roots as concatenated PEM, each once, in the order given."""
-    seen: set[bytes] = set()
-    out = []
-    for root in roots:
-        pem = root.public_bytes(serialization.Encoding.PEM)
-        if pem not in seen:
-            seen.add(pem)
-            out.append(pem)
-    return b"".join(out)
+from bundles.formats import dump_roots
 
 
 def _certificates(field: object) -> frozenset[bytes] | None:
@@ -60,7 +50,7 @@ def updated(config: Mapping[str, Any], roots: Sequence[x509.Certificate]) -> dic
     No roots (no CA loaded) is no decision."""
     if not roots:
         return None
-    wanted = ca_bundle(roots)
+    wanted = dump_roots(roots)
     want = _certificates(base64.b64encode(wanted).decode())
     webhooks = config.get("webhooks")
     if not isinstance(webhooks, list) or not webhooks:

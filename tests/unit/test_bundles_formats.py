@@ -42,6 +42,7 @@ from bundles.formats import (
     UnsupportedKeyError,
     dump_certificates,
     dump_credential,
+    dump_roots,
     dump_trust_bundle,
     load_credential,
     load_credential_files,
@@ -411,6 +412,12 @@ def test_trust_bundle_drops_duplicates_and_keeps_order(root: Authority) -> None:
     bundle = load_trust_bundle(root.pem + other.pem + root.pem + b"\n" + other.pem)
     assert bundle.roots == (root.cert, other.cert)
     assert load_trust_bundle(dump_trust_bundle(bundle)) == bundle
+
+
+def test_dumped_roots_hold_each_root_once_in_first_order(root: Authority) -> None:
+    other = Authority("another root")
+    assert dump_roots([other.cert, root.cert, other.cert]) == other.pem + root.pem
+    assert dump_roots([]) == b""
 
 
 def test_trust_bundle_der_is_the_concatenation_of_roots(root: Authority) -> None:

@@ -6,6 +6,7 @@ import datetime as dt
 import threading
 from typing import cast
 
+from bundles.formats import dump_roots
 from podcert.rest import JSON
 from podcert.workqueue import WorkQueue
 from signer import ca, trustbundles
@@ -27,12 +28,12 @@ def test_nothing_to_write_when_the_roots_and_labels_already_match() -> None:
         **want,
         "spec": {
             **want["spec"],
-            "trustBundle": trustbundles.pem_bundle(list(reversed(roots))),
+            "trustBundle": dump_roots(reversed(roots)).decode(),
         },
     }
     assert not trustbundles.differs(want, same_but_reordered)
     assert trustbundles.differs(want, None)
-    edited = {**want, "spec": {**want["spec"], "trustBundle": trustbundles.pem_bundle(roots[:1])}}
+    edited = {**want, "spec": {**want["spec"], "trustBundle": dump_roots(roots[:1]).decode()}}
     assert trustbundles.differs(want, edited)
     relabelled = {**want, "metadata": {**want["metadata"], "labels": {}}}
     assert trustbundles.differs(want, relabelled)
@@ -40,7 +41,8 @@ def test_nothing_to_write_when_the_roots_and_labels_already_match() -> None:
 
 def test_duplicate_roots_are_published_once() -> None:
     root = ca.new_ca("a", T0).root
-    assert trustbundles.pem_bundle([root, root]).count("BEGIN CERTIFICATE") == 1
+    want = trustbundles.desired("example.com/podcert", "td.test", [root, root])
+    assert want["spec"]["trustBundle"].count("BEGIN CERTIFICATE") == 1
 
 
 class _Kube:
