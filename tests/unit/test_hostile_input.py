@@ -365,23 +365,8 @@ def facts_for(draw: st.DrawFn, request: model.Request) -> model.Facts:
     return dataclasses.replace(facts, **{name: draw(odd[name]) for name in changed})
 
 
-DENIED_REASONS: Final = frozenset(
-    {
-        model.UNSUPPORTED_KEY_TYPE,
-        model.INVALID_REQUEST,
-        model.POD_NOT_FOUND,
-        model.POD_UID_MISMATCH,
-        model.POD_NOT_ON_NODE,
-        model.POD_NOT_RUNNABLE,
-        model.NODE_NOT_FOUND,
-        model.NODE_UID_MISMATCH,
-        model.SERVICE_ACCOUNT_MISMATCH,
-        model.UNKNOWN_ANNOTATION,
-        model.INVALID_ANNOTATION,
-        model.DNS_NAME_NOT_ALLOWED,
-        model.POLICY_DENIED,
-    }
-)
+# Read from the closed type, so a reason added to model.DenyReason is known here at once.
+DENIED_REASONS: Final = frozenset(get_args(model.DenyReason))
 
 
 @FUZZ

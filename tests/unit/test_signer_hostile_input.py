@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
-from typing import Any
+from typing import Any, Final, get_args
 
 import msgspec
 import yaml
@@ -104,22 +104,8 @@ def test_parser_returns_a_supported_key_or_raises_csr_error(
 
 # decide ----------------------------------------------------------------------------------------
 
-DENIED_REASONS = {
-    model.UNSUPPORTED_KEY_TYPE,
-    model.INVALID_REQUEST,
-    model.INVALID_PROOF_OF_POSSESSION,
-    model.POD_NOT_FOUND,
-    model.POD_UID_MISMATCH,
-    model.POD_NOT_ON_NODE,
-    model.POD_NOT_RUNNABLE,
-    model.NODE_NOT_FOUND,
-    model.NODE_UID_MISMATCH,
-    model.SERVICE_ACCOUNT_MISMATCH,
-    model.UNKNOWN_ANNOTATION,
-    model.INVALID_ANNOTATION,
-    model.DNS_NAME_NOT_ALLOWED,
-    model.POLICY_DENIED,
-}
+# Read from the closed type, so a reason added to model.DenyReason is known here at once.
+DENIED_REASONS: Final = frozenset(get_args(model.DenyReason))
 DNS_KEY = requested.DNS_NAMES_ANNOTATION
 ENTITLED = sorted(make_facts().service_dns_names)
 POLICIES = [
