@@ -59,7 +59,7 @@ from urllib.parse import urlsplit
 from cryptography import exceptions, x509
 from cryptography.hazmat.primitives import hashes, serialization
 
-from bundles.formats import dump_certificates
+from bundles.formats import dump_roots
 from bundles.spiffe import SpiffeId, SpiffeIdError
 from signer import spiffebundle
 
@@ -371,8 +371,10 @@ def bundle_name(signer_name: str, trust_domain: str) -> str:
 
 
 def desired(signer_name: str, bundle: Bundle, managed_by: Mapping[str, str]) -> dict[str, Any]:
-    """The ClusterTrustBundle publishing a federated trust domain's roots."""
-    pem = dump_certificates(bundle.roots).decode()
+    """The ClusterTrustBundle publishing a federated trust domain's roots, each once: a peer's
+    document or a bootstrap file may list a root twice, and the API server refuses a
+    ClusterTrustBundle that does."""
+    pem = dump_roots(bundle.roots).decode()
     return {
         "metadata": {
             "name": bundle_name(signer_name, bundle.trust_domain),

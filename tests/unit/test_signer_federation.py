@@ -168,6 +168,15 @@ def test_bootstrap_bundles_are_pem_or_the_spiffe_document(roots: list[x509.Certi
     assert isinstance(bad, Rejected) and bad.field == "bootstrapBundle"
 
 
+def test_a_root_listed_twice_is_published_once(roots: list[x509.Certificate]) -> None:
+    pem = b"".join(r.public_bytes(serialization.Encoding.PEM) for r in [*roots, roots[0]])
+    bundle = federation.bootstrap_roots(pem, TD, NOW)
+    assert isinstance(bundle, Bundle)
+    published = federation.desired("example.com/federated", bundle, {})["spec"]["trustBundle"]
+    assert published.count("BEGIN CERTIFICATE") == 2
+    assert x509.load_pem_x509_certificates(published.encode()) == roots
+
+
 @pytest.mark.parametrize(
     ("hint", "failures", "seconds"),
     [
