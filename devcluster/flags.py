@@ -80,7 +80,7 @@ def apiserver_args(
         # Loopback cannot back the kubernetes Service endpoints; nothing here needs them.
         "--endpoint-reconciler-type=none",
         # The API server calls webhooks (and aggregated APIs) at their Service's endpoints, not
-        # its cluster IP (an in-cluster signer's webhook, issue 16): most tests run no kube-proxy
+        # its cluster IP (an in-cluster signer's webhook is one): most tests run no kube-proxy
         # (`devcluster.network`), and a cluster IP with no rule would be routed off the machine.
         "--enable-aggregator-routing=true",
         f"--secure-port={port}",

@@ -208,7 +208,9 @@ def _commands(image: str, report: Report) -> None:
 
 
 def check(image: str = IMAGE) -> Report:
-    """Every check of issue 16 on a built image; findings leave the report failing."""
+    """Every check of a built image: its user, its files (`imagecheck`), its podcert modules
+    against the checkout's, each layer's leftovers and its commands; findings leave the report
+    failing."""
     report, info = _measured(image)
     config = info.get("Config") or {}
     user = str(config.get("User", ""))

@@ -1,4 +1,4 @@
-"""What podcert's image must and must not hold, judged from its files (issue 16). Pure: each
+"""What podcert's image must and must not hold, judged from its files. Pure: each
 check takes the members of an archive (`podman export` for the flattened file system, `podman
 save` for each layer) and returns findings, one line each; `devcluster.imagebuild` feeds them.
 

@@ -1,4 +1,5 @@
-"""Services for the real node's pods, as a cluster gives them (issue 16): kube-proxy in iptables
+"""Services for the real node's pods, as a cluster gives them, so a pod reaches another by its
+Service's name (the example mTLS pair does): kube-proxy in iptables
 mode takes a Service's cluster IP to its endpoints, and a cluster DNS (CoreDNS) answers
 `<service>.<namespace>.svc.cluster.local`. Both are built from Go modules
 (`build.ensure_network`) and run on the host beside the real node, each with an identity of its

@@ -15,7 +15,8 @@ POD_SUBNET = "10.89.0.0/24"
 
 
 def containerd_config(folder: Path, cni_conf: Path, socket: Path) -> str:
-    """containerd 1.6 (config version 2) with everything under `folder`; see issue 13."""
+    """containerd 1.6 (config version 2) with everything under `folder` (root, state, opt, runc's
+    root), so stopping a node removes all it kept; runc on cgroupfs, as the host has no systemd."""
     return f"""version = 2
 root = "{folder / "root"}"
 state = "{folder / "state"}"
@@ -91,7 +92,9 @@ def kubelet_config(
     sync_frequency: dt.timedelta | None = None,
     cluster_dns: str | None = None,
 ) -> dict[str, Any]:
-    """The KubeletConfiguration for a real node on this VM (issue 13 lists why each line).
+    """The KubeletConfiguration for a real node on this VM: cgroup v1 through cgroupfs under
+    `cgroup`, its files and ports its own, the host's iptables untouched, swap allowed, images never
+    collected (they cannot be pulled again here).
     `max_pods` raises the kubelet's own limit of 110 pods (benchmarks load one node with more).
     `sync_frequency` shortens the kubelet's pod resync (default 1 min, plus up to half again of
     jitter), which paces how soon a changed ClusterTrustBundle reaches a running pod's files.

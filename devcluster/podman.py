@@ -6,7 +6,7 @@ No registry is reachable here, so `python:3.11-slim` cannot be pulled: it is mad
 images (no apt lists or caches, documentation, manual pages or locales) and imported as
 `localhost/python:3.11-slim`, which `FROM python:3.11-slim` finds with `--pull=never`.
 
-What this VM needs of podman (checked in issue 16): runc, as crun refuses its hybrid cgroups;
+What this VM needs of podman: runc, as crun refuses its hybrid cgroups;
 ulimits no higher than the hard ones it already has (no CAP_SYS_RESOURCE); cgroupfs and file
 events, with no systemd. Podman reads only the files written here (CONTAINERS_CONF,
 CONTAINERS_STORAGE_CONF, CONTAINERS_REGISTRIES_CONF), never /etc/containers, and keeps its images

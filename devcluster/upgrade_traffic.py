@@ -1,5 +1,5 @@
-"""A whole devcluster upgraded in place under traffic, as a platform team upgrades a cluster
-(issue 25, item 4): the control plane one minor up, then the nodes one by one, again, while pods
+"""A whole devcluster upgraded in place under traffic, as a platform team upgrades a cluster:
+the control plane one minor up, then the nodes one by one, again, while pods
 hold podcert credentials and the example mTLS pair keeps calling.
 
 `Upgrade(root, work, shape)` starts, on a control plane of `shape.start`: two signer replicas

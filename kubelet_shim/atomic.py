@@ -1,9 +1,9 @@
 """The kubelet's atomic writer, on disk: every version of a volume is a complete hidden
 directory, and the user-visible names reach it through one symlink (`..data`) swapped by rename(2).
 
-Nothing under the root is reached through a symbolic link (issue 18: a volume directory replaced
-by a link to a folder elsewhere received the pod's new private key): every path is walked by
-descriptor (`kubelet_shim.dirfd`). The only links are the writer's own: `..data` (and
+Nothing under the root is reached through a symbolic link (a volume directory replaced by a
+link to a folder elsewhere would otherwise receive the pod's new private key): every path is
+walked by descriptor (`kubelet_shim.dirfd`). The only links are the writer's own: `..data` (and
 `..data_tmp`) naming one of its `..<timestamp>` versions, and the visible names pointing into
 `..data`; those it reads with readlink(2) and never follows itself.
 """

@@ -2,7 +2,7 @@
 
 Every call walks from the root one directory at a time with openat(2) and O_NOFOLLOW and then
 works only through those descriptors (`dir_fd=`), so a link planted anywhere on the way, or
-swapped in while a call runs, is met as ELOOP instead of being followed (issue 18): there is no
+swapped in while a call runs, is met as ELOOP instead of being followed: there is no
 check-then-use gap to race, as there would be with lstat and paths.
 """
 

@@ -8,7 +8,7 @@ registration's matchConditions keep them from reaching us at all).
 
 The webhook port is reachable by more than the API server unless a NetworkPolicy says otherwise,
 and nothing proves a caller is the API server: `userInfo` is whatever the body says. So the
-answer is written for an unauthenticated caller (issue 18):
+answer is written for an unauthenticated caller:
 
 1. Only a well-formed AdmissionReview about a PodCertificateRequest, within size and nesting
    bounds, gets a verdict; anything else is a typed `MalformedReview` (HTTP 400, or 413 when too

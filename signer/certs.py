@@ -85,7 +85,7 @@ def _sign(
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(plan.spiffe_id)]
     sans += [x509.DNSName(name) for name in plan.dns_names]
     # One builder made whole, not step by step: each of its setters copies the builder and
-    # checks its argument again, about a third of a leaf's cost (issue 14). What they checked
+    # checks its argument again, about a third of a leaf's cost. What they checked
     # is checked here once: the plan (`_check_plan`), the serial, the fixed parts per CA.
     leaf = x509.CertificateBuilder(
         issuer_name=issuer.subject,
