@@ -1,4 +1,4 @@
-"""Issue 4 acceptance: creators that are not the node are refused at admission, by the signer's
+"""Creators that are not the node are refused at admission, by the signer's
 webhook and by the webhook-free ValidatingAdmissionPolicy; other signers pass untouched."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13 (6): `podcert audit --root` over a real shim's root reports a key file opened up to
+"""`podcert audit --root` over a real shim's root reports a key file opened up to
 its group or to everyone (`key-readable`), naming the file and its mode and never its content;
 what the shim itself writes (keys 0600, trust bundle and chain 0644) audits clean.
 

@@ -1,4 +1,4 @@
-"""Issue 18's attacks on the audit log, replayed against the real API server and the real signer.
+"""Attacks on the audit log, replayed against the real API server and the real signer.
 
 Each test is an attack that used to pass as "healthy" (or a fault that used to fail open); each
 now ends in a finding and exit 1 (or no issuance). The node's half is played by the test: requests

@@ -1,4 +1,4 @@
-"""Issue 17, part 2: the signer's SPIFFE bundle endpoint, fetched by go-spiffe's
+"""The signer's SPIFFE bundle endpoint, fetched by go-spiffe's
 `federation.FetchBundle` (which parses it with spiffebundle) as another trust domain would.
 
 With the https_spiffe profile, through a whole CA rotation (prepare -> activate -> retire), each

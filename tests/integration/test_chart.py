@@ -1,4 +1,4 @@
-"""Issue 16: the Helm chart (charts/podcert) renders the kustomize bases' objects, field for field:
+"""The Helm chart (charts/podcert) renders the kustomize bases' objects, field for field:
 the signer base with default values, and the shim, the example pair and the webhook-free
 admission policy each behind one value; only the chart's checksum of the policy on the signer's
 pod template is its own (what rolls the pods on `helm upgrade`). `helm lint` passes it (its

@@ -1,4 +1,4 @@
-"""Issue 15, the cases of tests/unit/test_cli_errors.py that need a real API server: credentials
+"""The cases of tests/unit/test_cli_errors.py that need a real API server: credentials
 it refuses (401) or that lack the rights (403) answer in one line and exit 1 at every command,
 and a signer whose API server goes away after it started keeps running, says so without a
 traceback, and issues again when the server is back."""

@@ -1,5 +1,5 @@
-"""Issue 7 acceptance: `podcert demo` runs the whole story on its own devcluster and exits 0.
-Issue 13: one of its nodes is run by the real kubelet (a real one wherever the machine can)."""
+"""`podcert demo` runs the whole story on its own devcluster and exits 0; one of its nodes is run
+by the real kubelet (a real one wherever the machine can)."""
 
 from __future__ import annotations
 

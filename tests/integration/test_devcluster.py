@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: the devcluster is a real API server that enforces what podcert relies on."""
+"""The devcluster is a real API server that enforces what podcert relies on."""
 
 from __future__ import annotations
 

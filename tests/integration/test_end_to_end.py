@@ -1,4 +1,4 @@
-"""Issue 6 acceptance: the example pair, on credentials the shim projects from the signer, under
+"""The example pair, on credentials the shim projects from the signer, under
 steady load through 3 forced leaf rotations of both pods and one full CA rotation: zero failed
 requests, and the server sees the client's new serial after each rotation. Then `podcert audit`
 over the cluster, the node's files and the signer's audit log is clean."""

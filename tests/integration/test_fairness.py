@@ -1,4 +1,4 @@
-"""Issue 18, item 5: one node must not starve the others. Against the real API server, with
+"""One node must not starve the others. Against the real API server, with
 nodes' own identities: a node that floods the signer with requests for its own pod does not
 hold back another node's request (the fair queue), and the policy's per-node rate limit holds
 a flooding node near its rate while other nodes are served at once.

@@ -1,4 +1,4 @@
-"""Issue 8, faults: the signer and the shim as real processes against a real API server that is
+"""Faults: the signer and the shim as real processes against a real API server that is
 restarted mid-burst or expires their watches, and a shim that is SIGKILLed mid-write, runs out of
 disk space, or runs 3 minutes ahead of the API server's clock.
 

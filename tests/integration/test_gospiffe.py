@@ -1,4 +1,4 @@
-"""Issue 17, part 1: podcert's X509-SVIDs judged by go-spiffe, the reference SPIFFE library.
+"""podcert's X509-SVIDs judged by go-spiffe, the reference SPIFFE library.
 
 Credentials projected by the shim and by the kubelet (kubemark's hollow kubelet: the real
 kubelet code, writing real files) are loaded with go-spiffe's x509svid and x509bundle, verified

@@ -1,4 +1,4 @@
-"""Issue 16: the Helm chart installed for real. `helm install podcert charts/podcert` (default
+"""The Helm chart installed for real. `helm install podcert charts/podcert` (default
 values: the objects `kubectl apply -k manifests/signer` applies), with the devcluster's admin
 kubeconfig, runs the signer on the real node from its image as shipped (imported into the node's
 containerd, as test_in_cluster does); its 2 replicas become Ready, and the real kubelet projects a

@@ -1,4 +1,4 @@
-"""Issue 8, hostile input: oversized and odd objects through the real API server, to the real signer
+"""Hostile input: oversized and odd objects through the real API server, to the real signer
 and shim. Every request ends in a clear outcome within a bounded time (Issued, or Denied with a
 reason naming the field), the processes keep serving everyone else (a normal pod is served
 promptly after each test), and their memory stays bounded.

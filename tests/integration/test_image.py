@@ -1,4 +1,4 @@
-"""Issue 16: podcert's image, built here by podman from the Dockerfile (cached by its layers; the
+"""podcert's image, built here by podman from the Dockerfile (cached by its layers; the
 first build makes the base image too, about 3 minutes) and checked: every subcommand's --help,
 read-only and unprivileged; a named non-root uid and gid; no development code, compiler,
 world-writable file or build leftover in any layer; podcert's modules as checked out. The checks

@@ -1,4 +1,4 @@
-"""Issue 16, part 0: the signer in-cluster, for real, and the example pair beside it. podcert's
+"""The signer in-cluster, for real, and the example pair beside it. podcert's
 image and the examples' image (built and checked by test_image's build, cached) are imported into
 the real node's containerd; `manifests/examples/mtls` is applied as shipped (server-side apply of
 exactly what `kubectl apply -k` applies: the signer's base and the pair; the image references

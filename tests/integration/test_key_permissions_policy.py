@@ -1,4 +1,4 @@
-"""Issue 13 (6): the shipped ValidatingAdmissionPolicy warns, on the real API server, about a pod
+"""The shipped ValidatingAdmissionPolicy warns, on the real API server, about a pod
 whose podCertificate key the kubelet would leave readable by others in the pod, and stays quiet
 for one whose key stays private. It warns and audits; it never refuses.
 

@@ -1,4 +1,4 @@
-"""Issue 13, part 1: the devcluster of an older minor (1.35, 1.36) is a whole cluster that serves
+"""The devcluster of an older minor (1.35, 1.36) is a whole cluster that serves
 pod certificates at certificates.k8s.io/v1beta1 only, and its hollow kubelet, switched on by the
 same feature gates, projects podcert's credential. `make controlplane` builds both minors.
 """

@@ -1,4 +1,4 @@
-"""Issue 25, item 7: two leader electors on the real API server's Lease, started with different
+"""Two leader electors on the real API server's Lease, started with different
 --lease-duration values (as two signer replicas are during a rolling update that changes it),
 never lead at once. The holder (long duration, long renew deadline) is cut off from the API
 server; it keeps leading until its renew deadline passes, and the standby (short duration) must

@@ -1,4 +1,4 @@
-"""Issue 24 (8): least privilege for the two identities RBAC alone cannot narrow, on the real API
+"""Least privilege for the two identities RBAC alone cannot narrow, on the real API
 server, with the shipped RBAC and admission policies.
 
 - The shim's clean-up ServiceAccount (manifests/shim: its token is on every node) may delete only
@@ -9,7 +9,7 @@ server, with the shipped RBAC and admission policies.
   installs for every test signer): it may not delete another signer's bundle, nor create,
   replace or delete one linked to no signer.
 
-Each attack of the finding is refused, and the legitimate writes still go through: a real shim
+Each write those rules forbid is refused, and the legitimate writes still go through: a real shim
 deleting its own node's pending request of a deleted pod, a real signer publishing its bundle,
 following a CA rotation, removing its stale bundle, and publishing a federated trust domain's.
 1.35 and 1.36 (v1beta1, the other key forms) are checked on clusters of their own.

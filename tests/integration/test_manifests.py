@@ -1,4 +1,4 @@
-"""Issue 7: every manifest passes server-side dry-run on the real API server, the signer's pod
+"""Every manifest passes server-side dry-run on the real API server, the signer's pod
 template passes the `restricted` Pod Security level, and its RBAC is exactly what it needs.
 Each base is read as `kubectl apply -k` applies it (`kustomize`: resources and ConfigMaps
 generated from files, the two things our kustomizations use; checked against kustomize v5.7.1's
@@ -6,7 +6,7 @@ own output when written). manifests/monitoring's prometheus-operator kinds have 
 their content is checked by tests/unit/test_monitoring.py, their wiring below.
 
 The dry-run creates each object under a fresh name, so that one already in the cluster (applied
-by another test) is still validated: a 409 would say nothing about the manifest (issue 15)."""
+by another test) is still validated: a 409 would say nothing about the manifest."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 25, item 6: a shim whose node certificate is renewed in place, as the kubelet renews
+"""A shim whose node certificate is renewed in place, as the kubelet renews
 its own (`kubelet-client-current.pem`, a link to the newest dated file holding certificate and
 key, named by the kubeconfig as both), keeps projecting new pods' credentials after the old
 certificate has expired: the client reads the files again and presents the renewed pair on new

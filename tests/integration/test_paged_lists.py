@@ -1,4 +1,4 @@
-"""Issue 14: whole-cluster lists are paged and decoded into shapes, against the real API server.
+"""Whole-cluster lists are paged and decoded into shapes, against the real API server.
 
 `Rest.list` follows the continue tokens to the end, gives the list's resourceVersion from the first
 page (a watch from it misses nothing), and decodes each object into a shape with only the fields

@@ -1,4 +1,4 @@
-"""Issue 13: podcert's signer meets the real kubelet. A pod with a podCertificate volume lands on
+"""podcert's signer meets the real kubelet. A pod with a podCertificate volume lands on
 a real node (containerd, real containers) or a hollow one (kubemark: the real kubelet code with a
 fake runtime); the kubelet makes the request, the signer issues, the kubelet writes the files.
 

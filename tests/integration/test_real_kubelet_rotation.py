@@ -1,4 +1,4 @@
-"""Issue 13: rotations on files the real kubelet writes. A CA rotation driven as an operator does
+"""Rotations on files the real kubelet writes. A CA rotation driven as an operator does
 (`podcert signer ca prepare | activate | retire`) reaching the kubelet's trust file, and the
 example mTLS pair running on the kubelet's files through a leaf rotation and a CA rotation.
 

@@ -1,4 +1,4 @@
-"""Issue 24, findings 2 and 7 and the bundle endpoint race: every port a real signer serves
+"""Every port a real signer serves
 (metrics and probes, the admission webhook, the SPIFFE bundle endpoint) is bounded, and
 readiness means every one of them accepts connections.
 

@@ -1,4 +1,4 @@
-"""Issue 5 acceptance: the node shim as a real process with a node identity, against the real API
+"""The node shim as a real process with a node identity, against the real API
 server and the podcert signer. The shim serves its own nodes (shim-node-*), so pods other test
 modules leave on node-a are not its business."""
 

@@ -1,4 +1,4 @@
-"""Issue 24, finding 6: a create whose answer is lost on the way must not become two requests.
+"""A create whose answer is lost on the way must not become two requests.
 
 The shim runs as its node against the real API server through a small TLS proxy (it holds the
 node's client certificate upstream, so the API server sees the node) that drops the first 201 a

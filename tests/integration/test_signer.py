@@ -1,4 +1,4 @@
-"""Issue 3 acceptance: the signer, as its ServiceAccount with least RBAC, against the real API."""
+"""The signer, as its ServiceAccount with least RBAC, against the real API."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 15: the binding denials that depend on how the signer learns the cluster's state,
+"""The binding denials that depend on how the signer learns the cluster's state,
 against the real API server. A node deleted (NodeNotFound), a ServiceAccount deleted or
 re-created under the pod (ServiceAccountMismatch: gone, or a new UID), a pod being deleted (a
 finalizer holds it) or Failed (PodNotRunnable).

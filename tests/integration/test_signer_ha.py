@@ -1,4 +1,4 @@
-"""Issue 4 acceptance: trust bundles, CA rotation under live mTLS, leader failover."""
+"""Trust bundles, CA rotation under live mTLS, leader failover."""
 
 from __future__ import annotations
 

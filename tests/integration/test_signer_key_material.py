@@ -1,4 +1,4 @@
-"""Issue 15: the signer's own log lines and the Events it writes carry no key material.
+"""The signer's own log lines and the Events it writes carry no key material.
 
 A signer logging at DEBUG, with an audit log (so it holds an audit key too), issues, denies and
 goes through a whole CA rotation (prepare, activate: a second CA key, a new audit key). Then its

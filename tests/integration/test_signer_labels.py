@@ -1,4 +1,4 @@
-"""Issue 24, findings 3 and 9: what a tenant writes on its pods and Services, against the real API.
+"""What a tenant writes on its pods and Services, against the real API.
 
 Kubernetes bounds each label, not their number: pods with thousands of labels (and a full load of
 annotations) must not grow the signer's memory, at a restart's relist or after, while

@@ -1,4 +1,4 @@
-"""Issue 25, item 3: the skew matrix. API server 1.37 with kubelets 1.35, 1.36 and 1.37, and API
+"""The skew matrix. API server 1.37 with kubelets 1.35, 1.36 and 1.37, and API
 server 1.36 with a 1.35 kubelet: each node's pod gets its credential and its trust bundle from
 podcert's signer, and keeps them through a leaf refresh.
 

@@ -1,4 +1,4 @@
-"""Issue 25, item 2: a running devcluster upgraded in place, as kubeadm does it, through the CLI
+"""A running devcluster upgraded in place, as kubeadm does it, through the CLI
 an operator uses. A 1.36 cluster with a 1.36 hollow node goes to 1.37 (`devcluster upgrade`):
 the API server answers with the new release on the same etcd data (etcd itself keeps running),
 what was stored before is still there and readable through v1, the skewed node stays Ready and

@@ -1,4 +1,4 @@
-"""Issue 25, item 1: every request form a skewed node can send, read, on a real 1.37 API server
+"""Every request form a skewed node can send, read, on a real 1.37 API server
 with certificates.k8s.io/v1beta1 enabled (as the devcluster runs it, for older kubelets).
 
 A 1.35 kubelet sends its key as pkixPublicKey + proofOfPossession through v1beta1; the server

@@ -1,4 +1,4 @@
-"""Issue 15: the chaos soak, short. Every kind of fault lands once (a whole CA rotation among
+"""The chaos soak, short. Every kind of fault lands once (a whole CA rotation among
 them, on a node run by the real kubelet where the machine allows it) while example mTLS pairs
 talk; the soak then proves nothing was lost. The 30-minute figures are in BENCHMARKS.md."""
 

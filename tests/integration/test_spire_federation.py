@@ -1,4 +1,4 @@
-"""Issue 17, part 3: podcert federated with SPIRE, both ways, through the bundle endpoints.
+"""podcert federated with SPIRE, both ways, through the bundle endpoints.
 
 A SPIRE server and agent (built from modules by devcluster.spire, run on loopback, the agent
 attested with a join token, workloads with the unix attestor) hold trust domain spire.test;

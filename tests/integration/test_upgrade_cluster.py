@@ -1,7 +1,8 @@
-"""Issue 25, item 4, kept short: a 1.35 devcluster upgraded in place to 1.36 and then 1.37 (the
-control plane first, then each node's kubelet) while pods hold podcert credentials and the
-example mTLS pair calls at 50 requests a second. The full length is bench/bench_upgrade.py; both
-drive devcluster/upgrade_traffic.py, which says what runs and how each invariant is checked.
+"""A whole cluster upgraded under traffic, kept short: a 1.35 devcluster upgraded in place to
+1.36 and then 1.37 (the control plane first, then each node's kubelet) while pods hold podcert
+credentials and the example mTLS pair calls at 50 requests a second. The full length is
+bench/bench_upgrade.py; both drive devcluster/upgrade_traffic.py, which says what runs and how
+each invariant is checked.
 
 Kept short by the cluster's size, not by leaving a step out: both minors' steps all run, on one
 real node (the pair's server lives on it: its kubelet keeps its root and re-keys every

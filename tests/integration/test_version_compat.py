@@ -1,4 +1,4 @@
-"""Issue 13, part 3: every component on the older minors. 1.35 and 1.36 serve pod certificates
+"""Every component on the older minors. 1.35 and 1.36 serve pod certificates
 at certificates.k8s.io/v1beta1 only, and differ there: 1.35's spec takes the key only as
 pkixPublicKey + proofOfPossession (a signature over the pod UID), 1.36's takes exactly one of
 that or stubPKCS10Request. The compatibility subset, on one real devcluster per minor shared by

@@ -1,4 +1,4 @@
-"""Issue 16: the signer keeps its own webhook's caBundle, so the shipped webhook configuration
+"""The signer keeps its own webhook's caBundle, so the shipped webhook configuration
 (no caBundle in it) works without a manual patch, and keeps working through a CA rotation.
 
 The configuration is the one in manifests/signer/admission-webhook.yaml, pointed at this test's

@@ -1,4 +1,4 @@
-"""Issue 14: a cache of the whole cluster is filled one object at a time and relisted in place.
+"""A cache of the whole cluster is filled one object at a time and relisted in place.
 
 The signer's caches hold every pod of the cluster. The list used to be held whole (decoded at
 once, kept alive by the watch loop's frame, and a relist built a second cache beside the first);

@@ -1,4 +1,4 @@
-"""Issue 25: a client certificate and key named as files are followed as the kubelet renews them
+"""A client certificate and key named as files are followed as the kubelet renews them
 (as client-go's cert_rotation.go does): read again at most once a second, a changed pair loaded
 for new connections, a pair that does not load kept out with one line that names the files and
 never quotes the key; and a kept-alive connection made with the old pair is not reused."""

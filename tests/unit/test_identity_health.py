@@ -1,4 +1,4 @@
-"""Issue 25: an identity the API server keeps refusing (a node certificate that expired
+"""An identity the API server keeps refusing (a node certificate that expired
 unrenewed) turns /healthz unhealthy, with one line naming the identity and never the secret,
 and healthy again once a call succeeds. The rule is pure (`podcert.refusals`); `Rest` tells it
 every answer; the shim's and the signer's /healthz ask it."""

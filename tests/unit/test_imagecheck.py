@@ -1,4 +1,4 @@
-"""Issue 16: the image checks judge archive members; each finds what it is for and nothing else.
+"""The image checks judge archive members; each finds what it is for and nothing else.
 (tests/integration/test_image.py runs them on the real image, and on one broken on purpose.)"""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14: podcert reads kubeconfigs and the in-cluster configuration itself, without the
+"""podcert reads kubeconfigs and the in-cluster configuration itself, without the
 `kubernetes` package. What it uses becomes an `ssl.SSLContext`, a base URL and a token source that
 follows a rotated token file; what it cannot use (a plugin, basic auth, a broken field) is a
 ClientConfigError naming the file and the field, and never quoting a credential."""

@@ -1,4 +1,4 @@
-"""Issue 12: the product stays in small modules a reader can hold in their head."""
+"""The product stays in small modules a reader can hold in their head."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16: the locks in locks/ cover every dependency pyproject.toml declares, so an install
+"""The locks in locks/ cover every dependency pyproject.toml declares, so an install
 from them (make, CI, the image) never misses one that an install of the ranges would bring.
 
 A dependency added to pyproject.toml without `make lock` fails here, naming it; so does a lock

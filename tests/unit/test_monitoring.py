@@ -1,4 +1,4 @@
-"""Issue 16: the alerts and the dashboard that ship in manifests/monitoring/ say what they mean.
+"""The alerts and the dashboard that ship in manifests/monitoring/ say what they mean.
 
 Every expression is parsed by a real PromQL parser (`promql-parser`, Prometheus's grammar), every
 metric it names is one the signer or the shim exports (read from their registries, so a renamed

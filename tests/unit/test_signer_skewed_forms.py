@@ -1,4 +1,4 @@
-"""Issue 25, item 1: a 1.35 node's request on a 1.37 API server. Its key (pkixPublicKey +
+"""A 1.35 node's request on a 1.37 API server. Its key (pkixPublicKey +
 proofOfPossession, made through v1beta1) is stored, but the v1 view the signer lists and watches
 has no key at all; the signer reads that one request through v1beta1 when v1beta1 serves
 requests, checks the proof as on 1.35, and otherwise denies it `KeyNotServed`. The common

@@ -1,4 +1,4 @@
-"""Issue 16: the caBundle the signer keeps on its own ValidatingWebhookConfiguration, decided
+"""The caBundle the signer keeps on its own ValidatingWebhookConfiguration, decided
 from the CA set, and when there is nothing to write."""
 
 from __future__ import annotations

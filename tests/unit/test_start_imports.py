@@ -1,4 +1,4 @@
-"""Issue 14: a component's start-up imports only what it uses. Importing is most of the time
+"""A component's start-up imports only what it uses. Importing is most of the time
 from process start to the signer's first issuance, and `kubernetes` (its generated models,
 pydantic), aiohttp and asyncio each cost a tenth of a second or so: the product never imports
 `kubernetes` (an import-linter contract holds that for the code; this for what runs), and the
