@@ -4,9 +4,8 @@ Kubernetes client uses, written for the hot path.
 The API server answers JSON to a client that asks no compression: a request is one write (head
 and body together, one TLS record for a status PUT), an answer a status line, headers and a body
 framed by Content-Length or by chunks (lists and watches). http.client parses each answer's
-headers with the email package and urllib3 wraps that again; a status PUT of 4 KB cost the client
-0.54 ms of CPU through urllib3, about 0.28 ms through http.client and 0.14 ms here
-(bench/bench_rest.py, BENCHMARKS.md "Issuance throughput").
+headers with the email package and urllib3 wraps that again, at several times this reader's CPU
+for every request the signer makes (BENCHMARKS.md "Client CPU per request").
 
 An answer is framed as h11 frames it (tests/unit/test_http_framing.py holds the two together on
 generated answers): the same status line, header and chunk grammar, Content-Length and

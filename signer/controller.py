@@ -145,14 +145,13 @@ class Controller:
 
     def pool(self) -> WorkerPool[Key]:
         """The workers: only the leader settles requests (a standby keeps them in its store;
-        `started_leading` queues them again). They start once the node and ServiceAccount
-        caches (and the Services, when a policy gives their names) hold a full list, as
-        controllers wait for their informers: otherwise every request of a start-up backlog is
-        read live, three GETs each (and its namespace's Services), while the lists are still
-        loading. After the timeout they start anyway; live reads keep every decision correct,
-        only slower. The pod cache is not waited for: it is the cluster's largest list (150,000
-        pods take seconds), and while it loads a request's pod is read live, one GET, so a
-        signer starting on a large cluster issues as soon as the small lists are in."""
+        `started_leading` queues them again). As controllers wait for their informers, they
+        wait for full lists in the node and ServiceAccount caches (and the Services', when a
+        policy gives their names), else a start-up backlog is read live, three GETs a request
+        (and its namespace's Services); after `facts_sync_timeout` they start anyway, live
+        reads keeping each decision correct. The pod cache, the cluster's largest list, is not
+        waited for: a request whose pod it lacks costs one live GET, so a signer on a large
+        cluster issues once the small lists are in."""
         return WorkerPool(
             "worker",
             self.queue,
