@@ -1,5 +1,5 @@
 """SPIRE beside the devcluster: a server and an agent for another trust domain, on loopback, to
-federate podcert with (issue 17). Built from modules like the control plane, run like it.
+federate podcert with. Built from modules like the control plane, run like it.
 
 `ensure_spire` builds spire-server and spire-agent, the `tool`s of the module
 tests/interop/spire (its go.mod names them, `go get -tool ...@v1.13.3`; its go.sum pins every
