@@ -263,7 +263,7 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         fleet.start_signers(2)
         fleet.start_shims(3)
-        fleet.start_kubelet(lambda line: say("  " + line))
+        fleet.start_kubelet(lambda line: say("  " + line), args.kubelet_sync_seconds)
         if fleet.kubelet_reason:
             say(f"  no real node here ({fleet.kubelet_reason}): the hollow kubelet stands in")
         fleet.create_pods(args.pods, args.kubelet_pods, args.accounts)
@@ -364,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=20.0, help="requests/s of each pair's client")
     p.add_argument("--fault-every", type=_range, default=(20.0, 60.0), metavar="LOW:HIGH")
     p.add_argument("--settle-minutes", type=float, default=15.0, help="for the last rotation")
+    p.add_argument(
+        "--kubelet-sync-seconds",
+        type=float,
+        default=None,
+        help="a real kubelet's pod resync (default: the kubelet's own, 1 min plus jitter)",
+    )
     p.add_argument("--dir", type=Path, default=None, help="work folder (default: a temp dir)")
     p.add_argument("--json", type=Path, default=None, help="write the report here")
     args = p.parse_args(argv)

@@ -135,11 +135,19 @@ class Fleet:
         for proc in self.shims.values():
             proc.wait_ready(60)
 
-    def start_kubelet(self, progress: Any) -> None:
+    def start_kubelet(self, progress: Any, sync_seconds: float | None = None) -> None:
+        """The real kubelet where the machine allows one, else the hollow one. `sync_seconds`
+        shortens a real kubelet's pod resync, which paces how soon a new root reaches its
+        pods' trust files (the kubelet's own: 1 min plus jitter)."""
         reason = nodes.real_node_unavailable()
         self.kubelet_reason = reason
+        sync = dt.timedelta(seconds=sync_seconds) if sync_seconds and reason is None else None
         self.kubelet = nodes.start(
-            self.root, KUBELET_NODE, hollow=reason is not None, progress=progress
+            self.root,
+            KUBELET_NODE,
+            hollow=reason is not None,
+            progress=progress,
+            sync_frequency=sync,
         )
 
     @property

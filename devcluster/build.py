@@ -187,15 +187,16 @@ def go_directive(go_mod: str) -> str:
     return match.group(1) if match else "1.22"
 
 
-def wrapper_go_mod(component: Component, upstream_go_mod: str) -> str:
-    """The go.mod of the wrapper module: require upstream, pin what it replaces locally."""
+def wrapper_go_mod(component: Component, upstream_go_mod: str, module: str = "") -> str:
+    """The go.mod of the wrapper module (named `module`, else after the binary): require
+    upstream, pin what it replaces locally."""
     pins = "".join(
         f"\t{path} => {path} {component.replace_version}\n"
         for path in local_replaces(upstream_go_mod)
     )
     replace_block = f"replace (\n{pins})\n" if pins else ""
     return (
-        "module podcert.local/build/" + component.binary + "\n\n"
+        f"module {module or 'podcert.local/build/' + component.binary}\n\n"
         f"go {go_directive(upstream_go_mod)}\n\n"
         f"require {component.module} {component.version}\n\n" + replace_block
     )

@@ -19,6 +19,7 @@ from devcluster import (
     kube,
     nodes,
     nodestate,
+    releasebuild,
     skew,
     tools,
     upgrade,
@@ -192,16 +193,17 @@ def _build(args: argparse.Namespace) -> int:
     versions = args.kube_version or [build.DEFAULT_KUBE_VERSION]
 
     def kubernetes() -> None:
-        """etcd, then each minor (1.35 reuses much of 1.36's build), then kube-proxy, which reuses
-        the kubelet's: one after another, as they share the Go build cache."""
+        """etcd, then each minor's binaries in one go build (kube-proxy with the first's):
+        one after another, as they share the Go build cache."""
         say = _labelled("kubernetes")
+        build.ensure_component(build.ETCD, say)
         for version in versions:
-            build.ensure_binaries(say, version)
+            names = [*build.CONTROL_PLANE]
             if args.kubelets:
-                build.ensure_kubelet(version, progress=say)
-                build.ensure_kubelet(version, hollow=True, progress=say)
-        if args.network:
-            build.ensure_component(build.kubernetes_component(build.KUBE_PROXY, versions[0]), say)
+                names += [build.REAL_KUBELET, build.HOLLOW_KUBELET]
+            if args.network and version == versions[0]:
+                names.append(build.KUBE_PROXY)
+            releasebuild.ensure_release(version, names, say)
 
     def beside() -> None:
         """What builds apart from Kubernetes (its own binaries and work folders; a module both
