@@ -38,11 +38,11 @@ lint: $(VENV)/.installed
 
 # Install what a real node needs from Debian (apt-get, only when something is missing), then build
 # (once, cached outside the repo) the devcluster's binaries, showing progress: the whole cluster
-# with both kubelets for each minor, 1.37 first (1.35 reuses much of 1.36's Go build cache), and
-# the tests' own Go programs (tests/interop: go-spiffe's conformance checker, SPIRE's server and
-# agent for the federation tests), helm for the chart's tests, and kube-proxy 1.37 and CoreDNS
-# for the in-cluster tests' Services. Two lanes at once: Kubernetes' builds one after another,
-# and beside them what builds apart from them (the Go programs, SPIRE, helm, CoreDNS).
+# with both kubelets for each minor, 1.37 first, each minor in one go build (kube-proxy 1.37 with
+# it, for the in-cluster tests' Services), and the tests' own Go programs (tests/interop:
+# go-spiffe's conformance checker, the reference program, SPIRE's server and agent with only the
+# plugins the federation tests configure), helm for the chart's tests, and CoreDNS. Two lanes at
+# once: Kubernetes' builds one after another, and beside them what builds apart from them.
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps
 	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire --helm --network
