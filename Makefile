@@ -55,13 +55,14 @@ image: $(VENV)/.installed
 
 # The suite in WORKERS processes (pytest-xdist): its integration tests mostly wait on real
 # servers, so one process leaves the machine idle. A module runs whole in one worker (its fixtures
-# start once), and the modules marked `machine` (the real node, the podman store: there is one of
-# each) one after another in one worker (tests/conftest.py). WORKERS=0 runs it in this process.
+# start once), and the modules that hold the real node or the podman store (there is one of each)
+# one after another in one worker, first (tests/conftest.py: MACHINE_MODULES; xdist's own
+# reordering off). WORKERS=0 runs it in this process.
 WORKERS ?= 2
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 define PYTEST
-	$(BIN)/python -m pytest $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --dist loadgroup) $(1); rc=$$?; \
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(WORKERS)),-n $(WORKERS) --no-loadscope-reorder) $(1); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing the run" >&2; exit 1; fi; \
 	exit $$rc
 endef

@@ -7,11 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from devcluster import host
-
-pytestmark = pytest.mark.machine  # the real node or the podman store (tests/conftest.py)
 
 
 def test_the_demo_tells_the_whole_story_and_exits_zero(tmp_path: Path) -> None:

@@ -50,8 +50,7 @@ RELEASE_NAMESPACE = "default"
 TRUST_BUNDLE = "podcert.dev:workload:roots"  # signer/trustbundles.py bundle_name
 SHORTER = 3600  # the upgrade's policy.maxLifetimeSeconds (shipped: 86400)
 
-# The real node and the podman store; a long timeout: the first test builds or loads the image
-pytestmark = [pytest.mark.machine, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)  # the first test also builds or loads the image
 
 
 @pytest.fixture(scope="module")

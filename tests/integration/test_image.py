@@ -14,8 +14,6 @@ import pytest
 
 from devcluster import imagebuild, podman
 
-pytestmark = pytest.mark.machine  # the real node or the podman store (tests/conftest.py)
-
 BROKEN = "localhost/podcert-broken:test"
 SITE = "/usr/local/lib/python3.11/dist-packages"
 

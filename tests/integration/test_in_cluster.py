@@ -45,7 +45,7 @@ from tests.integration.test_chart import kustomize
 from tests.integration.test_manifests import _PATHS, CLUSTER_SCOPED, MANIFESTS
 
 # Each test's setup may build and import both images and start the node with its Services.
-pytestmark = [pytest.mark.machine, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 SIGNER = "podcert.dev/workload"
 NAMESPACE = "podcert-system"

@@ -38,8 +38,6 @@ from tests.integration.kubelet_helpers import (
     trust_bundle_roots,
 )
 
-pytestmark = pytest.mark.machine  # the real node or the podman store (tests/conftest.py)
-
 SIGNER = "test.podcert.dev/kubelet"
 TRUST_DOMAIN = "kubelet.test"
 POLICY = f"""

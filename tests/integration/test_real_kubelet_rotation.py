@@ -47,8 +47,6 @@ from tests.integration.kubelet_helpers import (
     trust_bundle_roots,
 )
 
-pytestmark = pytest.mark.machine  # the real node or the podman store (tests/conftest.py)
-
 SYNC_FREQUENCY = dt.timedelta(seconds=10)
 GENERATIONS = "podcert_signer_ca_generations"
 # A step that has not reached the file after several resyncs is a failure, not a slow machine.

@@ -283,7 +283,10 @@ def test_requests_for_other_signers_are_left_alone(
     assert not current.get("status")
 
 
-def test_metrics_count_outcomes(signer: Any) -> None:
+def test_metrics_count_outcomes(devcluster: DevCluster, signer: Any, ns: str) -> None:
+    pod = make_pod(devcluster, ns, "counted", SIGNER)
+    _, pcr = request_as_node(devcluster, pod, SIGNER)
+    assert condition(settled(devcluster, pcr, timeout=10))["type"] == "Issued"
     text = signer.metrics()
     assert "podcert_signer_requests_total" in text
     assert 'outcome="Issued"' in text

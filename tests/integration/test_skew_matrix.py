@@ -39,8 +39,6 @@ from podcert.api import requests
 from podcert.api.versions import group_version
 from podcert.rest import JSON, Rest, path_of
 
-pytestmark = pytest.mark.machine  # the real node or the podman store (tests/conftest.py)
-
 SIGNER = "matrix.podcert.dev/skew"
 TRUST_DOMAIN = "matrix.test"
 NAMESPACE = "podcert-matrix"

@@ -14,8 +14,6 @@ import pytest
 from bench.soak_faults import FAULTS
 from devcluster import host
 
-pytestmark = pytest.mark.machine  # the real node, where the machine allows it (tests/conftest.py)
-
 
 # Set-up, 1.5 minutes of faults, then the last CA rotation to its end: a real kubelet picks up a
 # new root at its next pod sync, twice (resync every 10 s here; the 30-minute soak keeps the

@@ -24,8 +24,6 @@ from devcluster import cluster, nodes
 from devcluster.upgrade_traffic import REAL_NODE, SHIM_NODE, Report, Shape, Upgrade
 from podcert.api import requests
 
-pytestmark = pytest.mark.machine  # the real node or the podman store (tests/conftest.py)
-
 SHAPE = Shape(hollow_nodes=1, pods_per_node=1, real_node=True, rate=50.0)
 HOLLOW = "node-hollow-0"
 KUBELETS = (REAL_NODE, HOLLOW)
