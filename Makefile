@@ -41,11 +41,12 @@ lint: $(VENV)/.installed
 # with both kubelets for each minor, 1.37 first, each minor in one go build (kube-proxy 1.37 with
 # it, for the in-cluster tests' Services), and the tests' own Go programs (tests/interop:
 # go-spiffe's conformance checker, the reference program, SPIRE's server and agent with only the
-# plugins the federation tests configure), helm for the chart's tests, and CoreDNS. Two lanes at
-# once: Kubernetes' builds one after another, and beside them what builds apart from them.
+# plugins the federation tests configure), helm for the chart's tests, CoreDNS, and podcert's
+# image and the examples' (podman). Two lanes at once: Kubernetes' builds one after another, and
+# beside them what builds apart from them.
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps
-	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire --helm --network
+	$(BIN)/podcert devcluster build --kube-version 1.37 --kube-version 1.36 --kube-version 1.35 --kubelets --interop --spire --helm --network --images
 
 # Build podcert's image and the example pair's with podman from the Dockerfiles, then check them
 # (devcluster/imagebuild.py). Installs podman and debootstrap from Debian when missing (as root)

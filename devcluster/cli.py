@@ -207,7 +207,8 @@ def _build(args: argparse.Namespace) -> int:
 
     def beside() -> None:
         """What builds apart from Kubernetes (its own binaries and work folders; a module both
-        download is safe in Go's module cache): the tests' Go programs, SPIRE, helm, CoreDNS."""
+        download is safe in Go's module cache): the tests' Go programs, SPIRE, helm, CoreDNS,
+        then the images, whose base and packages are mostly downloading and unpacking."""
         say = _labelled("tools")
         if args.interop:
             for name in build.INTEROP_PROGRAMS:
@@ -218,6 +219,8 @@ def _build(args: argparse.Namespace) -> int:
             tools.ensure_helm(say)
         if args.network:
             build.ensure_coredns(say)
+        if args.images:
+            imagebuild.build(say, examples=True)
 
     try:
         for version in versions:
@@ -395,6 +398,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="also kube-proxy (of the first --kube-version) and CoreDNS, for a real node with "
         "Services (`kubelet --services`)",
+    )
+    b.add_argument(
+        "--images",
+        action="store_true",
+        help="also podcert's image and the examples' (podman, cached by layers), beside the Go "
+        "builds: the tests that run them find them built",
     )
     b.set_defaults(run=_build)
     d = sub.add_parser("deps", help="apt-get install what a real node needs (only what is missing)")
