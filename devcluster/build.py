@@ -251,17 +251,23 @@ def _run_go(
     return "\n".join(lines)
 
 
-def _upstream_go_mod(component: Component, workdir: Path, progress: Progress) -> str:
+def module_download(component: Component, workdir: Path) -> dict[str, str]:
+    """`go mod download -json` of the component's module (run in `workdir`, whose go.sum, if any,
+    checks it): where the module cache keeps its source ("Dir") and its go.mod ("GoMod")."""
     out = _run_go(
         ["mod", "download", "-json", f"{component.module}@{component.version}"],
         workdir,
         component,
         lambda _line: None,
     )
-    info = json.loads(out[out.index("{") :])
+    info: dict[str, str] = json.loads(out[out.index("{") :])
     if "Error" in info:
         raise BuildError(f"cannot download {component.module}@{component.version}: {info['Error']}")
-    return Path(info["GoMod"]).read_text()
+    return info
+
+
+def _upstream_go_mod(component: Component, workdir: Path, progress: Progress) -> str:
+    return Path(module_download(component, workdir)["GoMod"]).read_text()
 
 
 def build_component(component: Component, dest: Path, progress: Progress) -> Path:

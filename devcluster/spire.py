@@ -16,7 +16,6 @@ on a unix socket, attesting workloads with the unix attestor. `server_config` an
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ from devcluster.build import (
     _run_go,
     cache_root,
     interop_digest,
+    module_download,
 )
 
 SPIRE_MODULE = "github.com/spiffe/spire"
@@ -84,7 +84,7 @@ def ensure_spire(progress: Progress | None = None) -> Spire:
     work = cache_root() / "build" / f"spire-{version}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    source = _module_source(folder, component)
+    source = Path(module_download(component, folder)["Dir"])  # checked by the tool go.sum
     shutil.copytree(source, work / "spire")
     for path in (work / "spire").rglob("*"):  # the module cache's copies are read-only
         path.chmod(0o755 if path.is_dir() else 0o644)
@@ -115,21 +115,6 @@ def ensure_spire(progress: Progress | None = None) -> Spire:
         (out / name).replace(dest)
     shutil.rmtree(work, ignore_errors=True)
     return Spire(paths["spire-server"], paths["spire-agent"], version)
-
-
-def _module_source(folder: Path, component: Component) -> Path:
-    """SPIRE's source in the module cache, downloaded and checked against the tool module's
-    go.sum."""
-    out = _run_go(
-        ["mod", "download", "-json", f"{SPIRE_MODULE}@{component.version}"],
-        folder,
-        component,
-        lambda _line: None,
-    )
-    info = json.loads(out[out.index("{") :])
-    if "Error" in info:
-        raise BuildError(f"cannot download {SPIRE_MODULE}@{component.version}: {info['Error']}")
-    return Path(info["Dir"])
 
 
 # --- configuration (HCL) -------------------------------------------------------------------------
