@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,11 +28,79 @@ class NodeError(RuntimeError):
     """A kubelet did not start or stop; the message says why, with its log tail."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+# Ports handed out lie below both the kernel's ephemeral range (an outgoing connection's local
+# port) and Kubernetes' NodePort range (30000-32767), and above the components' default ports
+# (10248-10259), so nothing but another free_port caller can take one between the check and
+# the caller's bind.
+FIRST_PORT = 12_000
+LAST_PORT = 29_999
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def port_stretch(
+    environ: Mapping[str, str], pid: int, first: int = FIRST_PORT, last: int = LAST_PORT
+) -> tuple[int, int, int]:
+    """(low, high, start) of the stretch of ports this process walks, and where it begins.
+
+    Each pytest-xdist worker gets its own stretch (PYTEST_XDIST_WORKER `gwN` of
+    PYTEST_XDIST_WORKER_COUNT), so two workers never hand out one port; a process started by a
+    worker inherits its stretch and begins at a pid-derived place in it, far from its parent."""
+    worker, count = environ.get("PYTEST_XDIST_WORKER", ""), environ.get("PYTEST_XDIST_WORKER_COUNT")
+    low, high = first, last
+    if worker.startswith("gw") and worker[2:].isdigit() and count and count.isdigit():
+        index, workers = int(worker[2:]), max(int(count), 1)
+        size = (last - first + 1) // workers
+        if index < workers and size > 0:
+            low = first + index * size
+            high = low + size - 1
+    return low, high, low + (pid * 7919) % (high - low + 1)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+class _PortWalk:
+    """This process's place in its stretch; a forked child starts its own walk."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        below_ephemeral = _ephemeral_low() - 1
+        last = below_ephemeral if FIRST_PORT + 999 < below_ephemeral < LAST_PORT else LAST_PORT
+        self.low, self.high, self.next = port_stretch(os.environ, self.pid, last=last)
+
+    def take(self) -> int:
+        port = self.next
+        self.next = self.low if port >= self.high else port + 1
         return port
+
+
+_walk: _PortWalk | None = None
+
+
+def free_port() -> int:
+    """A TCP port nothing is bound to now, on any address, never handed out twice by this
+    process until its stretch of ports wraps.
+
+    A port the kernel picks for bind(0) is an ephemeral one, which any outgoing connection may
+    take as its local port before the caller binds it (EADDRINUSE at a server's start); these
+    ports lie outside that range, so the only contenders are other callers, kept apart by
+    port_stretch."""
+    global _walk
+    if _walk is None or _walk.pid != os.getpid():
+        _walk = _PortWalk()
+    for _ in range(_walk.high - _walk.low + 1):
+        port = _walk.take()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port in {_walk.low}-{_walk.high}")
 
 
 def spawn(

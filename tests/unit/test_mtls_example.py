@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from bundles.authz import Authorizer, allow_any_of, allow_ids, allow_workloads
 from bundles.source import TLSSource
 from bundles.spiffe import SpiffeId
+from devcluster.supervise import free_port
 from examples.mtls.client import IdentityClient
 from examples.mtls.server import IdentityServer
 from kubelet_shim.atomic import AtomicDirStorage
@@ -400,16 +401,10 @@ def test_leaf_and_ca_rotations_under_steady_load_fail_no_request(
 # --- as processes, the way a pod runs them -------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def serving(server_pod: Pod, log: Path, *rules: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """`python -m examples.mtls.server` for `server_pod` with peer `rules`, listening."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             sys.executable,
