@@ -1,8 +1,8 @@
 # One image for every podcert subcommand that runs in a cluster: signer, shim, audit. The
 # development tools (devcluster, the demo), the example workloads, benches and tests are not
-# copied, so the wheel built here holds only podcert, signer, kubelet_shim, audit and bundles
-# (pyproject's package list finds only what is present). `podcert devcluster image` builds it
-# on this machine and checks the result (devcluster/imagebuild.py).
+# copied; the wheel built here holds podcert, signer, kubelet_shim, audit and bundles, as every
+# wheel of podcert does, and the runtime lock is the base plus the `server` extra. `podcert
+# devcluster image` builds it on this machine and checks the result (devcluster/imagebuild.py).
 #
 # The final image takes only installed files from the stages before it (`pip install --root`
 # into a folder, then COPY --from): no wheel, lock or pip cache reaches any of its layers, and

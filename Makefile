@@ -8,12 +8,15 @@ BIN    := $(VENV)/bin
 .PHONY: demo test lint unit integration controlplane image lock clean
 
 # Exactly the locked versions, every file checked against its hash, then podcert itself with
-# nothing left to resolve (locks/README.md says what each lock holds).
+# nothing left to resolve (locks/README.md says what each lock holds). The editable install maps
+# only the product's packages (the wheel's); the checkout-dev.pth line puts the checkout itself on
+# the path, so that the development-only ones (devcluster, examples, bench) import here too.
 $(VENV)/.installed: pyproject.toml locks/build.txt locks/dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --require-hashes -r locks/build.txt
 	$(BIN)/python -m pip install --quiet --require-hashes -r locks/dev.txt
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	echo "$(CURDIR)" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/checkout-dev.pth"
 	touch $@
 
 # Refresh the locks after changing a dependency in pyproject.toml: `make lock` keeps every pin
@@ -23,8 +26,9 @@ UV_COMPILE = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --g
 	--custom-compile-command "make lock" $(if $(UPGRADE),--upgrade)
 
 lock: $(VENV)/.installed
-	$(UV_COMPILE) pyproject.toml --group dev -o locks/dev.txt
-	$(UV_COMPILE) pyproject.toml --constraint locks/dev.txt -o locks/runtime.txt
+	$(UV_COMPILE) pyproject.toml --extra server --group dev -o locks/dev.txt
+	$(UV_COMPILE) pyproject.toml --extra server --constraint locks/dev.txt -o locks/runtime.txt
+	$(UV_COMPILE) pyproject.toml --constraint locks/dev.txt -o locks/base.txt
 	$(UV_COMPILE) locks/build.in -o locks/build.txt
 
 demo: $(VENV)/.installed

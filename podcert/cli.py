@@ -22,6 +22,29 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("devcluster.demo", "run the end-to-end demo on a local devcluster"),
 }
 
+# What the `server` extra brings (pyproject's optional-dependencies), by import name. A wheel
+# installed without it runs `bundles` but not the commands; each says which extra it lacks.
+SERVER_EXTRA_MODULES = frozenset({"aiohttp", "yaml", "jwt", "prometheus_client", "rich", "msgspec"})
+# Never in the wheel: they run from a checkout, installed by the README's commands.
+DEVELOPMENT_ONLY = frozenset({"devcluster", "examples", "bench"})
+
+
+def missing_module(command: str, module: str) -> str | None:
+    """The one line a command says when importing it found `module` missing, or None when the
+    module is neither an extra's nor a development-only one (a broken install: re-raised)."""
+    top = module.split(".")[0]
+    if top in SERVER_EXTRA_MODULES:
+        return (
+            f"'{command}' needs podcert's server extra (module {top} is missing): "
+            "pip install 'podcert[server]'"
+        )
+    if module in DEVELOPMENT_ONLY:  # the package itself, not a module missing inside it
+        return (
+            f"'{command}' is a development tool, not in the installed package: "
+            "run it from a checkout (see the README)"
+        )
+    return None
+
 
 class OneLineParser(argparse.ArgumentParser):
     """A usage error is one line naming the problem, then exit 2: every subcommand's parser is
@@ -64,10 +87,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             try:
                 loaded = importlib.import_module(module)
             except ModuleNotFoundError as err:
-                if err.name != module.split(".")[0]:
+                said = missing_module(name, err.name or "")
+                if said is None:
                     raise
-                # The cluster image carries no development tools (devcluster, the demo).
-                parser.error(f"'{name}' is not installed here (module {module} is missing)")
+                parser.error(said)
             loaded.register(sub)
         else:
             sub.add_parser(name, help=help_text, add_help=False)

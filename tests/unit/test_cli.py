@@ -1,8 +1,10 @@
 """The `podcert` dispatcher: each subcommand's module is imported only when it runs, and a
-subcommand whose package is not installed (the cluster image has no devcluster) says so."""
+subcommand that cannot run here (its extra or its development-only package is not installed)
+says in one line what to install."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,16 +12,53 @@ import pytest
 from podcert import cli
 
 
-def test_a_subcommand_whose_package_is_missing_exits_2_naming_it(
+def test_a_development_tool_missing_from_the_install_exits_2_saying_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setitem(cli.SUBCOMMANDS, "devtool", ("no_such_podcert_pkg.cli", "a dev tool"))
+    monkeypatch.setattr(cli, "DEVELOPMENT_ONLY", frozenset({"no_such_podcert_pkg"}))
 
     with pytest.raises(SystemExit) as caught:
         cli.main(["devtool"])
 
     assert caught.value.code == 2
-    assert "'devtool' is not installed here" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'devtool' is a development tool" in err
+    assert err.count("\n") == 1
+
+
+def test_a_command_missing_its_extra_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "needs_a_dependency.py").write_text("import no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "needs_a_dependency", raising=False)
+    monkeypatch.setitem(cli.SUBCOMMANDS, "served", ("needs_a_dependency", "a server"))
+    monkeypatch.setattr(cli, "SERVER_EXTRA_MODULES", frozenset({"no_such_dependency"}))
+
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["served"])
+
+    assert caught.value.code == 2
+    err = capsys.readouterr().err
+    assert "pip install 'podcert[server]'" in err
+    assert "module no_such_dependency is missing" in err
+
+
+@pytest.mark.parametrize(
+    ("module", "says"),
+    [
+        pytest.param("msgspec", "podcert[server]", id="an extra's module"),
+        pytest.param("yaml.cyaml", "podcert[server]", id="a module inside an extra's package"),
+        pytest.param("devcluster", "development tool", id="a development-only package"),
+        pytest.param("devcluster.nodes", None, id="a module missing inside a present package"),
+        pytest.param("signer.nothing", None, id="a module missing inside the product"),
+        pytest.param("", None, id="an import error that names no module"),
+    ],
+)
+def test_what_a_missing_module_says(module: str, says: str | None) -> None:
+    said = cli.missing_module("signer", module)
+    assert said is None if says is None else (said is not None and says in said)
 
 
 def test_a_broken_import_inside_an_installed_package_is_not_hidden(

@@ -145,7 +145,7 @@ def test_product_module_paths() -> None:
 
 def test_every_subcommand_is_either_in_the_image_or_a_development_tool() -> None:
     """A new subcommand must be placed: the image's --help check covers the first kind, the
-    'not installed here' check the second."""
+    'a development tool' refusal the second."""
     assert set(imagebuild.IMAGE_COMMANDS) | set(imagebuild.DEVELOPMENT_COMMANDS) == set(SUBCOMMANDS)
     assert {"signer", "shim", "audit"} <= set(imagebuild.IMAGE_COMMANDS)
     assert {"devcluster", "demo"} <= set(imagebuild.DEVELOPMENT_COMMANDS)

@@ -51,16 +51,19 @@ def read_lock(name: str) -> dict[str, Pin]:
 
 def declared(lock: str) -> list[Requirement]:
     """What pyproject.toml asks of each lock."""
-    project = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+    base = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+    server = [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["server"]]
+    if lock == "base.txt":
+        return base
     if lock == "runtime.txt":
-        return project
+        return base + server
     if lock == "dev.txt":
         groups = PYPROJECT["dependency-groups"]
-        return project + [Requirement(r) for r in groups["dev"] if isinstance(r, str)]
+        return base + server + [Requirement(r) for r in groups["dev"] if isinstance(r, str)]
     return [Requirement(r) for r in PYPROJECT["build-system"]["requires"]]
 
 
-LOCK_FILES = ["runtime.txt", "dev.txt", "build.txt"]
+LOCK_FILES = ["base.txt", "runtime.txt", "dev.txt", "build.txt"]
 
 
 def _extra_requirements(name: str, version: str, extra: str) -> list[Requirement]:
@@ -116,7 +119,7 @@ def test_build_in_asks_for_what_pyproject_builds_with() -> None:
     assert wanted <= asked
 
 
-@pytest.mark.parametrize("lock", ["runtime.txt", "dev.txt"])
+@pytest.mark.parametrize("lock", ["base.txt", "runtime.txt", "dev.txt"])
 def test_the_lock_is_closed_over_what_its_packages_require(lock: str) -> None:
     """Every requirement of every locked package (as it applies on this machine) is locked too:
     the lock was resolved, not trimmed by hand."""
@@ -137,9 +140,19 @@ def test_the_lock_is_closed_over_what_its_packages_require(lock: str) -> None:
     assert missing == [], f"locks/{lock} is not closed: {missing}"
 
 
-def test_the_runtime_lock_agrees_with_the_dev_lock() -> None:
-    """The image runs the versions the tests ran."""
-    runtime, dev = read_lock("runtime.txt"), read_lock("dev.txt")
-    differ = {n: (p.version, dev[n].version) for n, p in runtime.items() if n in dev}
-    assert set(runtime) <= set(dev)
+@pytest.mark.parametrize("lock", ["base.txt", "runtime.txt"])
+def test_an_install_lock_agrees_with_the_dev_lock(lock: str) -> None:
+    """The image, and a workload installing the base wheel, run the versions the tests ran."""
+    installed, dev = read_lock(lock), read_lock("dev.txt")
+    differ = {n: (p.version, dev[n].version) for n, p in installed.items() if n in dev}
+    assert set(installed) <= set(dev)
     assert {n: v for n, v in differ.items() if v[0] != v[1]} == {}
+
+
+def test_the_base_lock_is_what_a_workload_needs_and_no_server_package() -> None:
+    """`pip install podcert` brings no aiohttp, msgspec, ... (they are the server extra's)."""
+    server = {
+        canonicalize_name(Requirement(r).name)
+        for r in PYPROJECT["project"]["optional-dependencies"]["server"]
+    }
+    assert server & set(read_lock("base.txt")) == set()
