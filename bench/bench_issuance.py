@@ -59,7 +59,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from bench.bench_time_to_credential import component_pids, cpu_of, cpu_seconds
-from devcluster import cluster, kube, processes
+from devcluster import cluster, kube, planestate, processes
 from podcert.api import keys
 from podcert.kubeconfig import ClientSettings
 from podcert.rest import JSON, ApiError, Rest, load_client, path_of
@@ -522,7 +522,7 @@ def clear(root: Path, namespace: str) -> None:
         rest.request("DELETE", path_of(gv, resource, namespace), body=now)
 
 
-def pin(state: cluster.State) -> None:
+def pin(state: planestate.State) -> None:
     """Give the control plane and the clients a core each, as separate machines would: on a
     shared pair of cores every millisecond a client spends is taken from the API server, and
     the ratio then measures CPU competition more than how close the signer comes to the API

@@ -38,7 +38,7 @@ from pathlib import Path
 from cryptography import x509
 
 from bench.bench_time_to_credential import devcluster, pid_of, prepare_namespace, rss_mib
-from devcluster import cluster, identities, kube, processes
+from devcluster import identities, kube, planestate, processes
 from devcluster.kube import pod_certificate_volume
 from podcert.api import keys
 from podcert.rest import JSON, ApiError, Rest, path_of
@@ -167,7 +167,7 @@ def dns_names(pcr: JSON) -> list[str]:
 
 def run(args: argparse.Namespace) -> None:
     with devcluster("podcert-bench-labels-") as (root, work):
-        state = cluster.read_state(identities.Paths(root.resolve()))
+        state = planestate.read_state(identities.Paths(root.resolve()))
         assert state is not None
         rest = prepare_namespace(root, NAMESPACE)
         kube.ensure_node(kube.admin_client(root), NODE)

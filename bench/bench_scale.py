@@ -51,7 +51,7 @@ from pathlib import Path
 import yaml
 
 from bench.bench_time_to_credential import cpu_seconds, exit_on_sigterm, rss_mib
-from devcluster import cluster, kube, processes
+from devcluster import cluster, kube, planestate, processes
 from devcluster.identities import Paths
 from devcluster.stack import SIGNER_NAMESPACE
 from devcluster.supervise import end
@@ -75,7 +75,7 @@ class Client:
 
     def __init__(self, root: Path) -> None:
         paths = Paths(root.resolve())
-        state = cluster.read_state(paths)
+        state = planestate.read_state(paths)
         if state is None:
             raise RuntimeError(f"no devcluster runs under {root}")
         self.port = state.apiserver_port

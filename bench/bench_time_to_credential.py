@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devcluster import cluster, identities, kube, processes
+from devcluster import cluster, identities, kube, planestate, processes
 from devcluster.stack import BUNDLE, SIGNER_NAMESPACE, Stack
 from podcert.rest import JSON, ApiError, Rest, path_of
 
@@ -198,7 +198,7 @@ def cpu_of(pids: dict[str, int]) -> dict[str, float]:
 
 def component_pids(root: Path, *procs: tuple[str, processes.Process | None]) -> dict[str, int]:
     """Pids of the control plane, of these child processes and of this benchmark."""
-    state = cluster.read_state(identities.Paths(root.resolve()))
+    state = planestate.read_state(identities.Paths(root.resolve()))
     pids = {"bench": os.getpid()}
     if state is not None:
         pids.update({"kube-apiserver": state.apiserver_pid, "etcd": state.etcd_pid})

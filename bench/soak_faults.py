@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench.soak_fleet import Fleet, Pod, read_credential, trust_roots
-from devcluster import cluster, nodes
-from devcluster.cluster import State
+from devcluster import cluster, nodes, planestate
 from devcluster.identities import Paths
+from devcluster.planestate import State
 from podcert.api.volumes import volume_dir
 
 FAULTS = (
@@ -121,7 +121,7 @@ class Faults:
     # --- the control plane ---------------------------------------------------------------------
 
     def _state(self) -> State:
-        state = cluster.read_state(Paths(self.fleet.root.resolve()))
+        state = planestate.read_state(Paths(self.fleet.root.resolve()))
         assert state is not None
         return state
 

@@ -19,6 +19,7 @@ from devcluster import (
     kube,
     nodes,
     nodestate,
+    planestate,
     releasebuild,
     skew,
     tools,
@@ -59,7 +60,7 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    state = cluster.running(Paths(args.dir.resolve()))
+    state = planestate.running(Paths(args.dir.resolve()))
     if state is None:
         print("not running")
         return 1
@@ -157,7 +158,7 @@ def _kubelet(args: argparse.Namespace) -> int:
 
 
 def _node_kubeconfig(args: argparse.Namespace) -> int:
-    if cluster.running(Paths(args.dir.resolve())) is None:
+    if planestate.running(Paths(args.dir.resolve())) is None:
         _say(f"devcluster node-kubeconfig failed: no devcluster runs under {args.dir}")
         return 1
     print(kube.node_kubeconfig(args.dir, args.node))

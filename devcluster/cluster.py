@@ -11,14 +11,13 @@ running control plane to the next minor in place, on the same etcd data.
 import contextlib
 import datetime as dt
 import functools
-import json
 import ssl
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from devcluster import pki
+from devcluster import nodes, pki
 from devcluster.build import DEFAULT_KUBE_VERSION, Binaries, ensure_binaries
 from devcluster.flags import apiserver_args, controller_manager_args, etcd_args, scheduler_args
 from devcluster.identities import (
@@ -30,10 +29,10 @@ from devcluster.identities import (
     write_component_identities,
     write_pki,
 )
+from devcluster.planestate import State, processes, read_state, running, save
 from devcluster.supervise import (
     ClusterError,
     Progress,
-    alive,
     exited,
     free_port,
     get_ok,
@@ -45,76 +44,12 @@ from devcluster.supervise import (
 READY_TIMEOUT = 180.0
 
 
-@dataclass(frozen=True)
-class State:
-    etcd_pid: int
-    apiserver_pid: int
-    etcd_port: int
-    apiserver_port: int
-    etcd_binary: str
-    apiserver_binary: str
-    kube_version: str = DEFAULT_KUBE_VERSION
-    controller_manager_pid: int = 0
-    controller_manager_binary: str = ""
-    controller_manager_port: int = 0
-    scheduler_pid: int = 0
-    scheduler_binary: str = ""
-    scheduler_port: int = 0
-    # The API server runs `kube_version`; these two lag it during an upgrade ("": the same).
-    controller_manager_version: str = ""
-    scheduler_version: str = ""
-
-    @property
-    def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
-
-    def versions(self) -> dict[str, str]:
-        """The minor each control-plane component runs, by its binary's name."""
-        return {
-            "kube-apiserver": self.kube_version,
-            "kube-controller-manager": self.controller_manager_version or self.kube_version,
-            "kube-scheduler": self.scheduler_version or self.kube_version,
-        }
-
-
-def read_state(paths: Paths) -> State | None:
-    try:
-        return State(**json.loads(paths.state.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def _processes(state: State) -> list[tuple[int, str]]:
-    """(pid, binary) of every control-plane process the state names, the API server's clients
-    first (the stop order)."""
-    found = [
-        (state.scheduler_pid, state.scheduler_binary),
-        (state.controller_manager_pid, state.controller_manager_binary),
-        (state.apiserver_pid, state.apiserver_binary),
-        (state.etcd_pid, state.etcd_binary),
-    ]
-    return [(pid, binary) for pid, binary in found if pid]
-
-
-def running(paths: Paths) -> State | None:
-    state = read_state(paths)
-    if state is None or not state.apiserver_pid:
-        return None
-    if all(alive(pid, binary) for pid, binary in _processes(state)):
-        return state
-    return None
-
-
 def insecure_ssl() -> ssl.SSLContext:
     """The controller-manager and scheduler serve /healthz with a certificate they make up."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     return ctx
-
-
-def save(paths: Paths, state: State) -> None:
-    paths.state.write_text(json.dumps(asdict(state)))
 
 
 def up(
@@ -237,14 +172,12 @@ def up(
 def down(root: Path, grace: float = 10.0) -> None:
     """Stop the kubelets and the control plane that `up` started under `root`; a no-op when
     nothing runs."""
-    from devcluster import nodes  # nodes builds on this module
-
     paths = Paths(root.resolve())
     nodes.stop_all(paths.root)
     state = read_state(paths)
     if state is None:
         return
-    for pid, binary in _processes(state):
+    for pid, binary in processes(state):
         stop(pid, binary, grace)
     paths.state.unlink(missing_ok=True)
 

@@ -24,9 +24,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from devcluster.cluster import State
 from devcluster.nodeconfig import BRIDGE
 from devcluster.nodestate import NodeState
+from devcluster.planestate import State
 from devcluster.supervise import NodeError
 from podcert.rest import Rest, path_of
 

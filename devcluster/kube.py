@@ -17,8 +17,8 @@ from kubernetes import client, config
 from kubernetes.client import ApiException
 
 from devcluster import pki
-from devcluster.cluster import read_state
 from devcluster.identities import Paths, cert_creds, kubeconfig, load_ca
+from devcluster.planestate import read_state
 from podcert.kubeconfig import ClientSettings
 from podcert.kubeconfig import load as load_settings
 

@@ -39,11 +39,11 @@ from typing import Any
 import yaml
 
 from devcluster import build, host, kube
-from devcluster.cluster import State
 from devcluster.flags import CLUSTER_DOMAIN, DNS_SERVICE_IP, SERVICE_CIDR, feature_gates
 from devcluster.identities import Paths, write_client_identity
 from devcluster.nodeconfig import POD_SUBNET
 from devcluster.nodestate import node_dir
+from devcluster.planestate import State
 from devcluster.supervise import (
     ClusterError,
     NodeError,

@@ -32,7 +32,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from devcluster import build, cluster, host, images, kube, network, nodestate, skew
+from devcluster import build, host, images, kube, network, nodestate, planestate, skew
 from devcluster import hollow as hollow_kubelet
 from devcluster.flags import DNS_SERVICE_IP, feature_gate_flags, feature_gates
 from devcluster.identities import Paths
@@ -124,7 +124,7 @@ def start(
             "containers: no sync_frequency, no services"
         )
     paths = Paths(root.resolve())
-    plane = cluster.running(paths)
+    plane = planestate.running(paths)
     if plane is None:
         raise NodeError(f"no devcluster runs under {paths.root}")
     version = kube_version or plane.kube_version
@@ -183,7 +183,7 @@ def start(
 def _start_real(
     paths: Paths,
     node: str,
-    plane: cluster.State,
+    plane: planestate.State,
     version: str,
     binary: Path,
     kubeconfig: Path,
@@ -390,7 +390,7 @@ def _drain(root: Path, state: NodeState, timeout: float = 30.0) -> None:
     """Delete the node's pods and its Node while the API server runs, and on a real node wait
     until the kubelet has stopped their containers (so their network and mounts are torn down
     the proper way)."""
-    if cluster.running(Paths(root.resolve())) is None:
+    if planestate.running(Paths(root.resolve())) is None:
         return
     with kube.admin_client(root) as api:
         core = client.CoreV1Api(api)

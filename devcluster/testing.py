@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from devcluster import cluster, kube, nodes, nodestate
-from devcluster.cluster import State
+from devcluster.planestate import State
 
 T = TypeVar("T")
 

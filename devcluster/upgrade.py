@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from devcluster import build, cluster, nodes, nodestate, skew
+from devcluster import build, cluster, nodes, nodestate, planestate, skew
 from devcluster.flags import apiserver_args, controller_manager_args, scheduler_args
 from devcluster.identities import Paths, admin_ssl
 from devcluster.nodestate import HOLLOW, NodeState
@@ -81,8 +81,8 @@ def kubelets(root: Path) -> dict[str, skew.Minor]:
     return found
 
 
-def _running(paths: Paths) -> cluster.State:
-    state = cluster.running(paths)
+def _running(paths: Paths) -> planestate.State:
+    state = planestate.running(paths)
     if state is None:
         raise ClusterError(f"no devcluster runs under {paths.root}")
     return state
@@ -97,7 +97,7 @@ def control_plane(
     *,
     progress: Progress = lambda _line: None,
     timeout: float = READY_TIMEOUT,
-) -> cluster.State:
+) -> planestate.State:
     """Upgrade the running control plane under `root` to `kube_version` in place; returns the
     state once every component runs it and answers."""
     target = skew.require(skew.offered(kube_version, OFFERED))
@@ -122,12 +122,12 @@ def control_plane(
 
 def _upgrade_component(
     paths: Paths,
-    state: cluster.State,
+    state: planestate.State,
     component: str,
     bins: build.Binaries,
     version: str,
     deadline: float,
-) -> cluster.State:
+) -> planestate.State:
     log = paths.logs / f"{component}.log"
     if component == skew.KUBE_APISERVER:
         stop(state.apiserver_pid, state.apiserver_binary, 10.0)
@@ -137,7 +137,7 @@ def _upgrade_component(
         proc = spawn(args, log)
         # Its pid first (so `down` stops it whatever happens), its version once it answers.
         state = replace(state, apiserver_pid=proc.pid, apiserver_binary=str(bins.kube_apiserver))
-        cluster.save(paths, state)
+        planestate.save(paths, state)
         ctx, server, release = admin_ssl(paths), state.server, build.release(version)
         wait_until(
             lambda: _git_version(server, ctx) == release,
@@ -155,7 +155,7 @@ def _upgrade_component(
         state = replace(
             state, controller_manager_pid=proc.pid, controller_manager_binary=str(binary)
         )
-        cluster.save(paths, state)
+        planestate.save(paths, state)
         _wait_healthz(component, port, proc, log, deadline)
         state = replace(state, controller_manager_version=version)
     else:
@@ -163,10 +163,10 @@ def _upgrade_component(
         binary, port = bins.kube_scheduler, state.scheduler_port
         proc = spawn(scheduler_args(binary, paths, port, version), log)
         state = replace(state, scheduler_pid=proc.pid, scheduler_binary=str(binary))
-        cluster.save(paths, state)
+        planestate.save(paths, state)
         _wait_healthz(component, port, proc, log, deadline)
         state = replace(state, scheduler_version=version)
-    cluster.save(paths, state)
+    planestate.save(paths, state)
     return state
 
 

@@ -33,6 +33,13 @@ def one_line(text: str, limit: int = 500) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def show(text: str, limit: int = 100) -> str:
+    """`text` quoted for a message: control characters escaped, absurd lengths cut."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 class Refused(CommandError):
     """The API server refused a command's credentials (401) or what they may do (403): waiting
     does not change that, so a process that is starting says so and exits instead."""

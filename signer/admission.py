@@ -30,9 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from podcert.errors import show
 from signer import model, objects
 from signer.decide import decide
-from signer.policy import Policy, show
+from signer.policy import Policy
 
 # The AdmissionReview of one PodCertificateRequest is a few KiB: the stub CSR (at most ~1.3 KiB
 # for RSA 4096), names and UIDs, managedFields. Its only large parts are the two annotation maps,

@@ -20,8 +20,9 @@ from podcert.api.lifetimes import (
     max_expiration_allowed,
 )
 from podcert.api.names import is_dns_label, is_dns_name
+from podcert.errors import show
 from signer import certs, csr, model
-from signer.policy import SignerPolicy, show
+from signer.policy import SignerPolicy
 from signer.requested import parse_annotations
 
 # Retry reasons (for logs and metrics; the request stays pending).

@@ -61,12 +61,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 
 from bundles.formats import dump_roots
 from bundles.spiffe import SpiffeId, SpiffeIdError
+from podcert.api.names import signer_name_problem
 from signer import spiffebundle
+from signer.policyfile import PolicyReader, trust_domain_problem
 
 if TYPE_CHECKING:  # the policy's reader walks YAML nodes; only its type is needed here
     from yaml.nodes import Node
 
-    from signer.policy import _Reader
 
 Profile = Literal["https_spiffe", "https_web"]
 PROFILES: Final = ("https_spiffe", "https_web")
@@ -396,12 +397,9 @@ def default_signer_name(served: Sequence[str]) -> str:
 
 
 def read_section(
-    reader: _Reader, node: Node, served: Sequence[str], own_trust_domains: set[str]
+    reader: PolicyReader, node: Node, served: Sequence[str], own_trust_domains: set[str]
 ) -> Federation:
     """`federation:` of the policy file, validated; errors name the line and the field."""
-    from podcert.api.names import signer_name_problem
-    from signer.policy import trust_domain_problem
-
     keys = reader.mapping(node, "federation", {"signerName", "trustDomains"})
     signer_name = default_signer_name(served)
     if "signerName" in keys:
@@ -418,7 +416,7 @@ def read_section(
         items = reader.sequence(keys["trustDomains"][1], "federation.trustDomains")
         for index, item in enumerate(items):
             path = f"federation.trustDomains[{index}]"
-            domain = _read_domain(reader, item, path, trust_domain_problem)
+            domain = _read_domain(reader, item, path)
             if domain.trust_domain in own_trust_domains:
                 raise reader.error(item, f"{path}.trustDomain", "is one of our own trust domains")
             if any(d.trust_domain == domain.trust_domain for d in domains):
@@ -427,7 +425,7 @@ def read_section(
     return Federation(signer_name=signer_name, domains=tuple(domains))
 
 
-def _read_domain(reader: _Reader, node: Node, path: str, td_problem: Any) -> FederatedDomain:
+def _read_domain(reader: PolicyReader, node: Node, path: str) -> FederatedDomain:
     keys = reader.mapping(
         node,
         path,
@@ -445,7 +443,7 @@ def _read_domain(reader: _Reader, node: Node, path: str, td_problem: Any) -> Fed
             raise reader.error(node, f"{path}.{required}", "required")
     td_node = keys["trustDomain"][1]
     trust_domain = reader.string(td_node, f"{path}.trustDomain")
-    if problem := td_problem(trust_domain):
+    if problem := trust_domain_problem(trust_domain):
         raise reader.error(td_node, f"{path}.trustDomain", problem)
     url_node = keys["bundleEndpointURL"][1]
     url = reader.string(url_node, f"{path}.bundleEndpointURL")

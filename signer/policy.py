@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import fnmatch
-import math
 import re
 import types
 from collections.abc import Collection, Mapping, Sequence
@@ -54,10 +53,8 @@ from pathlib import Path
 from typing import Final
 
 import yaml
-from yaml.constructor import SafeConstructor
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import Node, SequenceNode
 
-from bundles.spiffe import SpiffeIdError, parse_trust_domain
 from podcert.api.keys import KEY_TYPES, KeyType
 from podcert.api.lifetimes import (
     DEFAULT_MAX_EXPIRATION_SECONDS,
@@ -66,8 +63,11 @@ from podcert.api.lifetimes import (
     max_expiration_allowed,
 )
 from podcert.api.names import is_dns_name
+from podcert.errors import show
 from podcert.ratelimit import Rate
 from signer import federation as federation_
+from signer.policyfile import PolicyError as PolicyError  # what load_policy raises
+from signer.policyfile import PolicyReader, trust_domain_problem
 
 DEFAULT_MAX_LIFETIME: Final = dt.timedelta(seconds=DEFAULT_MAX_EXPIRATION_SECONDS)
 DEFAULT_CLUSTER_DOMAIN: Final = "cluster.local"
@@ -79,10 +79,6 @@ MAX_BURST: Final = 100000
 
 # Globs over Kubernetes names: lowercase name characters plus fnmatch's * ? [ ] !.
 _NAME_GLOB = re.compile(r"[a-z0-9.*?\[\]!-]+")
-
-
-class PolicyError(Exception):
-    """The policy file is unusable; the message reads `<file>:<line>: <field>: <problem>`."""
 
 
 @dataclass(frozen=True)
@@ -124,25 +120,6 @@ class Policy:
 
     def for_signer(self, signer_name: str) -> SignerPolicy:
         return self.signers[signer_name]
-
-
-def trust_domain_problem(trust_domain: str) -> str | None:
-    """Why `trust_domain` is not a SPIFFE trust domain name, or None when it is one.
-
-    A name is accepted exactly when `bundles.spiffe` accepts it as a bare trust domain, so the
-    signer never issues an ID its own workloads would refuse; the messages name the policy
-    file's terms (a scheme, a port) first."""
-    if "://" in trust_domain:
-        return "must be a bare trust domain name, without a scheme such as spiffe://"
-    if ":" in trust_domain:
-        return "must not carry a port"
-    try:
-        parse_trust_domain(trust_domain)  # the SPIFFE rule workloads check peers' IDs by
-    except SpiffeIdError:
-        return (
-            "must be 1 to 255 characters of lowercase letters, digits, dots, dashes and underscores"
-        )
-    return None
 
 
 def default_policy(signer_names: Sequence[str], trust_domain: str) -> Policy:
@@ -198,13 +175,6 @@ def load_policy_file(path: Path, served: Sequence[str], default_trust_domain: st
     return load_policy(text, str(path), served, default_trust_domain)
 
 
-def show(text: str, limit: int = 100) -> str:
-    """`text` quoted for a message: control characters escaped, absurd lengths cut."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
-
-
 def _any_glob(patterns: Collection[str], name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
@@ -215,15 +185,8 @@ def _check_default_trust_domain(trust_domain: str) -> None:
         raise PolicyError(f"default trust domain (--trust-domain) {show(trust_domain)}: {problem}")
 
 
-class _Reader:
-    """Walks composed YAML nodes, so every error can point at a line of the file."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self._constructor = SafeConstructor()
-
-    def error(self, node: Node, path: str, message: str) -> PolicyError:
-        return PolicyError(f"{self.source}:{node.start_mark.line + 1}: {path}: {message}")
+class _Reader(PolicyReader):
+    """The signer entries of the policy file, read on the file's node walker."""
 
     def signer(
         self, node: Node, path: str, served: Sequence[str], default_trust_domain: str
@@ -388,88 +351,3 @@ class _Reader:
                 node, path, "an empty list matches nothing; omit the key to match everything"
             )
         return tuple(patterns)
-
-    def mapping(
-        self, node: Node, path: str, allowed: Collection[str]
-    ) -> dict[str, tuple[Node, Node]]:
-        if not isinstance(node, MappingNode):
-            raise self.error(node, path or "(top level)", "expected a mapping")
-        keys: dict[str, tuple[Node, Node]] = {}
-        for key_node, value_node in node.value:
-            key = self.scalar(key_node, path or "(top level)")
-            if not isinstance(key, str):
-                raise self.error(
-                    key_node, path or "(top level)", f"keys must be strings, got {_yaml_type(key)}"
-                )
-            key_path = f"{path}.{key}" if path else key
-            if key not in allowed:
-                raise self.error(
-                    key_node,
-                    key_path,
-                    f"unknown key; expected one of {', '.join(sorted(allowed))}",
-                )
-            if key in keys:
-                raise self.error(key_node, key_path, "duplicate key")
-            keys[key] = (key_node, value_node)
-        return keys
-
-    def sequence(self, node: Node, path: str) -> list[Node]:
-        if not isinstance(node, SequenceNode):
-            raise self.error(node, path, "expected a list")
-        return list(node.value)
-
-    def string(self, node: Node, path: str) -> str:
-        value = self.scalar(node, path)
-        if not isinstance(value, str):
-            raise self.error(node, path, f"expected a string, got {_yaml_type(value)}")
-        return value
-
-    def integer(self, node: Node, path: str) -> int:
-        value = self.scalar(node, path)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(node, path, f"expected an integer, got {_yaml_type(value)}")
-        return value
-
-    def number(self, node: Node, path: str) -> float:
-        value = self.scalar(node, path)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.error(node, path, f"expected a number, got {_yaml_type(value)}")
-        if not math.isfinite(value):
-            raise self.error(node, path, f"expected a finite number, got {value}")
-        return float(value)
-
-    def boolean(self, node: Node, path: str) -> bool:
-        value = self.scalar(node, path)
-        if not isinstance(value, bool):
-            raise self.error(node, path, f"expected true or false, got {_yaml_type(value)}")
-        return value
-
-    def scalar(self, node: Node, path: str) -> object:
-        """The Python value of a scalar node (YAML's own typing), or the node when not a scalar."""
-        if not isinstance(node, ScalarNode):
-            return node
-        try:
-            return self._constructor.construct_object(node, deep=True)
-        except yaml.YAMLError as exc:  # e.g. an unknown tag such as !!python/object
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise self.error(node, path, problem) from exc
-        except Exception as exc:
-            # An explicit tag on text that does not fit it ("!!int web", "!!bool x",
-            # "!!timestamp x"): PyYAML's converters then raise ValueError, KeyError, IndexError
-            # or AttributeError, none of them a YAMLError.
-            kind = node.tag.rsplit(":", 1)[-1]
-            raise self.error(node, path, f"{show(node.value, 40)} is not a valid {kind}") from exc
-
-
-def _yaml_type(value: object) -> str:
-    if isinstance(value, MappingNode):
-        return "a mapping"
-    if isinstance(value, SequenceNode):
-        return "a list"
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, str):
-        return f"a string ({show(value, 40)})"
-    return f"{type(value).__name__} ({value!r})"

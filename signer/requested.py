@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from podcert.api.names import is_dns_name
+from podcert.errors import show
 from signer import model
-from signer.policy import SignerPolicy, show
+from signer.policy import SignerPolicy
 
 DNS_NAMES_ANNOTATION: Final = "podcert.dev/dns-names"
 KNOWN_ANNOTATIONS: Final = frozenset({DNS_NAMES_ANNOTATION})

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 
 from bundles import formats
 from devcluster import processes
-from devcluster.cluster import State
+from devcluster.planestate import State
 from podcert.api.requests import certificates, parse_status
 from podcert.api.requests import outcome as outcome
 from podcert.api.volumes import DATA_DIR, DATA_TMP

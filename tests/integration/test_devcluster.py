@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from devcluster import cluster, identities
+from devcluster import cluster, identities, planestate
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
@@ -234,7 +234,7 @@ def test_up_then_down_leaves_no_process(devcluster: DevCluster, tmp_path: Path) 
     cluster.down(tmp_path / "second")
     for pid in pids:
         assert not _running(pid), f"pid {pid} still runs after down"
-    assert cluster.running(identities.Paths(tmp_path / "second")) is None
+    assert planestate.running(identities.Paths(tmp_path / "second")) is None
     del devcluster
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from devcluster import build, cluster, kube, nodes, nodestate
+from devcluster import build, cluster, kube, nodes, nodestate, planestate
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
@@ -72,7 +72,7 @@ def test_version_changes_the_skew_policy_refuses_get_one_line_and_exit_2(
     root = old_cluster.root
     assert devcluster(root, "kubelet", NODE, "--hollow", f"--kube-version={OLD}") == 0
     capsys.readouterr()
-    before = cluster.read_state(Paths(root.resolve()))
+    before = planestate.read_state(Paths(root.resolve()))
     node_before = nodestate.read_state(root, NODE)
     cases = [
         (
@@ -104,7 +104,7 @@ def test_version_changes_the_skew_policy_refuses_get_one_line_and_exit_2(
         code = devcluster(root, *argv)
         out = capsys.readouterr()
         assert (code, out.err.splitlines(), out.out) == (2, [line], ""), argv
-    assert cluster.read_state(Paths(root.resolve())) == before
+    assert planestate.read_state(Paths(root.resolve())) == before
     assert nodestate.read_state(root, NODE) == node_before
     assert nodes.started(root) == [NODE]
 
@@ -128,13 +128,13 @@ def test_an_upgrade_in_place_keeps_the_data_and_the_skewed_node_until_it_is_upgr
     stored: JSON = Rest(api).request(
         "POST", path_of(BETA, "podcertificaterequests", ns), body={**body, "spec": spec}
     )
-    before = cluster.read_state(Paths(root.resolve()))
+    before = planestate.read_state(Paths(root.resolve()))
     assert before is not None
     capsys.readouterr()
 
     assert devcluster(root, "upgrade", f"--kube-version={NEW}") == 0
     upgraded = dt.datetime.now(dt.UTC)
-    after = cluster.read_state(Paths(root.resolve()))
+    after = planestate.read_state(Paths(root.resolve()))
     assert after is not None
     assert Rest(api).request("GET", "/version")["gitVersion"] == build.release(NEW)
     assert after.etcd_pid == before.etcd_pid, "etcd keeps running on its data"
@@ -178,4 +178,4 @@ def test_an_upgrade_in_place_keeps_the_data_and_the_skewed_node_until_it_is_upgr
     # Asked again, both are done already: nothing to do, exit 0.
     assert devcluster(root, "upgrade", f"--kube-version={NEW}") == 0
     assert devcluster(root, "kubelet", NODE, "--upgrade") == 0
-    assert cluster.read_state(Paths(root.resolve())) == after
+    assert planestate.read_state(Paths(root.resolve())) == after

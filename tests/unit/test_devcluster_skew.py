@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devcluster import build, cluster, identities, nodeconfig, nodes, skew, upgrade
+from devcluster import build, identities, nodeconfig, nodes, planestate, skew, upgrade
 from devcluster.hollow import kubemark_args
 from devcluster.skew import (
     CONTROLLER_MANAGER,
@@ -326,7 +326,7 @@ def test_a_state_written_before_upgrades_existed_reads_every_component_at_its_ve
         "kube_version": "1.36",
     }
     paths.state.write_text(json.dumps(old))
-    state = cluster.read_state(paths)
+    state = planestate.read_state(paths)
     assert state is not None
     assert state.versions() == dict.fromkeys(
         (KUBE_APISERVER, CONTROLLER_MANAGER, SCHEDULER), "1.36"
