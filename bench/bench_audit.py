@@ -28,8 +28,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bundles.formats import dump_private_key
 from podcert.api import volumes
-from signer import ca, certs, model
-from signer.auditlog import AuditLog, Entry
+from signer import certs, model
+from signer.auditlog.writer import AuditLog, Entry
+from signer.authority import ca
 
 REPO = Path(__file__).resolve().parents[1]
 SIGNER = "bench.podcert.dev/main"

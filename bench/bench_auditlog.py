@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from podcert.auditlog import Entry
-from signer.auditlog import AuditLog
+from signer.auditlog.writer import AuditLog
 
 T0 = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 

@@ -63,8 +63,9 @@ from devcluster import cluster, kube, planestate, processes
 from podcert.api import keys
 from podcert.kubeconfig import ClientSettings
 from podcert.rest import JSON, ApiError, Rest, load_client, path_of
-from signer import ca, certs, model, objects
-from signer.csr import parse_public_key
+from signer import certs, model, objects
+from signer.authority import ca
+from signer.issue.csr import parse_public_key
 
 PCRS = "certificates.k8s.io/v1"
 # The Go signer's figures (issue 14: a controller-runtime signer, 8 workers, 1,000 pending

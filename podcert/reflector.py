@@ -11,7 +11,7 @@ here holds a list: the version is taken from the list function, and used for the
 
 `listed_at` is when (on a monotonic clock) the list the callbacks' store now rests on was asked
 for: a list is a consistent read, so that store reflects every change the API server had made
-before that moment (the signer relies on it, `signer.fresh`). A reflector can be told to list
+before that moment (the signer relies on it, `signer.issue.fresh`). A reflector can be told to list
 only `after` an event, to order its list after something another reflector saw.
 """
 

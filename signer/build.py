@@ -38,17 +38,20 @@ from podcert.discovery import Unserved
 from podcert.errors import Refused, refusal_is_final
 from podcert.rest import ApiError, Rest, load_client
 from podcert.runtime import GaveUp, Runtime, retry_until
-from signer import auditlog, bundleendpoint, metrics, rotation
-from signer.audittrail import DEFAULT_CHECKPOINT_INTERVAL, AuditTrail
-from signer.cainjector import CAInjector
-from signer.castore import CAStore
-from signer.controller import Controller, Settings, utcnow
-from signer.federator import Federator, load_bootstraps
+from signer import metrics
+from signer.admission.cainjector import CAInjector
+from signer.auditlog import writer
+from signer.auditlog.trail import DEFAULT_CHECKPOINT_INTERVAL, AuditTrail
+from signer.authority import schedule
+from signer.authority.castore import CAStore
+from signer.authority.rotator import Rotator
+from signer.authority.trustbundles import Publisher
+from signer.federation import endpoint
+from signer.federation.poller import Federator, load_bootstraps
+from signer.issue.controller import Controller, Settings, utcnow
 from signer.kube import SignerKube
 from signer.leader import Elector, LeaseSettings
 from signer.policy import Policy
-from signer.rotator import Rotator
-from signer.trustbundles import Publisher
 
 log = logging.getLogger("podcert.signer")
 
@@ -66,7 +69,7 @@ class Config:
     kubeconfig: Path | None = None
     ca_secret: str = "podcert-ca"  # noqa: S105 (a Secret's name, not a password)
     create_ca: bool = True
-    rotation: rotation.Settings = rotation.DEFAULT_SETTINGS
+    rotation: schedule.Settings = schedule.DEFAULT_SETTINGS
     rotation_check_interval: float = 30.0  # how often the leader asks the CA schedule
     controller: Settings = field(default_factory=Settings)
     metrics_host: str = "0.0.0.0"  # noqa: S104 (a pod's metrics port is meant to be scraped)
@@ -74,7 +77,7 @@ class Config:
     metrics_limits: Limits = health.METRICS_LIMITS
     serving_limits: Limits = DEFAULT_LIMITS  # the webhook's and the bundle endpoint's ports
     audit_log: Path | None = None
-    audit_checkpoint_every: int = auditlog.DEFAULT_CHECKPOINT_EVERY
+    audit_checkpoint_every: int = writer.DEFAULT_CHECKPOINT_EVERY
     audit_checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
     publish_trust_bundles: bool = True
     leader_elect: bool = True
@@ -85,7 +88,7 @@ class Config:
     webhook_port: int = 0  # 0: no webhook
     webhook_dns_names: tuple[str, ...] = ()  # default: the Service's names in `namespace`
     webhook_configuration: str = ""  # the ValidatingWebhookConfiguration whose caBundle we keep
-    bundle_endpoint: bundleendpoint.Settings | None = None  # None: no SPIFFE bundle endpoint
+    bundle_endpoint: endpoint.Settings | None = None  # None: no SPIFFE bundle endpoint
     startup_timeout: float = 120.0  # seconds of API trouble at start before exit 1 (0: never)
 
     @property
@@ -156,7 +159,7 @@ class Signer:
     kube: SignerKube
     cas: CAStore
     metrics: metrics.Metrics
-    audit: auditlog.AuditLog | None
+    audit: writer.AuditLog | None
     trail: AuditTrail
     controller: Controller
     publisher: Publisher
@@ -229,7 +232,7 @@ class Signer:
         if config.webhook_port:
             runtime.ready_when(self._start_webhook().is_set)
         if config.bundle_endpoint is not None:
-            endpoint = bundleendpoint.start(
+            bundle_endpoint = endpoint.start(
                 config.bundle_endpoint,
                 self.cas.issuing,
                 self.cas.spiffe_bundle,
@@ -237,13 +240,13 @@ class Signer:
                 runtime,
                 utcnow,
             )
-            runtime.ready_when(endpoint.listening.is_set)
+            runtime.ready_when(bundle_endpoint.listening.is_set)
         wired.set()
 
     def _start_webhook(self) -> threading.Event:
         """Start the webhook; the event it returns is set while it accepts connections."""
         # aiohttp (a tenth of a second to import) only in a signer that serves the webhook.
-        from signer.webhook import ServingCert, WebhookServer
+        from signer.admission.webhook import ServingCert, WebhookServer
 
         config = self.config
         names = config.webhook_dns_names or (
@@ -300,7 +303,7 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
     audit = None
     if config.audit_log is not None:
         config.audit_log.parent.mkdir(parents=True, exist_ok=True)
-        audit = auditlog.AuditLog(config.audit_log, checkpoint_every=config.audit_checkpoint_every)
+        audit = writer.AuditLog(config.audit_log, checkpoint_every=config.audit_checkpoint_every)
     m = metrics.Metrics()
     bundle = cas.bundle
     if bundle is not None:

@@ -15,10 +15,12 @@ from podcert.api.lifetimes import NOT_BEFORE_SKEW
 from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.rest import ApiError, Rest, load_client
-from signer import build, bundleendpoint, federator, policy, rotation, spiffebundle
-from signer.ca import CAError
-from signer.castore import CAStore, describe
-from signer.controller import DEFAULT_SETTINGS, Settings, utcnow
+from signer import build, policy
+from signer.authority import schedule, spiffebundle
+from signer.authority.ca import CAError
+from signer.authority.castore import CAStore, describe
+from signer.federation import endpoint, poller
+from signer.issue.controller import DEFAULT_SETTINGS, Settings, utcnow
 from signer.kube import SignerKube
 from signer.leader import LeaseSettings
 
@@ -68,25 +70,25 @@ def _cluster_flags(p: argparse.ArgumentParser, *, after_ca: bool) -> None:
     p.add_argument(
         "--ca-prepare-at",
         type=float,
-        default=default(rotation.DEFAULT_SETTINGS.prepare_at),
+        default=default(schedule.DEFAULT_SETTINGS.prepare_at),
         help="prepare the next CA once the active one has used this share of its life",
     )
     p.add_argument(
         "--ca-overlap-seconds",
         type=float,
-        default=default(rotation.DEFAULT_SETTINGS.overlap.total_seconds()),
+        default=default(schedule.DEFAULT_SETTINGS.overlap.total_seconds()),
         help="a prepared CA is published this long before it starts signing",
     )
     p.add_argument(
         "--ca-root-days",
         type=int,
-        default=default(rotation.DEFAULT_SETTINGS.root_lifetime.days),
+        default=default(schedule.DEFAULT_SETTINGS.root_lifetime.days),
         help="lifetime of new roots",
     )
     p.add_argument(
         "--ca-intermediate-days",
         type=int,
-        default=default(rotation.DEFAULT_SETTINGS.intermediate_lifetime.days),
+        default=default(schedule.DEFAULT_SETTINGS.intermediate_lifetime.days),
         help="lifetime of new intermediates (the signing CA)",
     )
 
@@ -239,7 +241,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--bundle-endpoint-host",
-        default=bundleendpoint.Settings.host,
+        default=endpoint.Settings.host,
         help="address the bundle endpoint binds",
     )
     p.add_argument(
@@ -354,8 +356,8 @@ def _run_problem(args: argparse.Namespace) -> str | None:
     return _cluster_problem(args)
 
 
-def _rotation_settings(args: argparse.Namespace) -> rotation.Settings:
-    return rotation.Settings(
+def _rotation_settings(args: argparse.Namespace) -> schedule.Settings:
+    return schedule.Settings(
         prepare_at=args.ca_prepare_at,
         overlap=dt.timedelta(seconds=args.ca_overlap_seconds),
         root_lifetime=dt.timedelta(days=args.ca_root_days),
@@ -394,18 +396,18 @@ def run_ca(args: argparse.Namespace) -> int:
                     f"signing CA until {g.bundle.not_after:%Y-%m-%d}{until}"
                 )
             due = (
-                rotation.ca_schedule(gens, now, cas.settings) if gens[0].id != "operator" else None
+                schedule.ca_schedule(gens, now, cas.settings) if gens[0].id != "operator" else None
             )
             print(f"next step due: {type(due).__name__ if due else 'none'}")
             return 0
-        step: rotation.Step
+        step: schedule.Step
         if args.action == "prepare":
-            step = rotation.Prepare()
+            step = schedule.Prepare()
         elif args.action == "activate":
             prepared = [g for g in gens if g.state == "prepared" and args.id in (None, g.id)]
             if not prepared:
                 raise CommandError("no prepared CA to activate (run `ca prepare` first)")
-            step = rotation.Activate(prepared[0].id)
+            step = schedule.Activate(prepared[0].id)
         else:
             retired = [g for g in gens if g.state == "retired" and args.id in (None, g.id)]
             if not retired:
@@ -416,11 +418,11 @@ def run_ca(args: argparse.Namespace) -> int:
                     f"leaves signed by {target.id} may be valid until "
                     f"{target.trusted_until:%Y-%m-%dT%H:%M:%SZ}; re-issue them and use --force"
                 )
-            step = rotation.Remove(target.id)
+            step = schedule.Remove(target.id)
         after = cas.step(step)
         print(describe(after))
         return 0
-    except (ApiError, rotation.RotationError, CAError) as err:
+    except (ApiError, schedule.RotationError, CAError) as err:
         raise CommandError(f"ca {args.action}: {one_line(str(err))}") from None
 
 
@@ -445,7 +447,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
     except policy.PolicyError as err:
         return f"invalid policy: {err}"
     if pol.federation is not None:  # the bootstrap bundles are read now, so a bad one stops us
-        bootstraps = federator.load_bootstraps(pol.federation, utcnow())
+        bootstraps = poller.load_bootstraps(pol.federation, utcnow())
         if isinstance(bootstraps, str):
             return f"invalid policy: {bootstraps}"
     return build.Config(
@@ -482,10 +484,10 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
     )
 
 
-def _bundle_endpoint(args: argparse.Namespace) -> bundleendpoint.Settings | None:
+def _bundle_endpoint(args: argparse.Namespace) -> endpoint.Settings | None:
     if not args.bundle_endpoint_port:
         return None
-    return bundleendpoint.Settings(
+    return endpoint.Settings(
         port=args.bundle_endpoint_port,
         host=args.bundle_endpoint_host,
         web_cert=args.bundle_endpoint_cert,

@@ -15,7 +15,8 @@ from prometheus_client import (
 
 from podcert import health
 from podcert.connections import Limits
-from signer import model, rotation
+from signer import model
+from signer.authority import schedule
 
 # Why a reconcile will be retried, as `podcert_signer_retries_total` labels it: closed types like
 # the Denied reasons, so a label mistyped anywhere fails the type check (and a dashboard's
@@ -148,9 +149,9 @@ class Metrics:
         """One reconcile that will be retried (the only way to count one: `reason` is checked)."""
         self._retries.labels(reason=reason).inc()
 
-    def observe_generations(self, states: Iterable[rotation.State]) -> None:
+    def observe_generations(self, states: Iterable[schedule.State]) -> None:
         """The CA set's count by state, every state exported (zeros too, for the rules)."""
-        counts = dict.fromkeys(rotation.STATES, 0)
+        counts = dict.fromkeys(schedule.STATES, 0)
         for state in states:
             counts[state] += 1
         for state, count in counts.items():

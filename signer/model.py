@@ -1,7 +1,7 @@
 """The values the signer decides with: a request, the live facts about it, and the outcomes.
 
 Pure data. Nothing here imports `kubernetes` or `aiohttp`; the controller translates API objects
-into these at the edge, and the decision (`signer.decide`) is a function of them and `now`.
+into these at the edge, and the decision (`signer.issue.decide`) is a function of them and `now`.
 """
 
 from __future__ import annotations
@@ -202,4 +202,4 @@ class Signed:
 
 Answer = Signed | Deny | Fail
 """What the signer writes for a request: the terminal outcome the settlement turns into a
-status, an audit entry, an Event and metric labels (`signer.settle`)."""
+status, an audit entry, an Event and metric labels (`signer.issue.settle`)."""

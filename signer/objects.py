@@ -13,8 +13,8 @@ each label, not their number), so a cached pod is bounded whatever its labels: i
 only while their JSON is at most `LABELS_KEPT` bytes. A shape reads them as raw JSON and measures
 that before decoding, so a larger map is never built at all; the pod then holds None, "not
 kept", and the one decision that reads labels (`dnsNames.services`) reads that pod live (into
-this shape, its labels whole) for itself only (`signer.fresh.Bindings.read`). The bound decides
-only where labels come from, never what a decision sees.
+this shape, its labels whole) for itself only (`signer.issue.fresh.Bindings.read`). The bound
+decides only where labels come from, never what a decision sees.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ File shape (every key optional unless marked; unknown keys are errors)::
             burst: 100                    # required; requests at once after a quiet spell,
                                           #   1..100000
 
-    federation: ...                       # other SPIFFE trust domains: see signer.federation
+    federation: ...                       # other SPIFFE trust domains: signer.federation.domains
 
 A request is allowed when any rule matches both its namespace and its service account;
 `allow: []` denies everything. Signers that are served but not listed get every default.
@@ -65,7 +65,7 @@ from podcert.api.lifetimes import (
 from podcert.api.names import is_dns_name
 from podcert.errors import show
 from podcert.ratelimit import Rate
-from signer import federation as federation_
+from signer.federation import domains as federation_
 from signer.policyfile import PolicyError as PolicyError  # what load_policy raises
 from signer.policyfile import PolicyReader, trust_domain_problem
 

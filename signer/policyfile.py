@@ -1,6 +1,6 @@
 """Reading the policy file's composed YAML nodes, so that every error names the file, the line
 and the field: the walker the signer's entries (`signer.policy`) and the federation section
-(`signer.federation`) are both read with. Pure: it works on nodes, never on files.
+(`signer.federation.domains`) are both read with. Pure: it works on nodes, never on files.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a request asks for beyond its identity: the unverifiedUserAnnotations the signer reads.
 
 Only `podcert.dev/dns-names`, a comma-separated list of DNS names; whether the pod is entitled to
-them is decided against the Services that select it (`signer.decide`), and whether they are
+them is decided against the Services that select it (`signer.issue.decide`), and whether they are
 honoured at all is policy (`dnsNames.allowRequested`). Unknown keys are denied rather than
 ignored: a key we do not understand may be a request the user believes is honoured. Pure.
 """

@@ -12,7 +12,8 @@ import msgspec
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from podcert.api import keys
-from signer import ca, model, policy, requested
+from signer import model, policy, requested
+from signer.authority import ca
 
 SIGNER = "example.com/podcert"
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, 500_000, tzinfo=dt.UTC)

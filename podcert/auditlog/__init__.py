@@ -1,7 +1,7 @@
 """The signer's audit log format: the line format, the audit certificate, `verify`, `iter_entries`.
 
 Why it lives in podcert's bottom layer: the log is written by the signer
-(`signer.auditlog.AuditLog`) but read by auditors, `podcert audit` among them, which must not
+(`signer.auditlog.writer.AuditLog`) but read by auditors, `podcert audit` among them, which must not
 depend on the signer. So the format (how a line is framed, encoded and hashed, what an audit
 certificate is) and everything that reads it live here, and both the writer and the audit import
 them: one definition for both sides.

@@ -1,7 +1,7 @@
 """The audit log's lines: how an entry is framed, encoded, hashed and read back.
 
-Shared by the writer (`signer.auditlog.AuditLog`) and every reader; `checkpoints` verifies what
-the lines claim. See the package's docstring for the format.
+Shared by the writer (`signer.auditlog.writer.AuditLog`) and every reader; `checkpoints`
+verifies what the lines claim. See the package's docstring for the format.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ _TIME_FIELDS: Final = frozenset({"time", "not_before", "not_after"})
 _OPTIONAL_FIELDS: Final = frozenset({"spiffe_id", "serial", "not_before", "not_after"})
 
 
-# --- line encoding, shared with the writer (signer.auditlog) ---------------------------------
+# --- line encoding, shared with the writer (signer.auditlog.writer) -------------------------
 
 
 def line_hash(line: bytes) -> str:

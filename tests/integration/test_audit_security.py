@@ -29,7 +29,8 @@ from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
 from podcert.cli import main
 from podcert.rest import Rest, path_of
-from signer import auditlog, objects
+from signer import objects
+from signer.auditlog import writer
 from tests.integration.conftest import StartSigner
 from tests.integration.fault_helpers import fill, small_filesystem
 from tests.integration.helpers import PCRS, condition, make_pod, request_as_node, settled
@@ -115,7 +116,7 @@ def messages(report: dict[str, Any], kind: str) -> list[str]:
 def rechain(lines: list[bytes], sign: tuple[ec.EllipticCurvePrivateKey, list[str]] | None) -> bytes:
     """Renumber, recompute every prev, and (with `sign`) re-sign every checkpoint."""
     out: list[bytes] = []
-    prev, number = auditlog.GENESIS, 0
+    prev, number = writer.GENESIS, 0
     for seq, line in enumerate(lines, start=1):
         obj = json.loads(line)
         obj["seq"], obj["prev"] = seq, prev
@@ -343,9 +344,9 @@ def test_a_full_audit_log_stops_issuance_and_readiness_until_space_returns(
         # Everything issued is in the log, and the log verifies.
         lines = (mount / "audit.jsonl").read_bytes().splitlines()
         leaf = x509.load_pem_x509_certificates(done["status"]["certificateChain"].encode())[0]
-        issued = {e.serial for e in auditlog.iter_entries(lines) if e.decision == "issued"}
+        issued = {e.serial for e in writer.iter_entries(lines) if e.decision == "issued"}
         assert f"{leaf.serial_number:x}" in issued
-        assert auditlog.verify(lines, None, _now()).ok
+        assert writer.verify(lines, None, _now()).ok
     print(f"on a {kind}: issuance held while the log was full, resumed when space returned")
 
 

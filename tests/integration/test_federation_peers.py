@@ -34,8 +34,8 @@ from kubernetes import client
 from devcluster import processes
 from devcluster.testing import DevCluster, eventually
 from podcert.rest import ApiError, Rest, path_of
-from signer import spiffebundle
-from signer.federator import FETCH_DEADLINE
+from signer.authority import spiffebundle
+from signer.federation.poller import FETCH_DEADLINE
 from tests.integration.conftest import StartSigner
 
 SIGNER = "peers.podcert.dev/workload"

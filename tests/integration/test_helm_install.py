@@ -47,7 +47,7 @@ __all__ = ["helm"]  # the fixture, shared with test_chart
 RELEASE = "podcert"
 # Where helm keeps the release record: any namespace but the chart's own (README).
 RELEASE_NAMESPACE = "default"
-TRUST_BUNDLE = "podcert.dev:workload:roots"  # signer/trustbundles.py bundle_name
+TRUST_BUNDLE = "podcert.dev:workload:roots"  # signer/authority/trustbundles.py bundle_name
 SHORTER = 3600  # the upgrade's policy.maxLifetimeSeconds (shipped: 86400)
 
 pytestmark = pytest.mark.timeout(900)  # the first test also builds or loads the image

@@ -39,7 +39,7 @@ from devcluster import build, imagebuild, incluster, podman
 from devcluster.testing import DevCluster, Kubelet, eventually
 from podcert import __version__
 from podcert.rest import ApiError, Rest, path_of
-from signer import rotation
+from signer.authority import schedule
 from tests.integration.kubelet_helpers import BUNDLE, certificates_in
 from tests.integration.test_chart import CHART, helm, render, run
 from tests.integration.test_helm_install import RELEASE, chart_node, cluster_helm, issuing_ca
@@ -205,7 +205,7 @@ def chart_version(chart: Path) -> str:
 def trusted_roots(rest: Rest) -> list[x509.Certificate]:
     secret = rest.request("GET", path_of("v1", "secrets", NAMESPACE, "podcert-ca"))
     data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
-    return rotation.trusted_roots(rotation.from_secret(data, dt.datetime.now(dt.UTC)))
+    return schedule.trusted_roots(schedule.from_secret(data, dt.datetime.now(dt.UTC)))
 
 
 def public_key(leaf: x509.Certificate) -> bytes:

@@ -39,7 +39,7 @@ from podcert.api import keys
 from podcert.api.versions import group_version
 from podcert.discovery import certificates_versions, key_form
 from podcert.rest import JSON, ApiError, Rest, load_client, path_of
-from signer.trustbundles import MANAGED_BY, bundle_name
+from signer.authority.trustbundles import MANAGED_BY, bundle_name
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import pcr_spec
 from tests.integration.kubelet_helpers import ca, trust_bundle_roots

@@ -17,7 +17,8 @@ from devcluster import processes
 from devcluster.testing import DevCluster
 from podcert.api import keys
 from podcert.rest import Rest, path_of
-from signer import auditlog, model
+from signer import model
+from signer.auditlog import writer
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import (
     condition,
@@ -335,11 +336,11 @@ def test_survives_sigkill_halfway_through_500_requests(
     assert all(condition(i)["type"] == "Issued" for i in items), "some request was not issued"
 
     lines = audit_path.read_bytes().splitlines()
-    result = auditlog.verify(lines, _roots_of(devcluster, "podcert-crash"), dt.datetime.now(dt.UTC))
+    result = writer.verify(lines, _roots_of(devcluster, "podcert-crash"), dt.datetime.now(dt.UTC))
     assert result.ok, result.problems
     # Issuance is logged write-ahead: every certificate the API holds is in the log (a kill
     # between the two may add an entry for a leaf that was never published, nothing more).
-    audited = {e.serial for e in auditlog.iter_entries(lines) if e.decision == "issued"}
+    audited = {e.serial for e in writer.iter_entries(lines) if e.decision == "issued"}
     published = {f"{_leaf(i).serial_number:x}" for i in items}
     assert published <= audited
     assert len(audited) - len(published) <= 4  # at most one in flight per worker

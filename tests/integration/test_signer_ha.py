@@ -20,7 +20,7 @@ from devcluster import processes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from podcert.rest import JSON, Rest, path_of
-from signer import trustbundles
+from signer.authority import trustbundles
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import condition, make_pod, request_as_node, settled
 

@@ -36,7 +36,7 @@ from devcluster import processes
 from devcluster.testing import DevCluster, eventually
 from podcert.auditlog import iter_entries, verify
 from podcert.rest import JSON, Rest, path_of
-from signer import rotation
+from signer.authority import schedule
 from tests.integration.helpers import condition, make_pod, request_as_node, settled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +204,7 @@ def ca_roots(devcluster: DevCluster) -> list[x509.Certificate]:
     secret = Rest(devcluster.admin).get(path_of("v1", "secrets", NAMESPACE, "podcert-ca"))
     assert secret is not None
     data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
-    return rotation.trusted_roots(rotation.from_secret(data, dt.datetime.now(dt.UTC)))
+    return schedule.trusted_roots(schedule.from_secret(data, dt.datetime.now(dt.UTC)))
 
 
 def test_a_rolling_update_from_0_1_0_issues_every_request_once_and_keeps_ca_and_logs(

@@ -7,7 +7,7 @@ form is judged, and checked, by its path alone):
   names (`podcert.runtime.Runtime`), commands with spaces, calls with parentheses and patterns
   (`bench/soak*.py`, `releases/<version>/`, `[TD/]NS/SA`) are not paths;
 - not starting with `/` or `-`: a URL path (`/healthz`) or a flag;
-- and a file (its last part has a suffix: `signer/decide.py`), a folder (it ends in `/`:
+- and a file (its last part has a suffix: `signer/issue/decide.py`), a folder (it ends in `/`:
   `manifests/monitoring/`), or starting at a top-level entry of the repository
   (`charts/podcert`). What is left names another project's thing, as Go's `encoding/pem`.
 A bare file name (`pyproject.toml`, `build.py`) is not checked: the row says where it is.
@@ -55,7 +55,7 @@ def _missing(path: str) -> bool:
 @pytest.mark.parametrize(
     ("markdown", "paths"),
     [
-        pytest.param("`signer/decide.py` (pure)", ["signer/decide.py"], id="a file"),
+        pytest.param("`signer/issue/decide.py` (pure)", ["signer/issue/decide.py"], id="a file"),
         pytest.param("`manifests/monitoring/`", ["manifests/monitoring/"], id="a folder"),
         pytest.param("`charts/podcert`", ["charts/podcert"], id="a top-level folder's child"),
         pytest.param(

@@ -31,8 +31,9 @@ from kubelet_shim.storage import FileSpec
 from podcert.api.pods import CertificateSource, parse_pod
 from podcert.auditlog import GENESIS, line_hash
 from podcert.cli import main
-from signer import ca, certs, model
-from signer.auditlog import AuditLog, Entry
+from signer import certs, model
+from signer.auditlog.writer import AuditLog, Entry
+from signer.authority import ca
 
 T0 = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
 SIGNER = "example.com/podcert"

@@ -26,7 +26,8 @@ from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
 from podcert.api import volumes
 from podcert.cli import main
-from signer import ca, certs, model
+from signer import certs, model
+from signer.authority import ca
 
 T0 = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
 NOW = T0 + dt.timedelta(hours=1)

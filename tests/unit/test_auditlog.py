@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from podcert.auditlog import AUDIT_SIGNING_EKU
-from signer.auditlog import (
+from signer.auditlog.writer import (
     GENESIS,
     AuditLog,
     AuditLogError,
@@ -764,7 +764,8 @@ def test_entry_rejects(change: dict[str, Any]) -> None:
 
 def test_the_module_imports_neither_kubernetes_nor_aiohttp() -> None:
     code = (
-        "import sys, signer.auditlog; print(sorted({'kubernetes', 'aiohttp'} & set(sys.modules)))"
+        "import sys, signer.auditlog.writer; "
+        "print(sorted({'kubernetes', 'aiohttp'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

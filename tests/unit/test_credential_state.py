@@ -23,7 +23,8 @@ from kubelet_shim import projection
 from kubelet_shim.projection import ProjectionState
 from podcert.api.credentials import CredentialState, credential_state, refresh_point
 from podcert.api.times import format_time
-from signer import ca, certs, model
+from signer import certs, model
+from signer.authority import ca
 
 NB = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
 LIFETIME = dt.timedelta(hours=24)

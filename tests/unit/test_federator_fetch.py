@@ -19,9 +19,10 @@ import pytest
 import trustme
 from cryptography import x509
 
-from signer import federation, spiffebundle
-from signer.federation import FederatedDomain
-from signer.federator import FetchError, fetch
+from signer.authority import spiffebundle
+from signer.federation import domains
+from signer.federation.domains import FederatedDomain
+from signer.federation.poller import FetchError, fetch
 
 DEADLINE = 0.5
 SLACK = 1.5  # shared cores: the error must come well before the trickle would end
@@ -153,10 +154,10 @@ def test_the_deadline_is_kept_on_the_injected_clock(ca: trustme.CA, roots_file: 
 
 
 def test_a_body_over_the_limit_is_read_no_further(ca: trustme.CA, roots_file: Path) -> None:
-    payload = b" " * (federation.MAX_BODY_BYTES * 2)
+    payload = b" " * (domains.MAX_BODY_BYTES * 2)
     with server(ca, whole(payload)) as (port, _):
         got = fetch(domain(port, roots_file), (), deadline=DEADLINE * 20)
-    assert len(got) == federation.MAX_BODY_BYTES + 1
+    assert len(got) == domains.MAX_BODY_BYTES + 1
     assert isinstance(
-        federation.parse_bundle(got, "web.test", dt.datetime.now(dt.UTC)), federation.Rejected
+        domains.parse_bundle(got, "web.test", dt.datetime.now(dt.UTC)), domains.Rejected
     )

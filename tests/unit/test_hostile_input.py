@@ -4,7 +4,7 @@ One property-based target per parser that reads bytes or objects someone else co
 the exception types it may raise (anything else is a bug):
 
     target                                          fed by                      may raise
-    signer.csr.parse_public_key                     anyone who creates PCRs     CSRError
+    signer.issue.csr.parse_public_key                     anyone who creates PCRs     CSRError
     signer.objects.request_from, then decide        same, as the API returns it ObjectError; decide
                                                                                 nothing
     signer.requested.parse_annotations                 same (userAnnotations)      nothing
@@ -59,8 +59,10 @@ from bundles import formats, spiffe
 from podcert import auditlog
 from podcert.api import fields, keys, pods
 from podcert.api.volumes import path_problem
-from signer import ca, certs, csr, decide, model, objects, policy, requested
-from signer.auditlog import AuditLog
+from signer import certs, model, objects, policy, requested
+from signer.auditlog.writer import AuditLog
+from signer.authority import ca
+from signer.issue import csr, decide
 from tests import strategies
 from tests.signer_world import (
     ISSUER,

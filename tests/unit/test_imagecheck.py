@@ -138,7 +138,7 @@ def test_stale_modules_are_named() -> None:
 
 
 def test_product_module_paths() -> None:
-    assert imagecheck.product_module(f"{SITE}/signer/decide.py") == "signer/decide.py"
+    assert imagecheck.product_module(f"{SITE}/signer/issue/decide.py") == "signer/issue/decide.py"
     assert imagecheck.product_module(f"{SITE}/signer/__pycache__/x.pyc") is None
     assert imagecheck.product_module(f"{SITE}/kubernetes/client/api.py") is None
 

@@ -22,7 +22,7 @@ from kubelet_shim import metrics as shim_metrics
 from kubelet_shim.projection import ProjectionState
 from podcert.api.requests import Outcome
 from signer import metrics as signer_metrics
-from signer import rotation
+from signer.authority import schedule
 
 MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
 RULES = MONITORING / "prometheusrule.yaml"
@@ -40,7 +40,7 @@ CLOSED_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("podcert_signer_requests_total", "outcome"): frozenset(get_args(Outcome)),
     ("podcert_signer_issue_latency_seconds_bucket", "outcome"): frozenset(get_args(Outcome)),
     ("podcert_shim_projections", "state"): frozenset(s.value for s in ProjectionState),
-    ("podcert_signer_ca_generations", "state"): frozenset(rotation.STATES),
+    ("podcert_signer_ca_generations", "state"): frozenset(schedule.STATES),
 }
 
 

@@ -36,7 +36,8 @@ from examples.mtls.client import IdentityClient
 from examples.mtls.server import IdentityServer
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
-from signer import ca, certs, model
+from signer import certs, model
+from signer.authority import ca
 
 TRUST_DOMAIN = "td.test"
 SERVER_ID = f"spiffe://{TRUST_DOMAIN}/ns/shop/sa/api"

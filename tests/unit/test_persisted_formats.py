@@ -24,9 +24,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 import podcert
 from podcert.auditlog import AuditLogError, encode_line, iter_entries, line_hash, verify
 from podcert.persisted import FormatTooNew
-from signer import certs, rotation, spiffebundle
-from signer.auditlog import AuditLog, Entry
-from signer.castore import FORMAT_KEY, CAStore
+from signer import certs
+from signer.auditlog.writer import AuditLog, Entry
+from signer.authority import schedule, spiffebundle
+from signer.authority.castore import FORMAT_KEY, CAStore
 from signer.kube import SignerKube
 
 DATA = Path(__file__).parent / "data" / "release-0.1.0"
@@ -116,7 +117,7 @@ def test_a_rotation_step_on_0_1_0s_secret_keeps_its_material_and_marks_format_1(
     assert gens is not None
     prepared = next(g for g in gens if g.state == "prepared")
 
-    cas.step(rotation.Activate(prepared.id))
+    cas.step(schedule.Activate(prepared.id))
 
     assert kube.data is not None and kube.writes == 1
     assert kube.data[FORMAT_KEY] == b"1"
@@ -124,8 +125,8 @@ def test_a_rotation_step_on_0_1_0s_secret_keeps_its_material_and_marks_format_1(
     material = [k for k in before if k.startswith(tuple(f"{g.id}." for g in gens))]
     assert len(material) >= 6
     assert {k: kube.data[k] for k in material} == {k: before[k] for k in material}
-    assert rotation.active(cas.generations) is not None
-    assert rotation.active(cas.generations).id == prepared.id  # type: ignore[union-attr]
+    assert schedule.active(cas.generations) is not None
+    assert schedule.active(cas.generations).id == prepared.id  # type: ignore[union-attr]
 
 
 def test_a_new_ca_secret_carries_format_1() -> None:
@@ -148,8 +149,8 @@ def test_a_ca_secret_in_a_newer_format_is_refused_in_one_line_and_never_written(
 
     assert cas.error == too_new_line(f"CA Secret {REF}")
     assert cas.issuing() is None and cas.due() is None
-    with pytest.raises(rotation.RotationError, match="is in format 2"):
-        cas.step(rotation.Prepare())
+    with pytest.raises(schedule.RotationError, match="is in format 2"):
+        cas.step(schedule.Prepare())
     assert kube.writes == 0
     assert kube.data == newer_secret()
 
@@ -195,8 +196,8 @@ def test_an_unreadable_format_number_is_an_error_naming_the_secret(raw: bytes) -
 
 
 def release_roots() -> list[x509.Certificate]:
-    gens = rotation.from_secret(release_secret(), LATER)
-    return rotation.trusted_roots(gens)
+    gens = schedule.from_secret(release_secret(), LATER)
+    return schedule.trusted_roots(gens)
 
 
 def audit_signer() -> tuple[ec.EllipticCurvePrivateKey, list[x509.Certificate]]:

@@ -1,8 +1,8 @@
 """The v1beta1 form of a request's key (1.35 has no other): `pkixPublicKey` plus
 `proofOfPossession`, a signature over the pod UID. The shim signs it (`podcert.api.requests.
-key_fields`), the signer checks it again (`signer.csr`), for every key type; a wrong UID, another
-key or broken bytes end in a typed denial naming the field. Which form a server takes is read
-from its schema (`podcert.api.versions.key_form`), and a server that serves no requests at all
+key_fields`), the signer checks it again (`signer.issue.csr`), for every key type; a wrong UID,
+another key or broken bytes end in a typed denial naming the field. Which form a server takes is
+read from its schema (`podcert.api.versions.key_form`), and a server that serves no requests at all
 is one line at start-up, for the signer, the shim and the audit alike.
 
 `data/kubelet_1.35_proofs.json` holds proofs made by Go with the calls the 1.35 kubelet makes
@@ -34,7 +34,8 @@ from podcert.cli import main
 from podcert.discovery import Unserved
 from podcert.rest import ApiError
 from signer import build as signer_build
-from signer import csr, decide, model, objects
+from signer import model, objects
+from signer.issue import csr, decide
 from signer.policy import load_policy
 from tests.unit.test_shim_agent import CA, SIGNER, UID, Clock, FakeKube, Rig, cert_volume, make_pod
 

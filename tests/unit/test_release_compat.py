@@ -25,9 +25,9 @@ import pytest
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
 from podcert.auditlog import verify
-from signer import rotation
-from signer.auditlog import AuditLog
-from signer.castore import FORMAT_KEY, CAStore
+from signer.auditlog.writer import AuditLog
+from signer.authority import schedule
+from signer.authority.castore import FORMAT_KEY, CAStore
 from signer.kube import SignerKube
 from tests.unit.test_persisted_formats import (
     LATER,
@@ -135,7 +135,7 @@ def todays_secret() -> dict[str, bytes]:
     kube = SecretKube(None)
     store = CAStore(cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: LATER)
     assert store.load() is not None
-    store.step(rotation.Prepare())
+    store.step(schedule.Prepare())
     assert kube.data is not None
     return kube.data
 

@@ -15,7 +15,9 @@ import trustme
 from aiohttp.test_utils import make_mocked_request
 from cryptography import x509
 
-from signer import bundleendpoint, ca, model
+from signer import model
+from signer.authority import ca
+from signer.federation import endpoint
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -29,14 +31,14 @@ class Clock:
 
 
 def test_the_endpoint_id_is_under_podcert_where_no_pod_id_can_be() -> None:
-    assert bundleendpoint.endpoint_id("td.test") == "spiffe://td.test/podcert/bundle-endpoint"
+    assert endpoint.endpoint_id("td.test") == "spiffe://td.test/podcert/bundle-endpoint"
 
 
 def test_its_svid_is_kept_until_half_its_life_and_reissued_when_the_ca_changes() -> None:
     first, second = (ca.issuing_ca(ca.new_ca(f"g{i}", T0)) for i in range(2))
     issuing: list[model.IssuingCA | None] = [None]
     clock = Clock(T0)
-    identity = bundleendpoint.SpiffeIdentity(lambda: issuing[0], "td.test", clock)
+    identity = endpoint.SpiffeIdentity(lambda: issuing[0], "td.test", clock)
     assert identity.current() is None  # no CA yet: nothing to serve with
 
     issuing[0] = first
@@ -68,7 +70,7 @@ def test_the_web_certificate_is_reread_on_change_and_a_bad_pair_keeps_the_last_g
     authority, cert, key = web_files
     write(authority, cert, key)
     clock = Clock(0.0)
-    identity = bundleendpoint.WebIdentity(cert, key, clock, interval=10.0)
+    identity = endpoint.WebIdentity(cert, key, clock, interval=10.0)
     first = identity.current()
     assert first is not None
 
@@ -87,17 +89,15 @@ def test_the_web_certificate_is_reread_on_change_and_a_bad_pair_keeps_the_last_g
 def test_missing_web_files_leave_nothing_to_serve_so_the_endpoint_does_not_start(
     tmp_path: Path,
 ) -> None:
-    identity = bundleendpoint.WebIdentity(tmp_path / "no.pem", tmp_path / "no.key", Clock(0.0))
+    identity = endpoint.WebIdentity(tmp_path / "no.pem", tmp_path / "no.key", Clock(0.0))
     with pytest.raises(RuntimeError, match="no certificate"):
-        bundleendpoint.listener_context(identity)
+        endpoint.listener_context(identity)
 
 
 def serve(roots: list[x509.Certificate], sequence: int) -> Any:
     """One GET / answered by the handler (TLS is the listener's business, not its)."""
-    identity = bundleendpoint.SpiffeIdentity(lambda: None, "td.test", Clock(T0))
-    server = bundleendpoint.BundleServer(
-        bundleendpoint.Settings(port=0), identity, lambda: (roots, sequence)
-    )
+    identity = endpoint.SpiffeIdentity(lambda: None, "td.test", Clock(T0))
+    server = endpoint.BundleServer(endpoint.Settings(port=0), identity, lambda: (roots, sequence))
     return asyncio.run(server.handle(make_mocked_request("GET", "/")))
 
 
@@ -116,6 +116,6 @@ def test_it_answers_the_bundle_as_json() -> None:
 
 
 def test_the_profile_follows_the_flags() -> None:
-    assert bundleendpoint.Settings(port=1).profile == "https_spiffe"
-    web = bundleendpoint.Settings(port=1, web_cert=Path("c"), web_key=Path("k"))
+    assert endpoint.Settings(port=1).profile == "https_spiffe"
+    web = endpoint.Settings(port=1, web_cert=Path("c"), web_key=Path("k"))
     assert web.profile == "https_web"

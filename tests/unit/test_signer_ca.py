@@ -1,4 +1,4 @@
-"""signer.ca: the hierarchy we make, and the Secret we load it from or store it in."""
+"""signer.authority.ca: the hierarchy we make, and the Secret we load it from or store it in."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from bundles.formats import dump_private_key
 from podcert.api import keys
-from signer import ca, certs, model
+from signer import certs, model
+from signer.authority import ca
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 30, 250_000, tzinfo=dt.UTC)
 BUNDLE = ca.new_ca("podcert test", NOW)

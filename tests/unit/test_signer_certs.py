@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from podcert.api import keys
-from signer import ca, certs, model
+from signer import certs, model
+from signer.authority import ca
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 BUNDLE = ca.new_ca("podcert test", NOW)

@@ -13,9 +13,9 @@ from typing import cast
 import pytest
 
 from podcert.runtime import Runtime, wait_for_sync
-from signer.castore import CAStore
-from signer.controller import Controller, Settings, utcnow
-from signer.decide import binding_problem
+from signer.authority.castore import CAStore
+from signer.issue.controller import Controller, Settings, utcnow
+from signer.issue.decide import binding_problem
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy

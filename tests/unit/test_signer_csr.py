@@ -1,4 +1,4 @@
-"""signer.csr: the subject key comes out of the request, or a typed CSRError does."""
+"""signer.issue.csr: the subject key comes out of the request, or a typed CSRError does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa, x25519
 
 from podcert.api import keys
-from signer import csr, model
+from signer import model
+from signer.issue import csr
 
 KEYS = {key_type: keys.generate(key_type) for key_type in csr.KEY_TYPES}
 BASE = model.Request(

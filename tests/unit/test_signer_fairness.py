@@ -14,14 +14,15 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from podcert.ratelimit import Rate
-from signer import ca, model
-from signer import controller as controller_module
-from signer.castore import CAStore
-from signer.controller import Controller, Key, Settings, utcnow
+from signer import model
+from signer.authority import ca
+from signer.authority.castore import CAStore
+from signer.issue import controller as controller_module
+from signer.issue.controller import Controller, Key, Settings, utcnow
+from signer.issue.settle import Settlement
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import Policy, SignerPolicy
-from signer.settle import Settlement
 
 SIGNER = "podcert.dev/test"
 NOW = dt.datetime(2026, 5, 1, 12, tzinfo=dt.UTC)

@@ -16,9 +16,10 @@ import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from signer import federation, spiffebundle
-from signer.federation import Bundle, FederatedDomain, Federation, Rejected
-from signer.federator import Federator, load_bootstraps
+from signer.authority import spiffebundle
+from signer.federation import domains
+from signer.federation.domains import Bundle, FederatedDomain, Federation, Rejected
+from signer.federation.poller import Federator, load_bootstraps
 from signer.policy import PolicyError, load_policy
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -48,7 +49,7 @@ def body(doc: Any) -> bytes:
 
 
 def test_a_bundle_as_podcert_serves_it_is_taken(roots: list[x509.Certificate]) -> None:
-    got = federation.accept(body(document(roots)), TD, None, NOW)
+    got = domains.accept(body(document(roots)), TD, None, NOW)
     assert isinstance(got, Bundle)
     assert list(got.roots) == roots
     assert got.sequence == 7
@@ -61,7 +62,7 @@ def test_jwt_authorities_and_unknown_uses_are_skipped(roots: list[x509.Certifica
         {"use": "jwt-svid", "kty": "EC", "kid": "k", "crv": "P-256", "x": "AA", "y": "AA"},
         {"use": "enc", "kty": "oct", "k": "AA"},
     ]
-    got = federation.accept(body(doc), TD, None, NOW)
+    got = domains.accept(body(doc), TD, None, NOW)
     assert isinstance(got, Bundle) and list(got.roots) == roots[:1]
 
 
@@ -77,9 +78,7 @@ HOSTILE = [
     pytest.param(lambda r: b"{", "body", id="not JSON"),
     pytest.param(lambda r: b"[" * 100000 + b"]" * 100000, "body", id="nested too deeply"),
     pytest.param(lambda r: b"[]", "body", id="a list, not an object"),
-    pytest.param(
-        lambda r: b" " * (federation.MAX_BODY_BYTES + 1) + b"{}", "body", id="a huge body"
-    ),
+    pytest.param(lambda r: b" " * (domains.MAX_BODY_BYTES + 1) + b"{}", "body", id="a huge body"),
     pytest.param(lambda r: body({}), "keys", id="no keys"),
     pytest.param(lambda r: body({"keys": {}}), "keys", id="keys not a list"),
     pytest.param(lambda r: body({"keys": []}), "keys", id="no key at all"),
@@ -124,7 +123,7 @@ HOSTILE = [
         id="refresh hint a boolean",
     ),
     pytest.param(
-        lambda r: body({"keys": [spiffebundle.jwk(r[0])] * (federation.MAX_KEYS + 1)}),
+        lambda r: body({"keys": [spiffebundle.jwk(r[0])] * (domains.MAX_KEYS + 1)}),
         "keys",
         id="too many keys",
     ),
@@ -136,16 +135,16 @@ def test_hostile_bundles_are_refused_naming_the_field(
     roots: list[x509.Certificate], make: Any, field: str
 ) -> None:
     previous = Bundle(TD, tuple(roots), sequence=3)
-    got = federation.accept(make(roots), TD, previous, NOW)
+    got = domains.accept(make(roots), TD, previous, NOW)
     assert isinstance(got, Rejected)
     assert got.field == field, got
 
 
 def test_a_sequence_going_back_is_refused(roots: list[x509.Certificate]) -> None:
     previous = Bundle(TD, tuple(roots), sequence=8)
-    got = federation.accept(body(document(roots)), TD, previous, NOW)
+    got = domains.accept(body(document(roots)), TD, previous, NOW)
     assert got == Rejected("spiffe_sequence", "went back from 8 to 7")
-    same = federation.accept(body(document(roots)), TD, Bundle(TD, tuple(roots), 7), NOW)
+    same = domains.accept(body(document(roots)), TD, Bundle(TD, tuple(roots), 7), NOW)
     assert isinstance(same, Bundle)
 
 
@@ -153,26 +152,26 @@ def test_expired_roots_are_left_out_and_a_bundle_of_only_expired_ones_is_refused
     roots: list[x509.Certificate],
 ) -> None:
     later = roots[0].not_valid_after_utc + dt.timedelta(days=1)
-    got = federation.accept(body(document(roots)), TD, None, later)
+    got = domains.accept(body(document(roots)), TD, None, later)
     assert isinstance(got, Rejected) and got.field == "keys"
     assert "valid now" in got.reason
 
 
 def test_bootstrap_bundles_are_pem_or_the_spiffe_document(roots: list[x509.Certificate]) -> None:
     pem = b"".join(r.public_bytes(serialization.Encoding.PEM) for r in roots)
-    from_pem = federation.bootstrap_roots(pem, TD, NOW)
-    from_json = federation.bootstrap_roots(b"\n " + body(document(roots)), TD, NOW)
+    from_pem = domains.bootstrap_roots(pem, TD, NOW)
+    from_json = domains.bootstrap_roots(b"\n " + body(document(roots)), TD, NOW)
     assert isinstance(from_pem, Bundle) and isinstance(from_json, Bundle)
     assert from_pem.ders() == from_json.ders()
-    bad = federation.bootstrap_roots(b"hello", TD, NOW)
+    bad = domains.bootstrap_roots(b"hello", TD, NOW)
     assert isinstance(bad, Rejected) and bad.field == "bootstrapBundle"
 
 
 def test_a_root_listed_twice_is_published_once(roots: list[x509.Certificate]) -> None:
     pem = b"".join(r.public_bytes(serialization.Encoding.PEM) for r in [*roots, roots[0]])
-    bundle = federation.bootstrap_roots(pem, TD, NOW)
+    bundle = domains.bootstrap_roots(pem, TD, NOW)
     assert isinstance(bundle, Bundle)
-    published = federation.desired("example.com/federated", bundle, {})["spec"]["trustBundle"]
+    published = domains.desired("example.com/federated", bundle, {})["spec"]["trustBundle"]
     assert published.count("BEGIN CERTIFICATE") == 2
     assert x509.load_pem_x509_certificates(published.encode()) == roots
 
@@ -191,7 +190,7 @@ def test_a_root_listed_twice_is_published_once(roots: list[x509.Certificate]) ->
 )
 def test_next_poll(hint: int | None, failures: int, seconds: int) -> None:
     delta = dt.timedelta(seconds=hint) if hint is not None else None
-    assert federation.next_poll(delta, failures) == dt.timedelta(seconds=seconds)
+    assert domains.next_poll(delta, failures) == dt.timedelta(seconds=seconds)
 
 
 # --- the policy file ------------------------------------------------------------------------------

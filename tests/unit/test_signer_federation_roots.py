@@ -19,9 +19,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from signer import federation, spiffebundle
-from signer.federation import Bundle, FederatedDomain, Federation, Rejected, RootRefused
-from signer.federator import Federator, load_bootstraps
+from signer.authority import spiffebundle
+from signer.federation import domains
+from signer.federation.domains import Bundle, FederatedDomain, Federation, Rejected, RootRefused
+from signer.federation.poller import Federator, load_bootstraps
 
 NOW = dt.datetime.now(dt.UTC).replace(microsecond=0)
 TD = "spire.test"
@@ -123,9 +124,9 @@ NOT_ROOTS: list[object] = [
 def test_only_self_signed_ca_certificates_are_roots(
     ca: trustme.CA, make: Callable[[trustme.CA], x509.Certificate], problem: str, detail: str
 ) -> None:
-    assert federation.root_problem(root_of(ca)) is None
-    assert federation.root_problem(built(key_cert_sign=True)) is None
-    found = federation.root_problem(make(ca))
+    assert domains.root_problem(root_of(ca)) is None
+    assert domains.root_problem(built(key_cert_sign=True)) is None
+    found = domains.root_problem(make(ca))
     assert found is not None and found[0] == problem and detail in found[1], found
 
 
@@ -134,7 +135,7 @@ def test_a_bundle_keeps_its_roots_and_refuses_the_rest_naming_each(
     ca: trustme.CA, make: Callable[[trustme.CA], x509.Certificate], problem: str, detail: str
 ) -> None:
     root, odd = root_of(ca), make(ca)
-    got = federation.accept(body(root, odd), TD, None, NOW)
+    got = domains.accept(body(root, odd), TD, None, NOW)
     assert isinstance(got, Bundle), got
     assert list(got.roots) == [root]
     [refusal] = got.refused
@@ -142,7 +143,7 @@ def test_a_bundle_keeps_its_roots_and_refuses_the_rest_naming_each(
     assert odd.fingerprint(hashes.SHA256()).hex() in refusal.certificate
     assert TD in str(refusal) and refusal.certificate in str(refusal)
     # Nothing but it: the bundle is refused, the last good one stays.
-    alone = federation.accept(body(odd), TD, None, NOW)
+    alone = domains.accept(body(odd), TD, None, NOW)
     assert isinstance(alone, Rejected) and alone.field == "keys"
     assert [r.problem for r in alone.refused] == [problem]
     assert "no root left" in alone.reason
@@ -154,28 +155,28 @@ def test_a_bundle_keeps_its_roots_and_refuses_the_rest_naming_each(
 def test_a_root_another_domain_holds_or_our_own_is_refused_for_the_later_one() -> None:
     mine, theirs, local = (root_of(trustme.CA()) for _ in range(3))
     bundle = Bundle(TD, (mine, theirs, local), sequence=4)
-    got = federation.claim(bundle, {"other.test": {der(theirs)}, TD: {der(mine)}}, {der(local)})
+    got = domains.claim(bundle, {"other.test": {der(theirs)}, TD: {der(mine)}}, {der(local)})
     assert isinstance(got, Bundle)
     assert list(got.roots) == [mine] and got.sequence == 4  # its own earlier roots stay its own
     assert {(r.problem, r.certificate) for r in got.refused} == {
-        ("owned-by-another-domain", federation.describe(theirs)),
-        ("local-root", federation.describe(local)),
+        ("owned-by-another-domain", domains.describe(theirs)),
+        ("local-root", domains.describe(local)),
     }
     owned = next(r for r in got.refused if r.problem == "owned-by-another-domain")
     assert "other.test" in owned.detail and owned.trust_domain == TD
-    nothing = federation.claim(Bundle(TD, (theirs,)), {"other.test": {der(theirs)}}, set())
+    nothing = domains.claim(Bundle(TD, (theirs,)), {"other.test": {der(theirs)}}, set())
     assert isinstance(nothing, Rejected) and nothing.refused[0].problem == "owned-by-another-domain"
 
 
 def poller(
-    domains: list[FederatedDomain],
+    peers: list[FederatedDomain],
     answers: dict[str, bytes],
     bootstraps: dict[str, Bundle] | None = None,
     local: tuple[x509.Certificate, ...] = (),
 ) -> Federator:
     return Federator(
         None,  # type: ignore[arg-type]  # polling does not touch the API; publishing does
-        Federation("example.com/federated", tuple(domains)),
+        Federation("example.com/federated", tuple(peers)),
         bootstraps or {},
         lambda: True,
         threading.Event(),
@@ -201,9 +202,9 @@ def test_the_domain_that_held_a_root_first_keeps_it_whatever_the_names(
 ) -> None:
     owner_td = "m-owner.test"
     owner_root, contester_root = root_of(trustme.CA()), root_of(trustme.CA())
-    domains = [web(first), web(owner_td)]  # the contester listed first too
+    peers = [web(first), web(owner_td)]  # the contester listed first too
     answers = {owner_td: body(owner_root), first: body(contester_root, owner_root)}
-    p = poller(domains, answers)
+    p = poller(peers, answers)
     p.poll(owner_td)
     p.poll(first)
     assert p.bundles[owner_td].ders() == {der(owner_root)}
@@ -211,7 +212,7 @@ def test_the_domain_that_held_a_root_first_keeps_it_whatever_the_names(
     [refusal] = p.bundles[first].refused
     assert refusal == RootRefused(
         first,
-        federation.describe(owner_root),
+        domains.describe(owner_root),
         "owned-by-another-domain",
         f"a root of federated trust domain {owner_td}",
     )
@@ -263,4 +264,4 @@ def test_a_root_in_two_bootstrap_bundles_stops_the_start(tmp_path: Path) -> None
     message = load_bootstraps(config, NOW)
     assert isinstance(message, str)
     assert "b.test" in message and "a.test" in message
-    assert federation.describe(shared) in message
+    assert domains.describe(shared) in message

@@ -1,5 +1,5 @@
-"""Facts as fresh as the request (`signer.fresh`): a change made before the signer saw a request
-is never missed, however far the watched caches lag, and a start-up backlog costs no GET.
+"""Facts as fresh as the request (`signer.issue.fresh`): a change made before the signer saw a
+request is never missed, however far the watched caches lag, and a start-up backlog costs no GET.
 
 The order comes from the signer's own monotonic clock (resourceVersions compare only within one
 resource): a cache whose list was asked for after the request was seen is fresh enough, and so
@@ -20,10 +20,10 @@ import msgspec
 
 from podcert.reflector import Reflector
 from signer import model, objects
-from signer.castore import CAStore
-from signer.controller import Controller, utcnow
-from signer.decide import decide
-from signer.fresh import Fresh
+from signer.authority.castore import CAStore
+from signer.issue.controller import Controller, utcnow
+from signer.issue.decide import decide
+from signer.issue.fresh import Fresh
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import Policy, default_policy

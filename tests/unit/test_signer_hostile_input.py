@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from podcert.api import keys
-from signer import ca, certs, csr, decide, model, policy, requested
+from signer import certs, model, policy, requested
+from signer.authority import ca
+from signer.issue import csr, decide
 from tests import strategies
 from tests.signer_world import (
     ISSUER,

@@ -15,8 +15,8 @@ import pytest
 from podcert.api import keys
 from podcert.rest import Rest
 from signer import certs, model, objects
+from signer.issue.settle import settle
 from signer.kube import SignerKube
-from signer.settle import settle
 from tests.canned_rest import CannedRest
 from tests.signer_world import ISSUER, KEY, NOW, SIGNER, make_request
 

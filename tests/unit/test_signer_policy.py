@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from podcert.ratelimit import Rate
-from signer import csr, model, policy, requested
+from signer import model, policy, requested
+from signer.issue import csr
 
 SERVED = ("example.com/podcert", "example.com/other")
 NAME = SERVED[0]

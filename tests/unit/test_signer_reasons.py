@@ -12,7 +12,9 @@ from typing import get_args
 import pytest
 from mypy import api
 
-from signer import admission, decide, metrics, model
+from signer import metrics, model
+from signer.admission import review
+from signer.issue import decide
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,9 +22,11 @@ SNIPPET = """
 import datetime as dt
 from typing import assert_never
 
-from signer import admission, model
+from signer import model
+
+from signer.admission import review
 from signer.metrics import Metrics
-from signer.settle import EventNote, Labels
+from signer.issue.settle import EventNote, Labels
 
 model.Deny("PodNotFound", "spelled right")
 model.Deny("PodNotFund", "a typo")  # rejected
@@ -35,8 +39,8 @@ Labels("example.com/x", "Denied", "PolicyDenied")
 Labels("example.com/x", "Denied", "PolicyDenid")  # rejected
 Labels("example.com/x", "Denid", "PolicyDenied")  # rejected
 EventNote("Warning", "UnknownAnnotaton", "a typo")  # rejected
-admission.Verdict(False, "no", "PodBindingMismatch")
-admission.Verdict(False, "no", "PodBindingMismach")  # rejected
+review.Verdict(False, "no", "PodBindingMismatch")
+review.Verdict(False, "no", "PodBindingMismach")  # rejected
 Metrics().count_retry("AuditLogUnwritable")
 Metrics().count_retry("CANotLoaded")
 Metrics().count_retry("API503")
@@ -98,8 +102,8 @@ def test_a_mistyped_reason_or_a_forgotten_decision_kind_fails_the_type_check(
             id="every named retry reason is a RetryReason",
         ),
         pytest.param(
-            [admission.BINDING_MISMATCH, admission.CREATOR_NOT_NODE],
-            admission.VerdictReason,
+            [review.BINDING_MISMATCH, review.CREATOR_NOT_NODE],
+            review.VerdictReason,
             id="the webhook's own reasons are verdict reasons",
         ),
     ],

@@ -7,10 +7,10 @@ import datetime as dt
 
 import pytest
 
-from signer import ca, rotation
+from signer.authority import ca, schedule
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-SETTINGS = rotation.Settings(
+SETTINGS = schedule.Settings(
     prepare_at=0.5,
     overlap=dt.timedelta(hours=1),
     max_leaf_lifetime=dt.timedelta(days=1),
@@ -29,87 +29,87 @@ def bundles() -> list[ca.CABundle]:
     ]
 
 
-def start(bundles: list[ca.CABundle]) -> list[rotation.Generation]:
-    return rotation.apply([], rotation.Prepare(), T0, SETTINGS, bundles[0])
+def start(bundles: list[ca.CABundle]) -> list[schedule.Generation]:
+    return schedule.apply([], schedule.Prepare(), T0, SETTINGS, bundles[0])
 
 
 def test_the_first_ca_is_active_at_once(bundles: list[ca.CABundle]) -> None:
     gens = start(bundles)
     assert [g.state for g in gens] == ["active"]
-    assert rotation.ca_schedule(gens, T0, SETTINGS) is None
+    assert schedule.ca_schedule(gens, T0, SETTINGS) is None
 
 
 @pytest.mark.parametrize(
     ("days", "expected"),
     [
         pytest.param(10, None, id="young active CA: nothing to do"),
-        pytest.param(45, rotation.Prepare(), id="half of its life used: prepare the next"),
+        pytest.param(45, schedule.Prepare(), id="half of its life used: prepare the next"),
     ],
 )
 def test_prepare_at_half_life(
-    bundles: list[ca.CABundle], days: int, expected: rotation.Step | None
+    bundles: list[ca.CABundle], days: int, expected: schedule.Step | None
 ) -> None:
-    assert rotation.ca_schedule(start(bundles), T0 + dt.timedelta(days=days), SETTINGS) == expected
+    assert schedule.ca_schedule(start(bundles), T0 + dt.timedelta(days=days), SETTINGS) == expected
 
 
 def test_a_prepared_ca_activates_only_after_the_overlap(bundles: list[ca.CABundle]) -> None:
     now = T0 + dt.timedelta(days=45)
-    gens = rotation.apply(start(bundles), rotation.Prepare(), now, SETTINGS, bundles[1])
+    gens = schedule.apply(start(bundles), schedule.Prepare(), now, SETTINGS, bundles[1])
     assert [g.state for g in gens] == ["active", "prepared"]
     # Both roots are trusted while the new one is only prepared.
-    assert len(rotation.trusted_roots(gens)) == 2
-    assert rotation.ca_schedule(gens, now + dt.timedelta(minutes=59), SETTINGS) is None
-    step = rotation.ca_schedule(gens, now + dt.timedelta(hours=1), SETTINGS)
-    assert step == rotation.Activate(gens[1].id)
+    assert len(schedule.trusted_roots(gens)) == 2
+    assert schedule.ca_schedule(gens, now + dt.timedelta(minutes=59), SETTINGS) is None
+    step = schedule.ca_schedule(gens, now + dt.timedelta(hours=1), SETTINGS)
+    assert step == schedule.Activate(gens[1].id)
 
 
 def test_activation_retires_the_old_ca_until_its_last_leaf_expires(
     bundles: list[ca.CABundle],
 ) -> None:
     now = T0 + dt.timedelta(days=45)
-    gens = rotation.apply(start(bundles), rotation.Prepare(), now, SETTINGS, bundles[1])
+    gens = schedule.apply(start(bundles), schedule.Prepare(), now, SETTINGS, bundles[1])
     later = now + dt.timedelta(hours=1)
-    gens = rotation.apply(gens, rotation.Activate(gens[1].id), later, SETTINGS)
+    gens = schedule.apply(gens, schedule.Activate(gens[1].id), later, SETTINGS)
     old, new = gens
     assert (old.state, new.state) == ("retired", "active")
     assert old.trusted_until == later + dt.timedelta(days=1)
-    assert rotation.ca_schedule(gens, later + dt.timedelta(hours=23), SETTINGS) is None
-    assert rotation.ca_schedule(gens, later + dt.timedelta(days=1), SETTINGS) == rotation.Remove(
+    assert schedule.ca_schedule(gens, later + dt.timedelta(hours=23), SETTINGS) is None
+    assert schedule.ca_schedule(gens, later + dt.timedelta(days=1), SETTINGS) == schedule.Remove(
         old.id
     )
-    gens = rotation.apply(gens, rotation.Remove(old.id), later + dt.timedelta(days=1), SETTINGS)
+    gens = schedule.apply(gens, schedule.Remove(old.id), later + dt.timedelta(days=1), SETTINGS)
     assert [g.state for g in gens] == ["active"]
-    assert rotation.trusted_roots(gens) == [bundles[1].root]
+    assert schedule.trusted_roots(gens) == [bundles[1].root]
 
 
 @pytest.mark.parametrize(
     "step",
     [
-        pytest.param(rotation.Activate("nope"), id="activating an unknown CA"),
-        pytest.param(rotation.Remove("nope"), id="removing an unknown CA"),
+        pytest.param(schedule.Activate("nope"), id="activating an unknown CA"),
+        pytest.param(schedule.Remove("nope"), id="removing an unknown CA"),
     ],
 )
 def test_steps_that_do_not_apply_are_refused(
-    bundles: list[ca.CABundle], step: rotation.Step
+    bundles: list[ca.CABundle], step: schedule.Step
 ) -> None:
-    with pytest.raises(rotation.RotationError):
-        rotation.apply(start(bundles), step, T0, SETTINGS)
+    with pytest.raises(schedule.RotationError):
+        schedule.apply(start(bundles), step, T0, SETTINGS)
 
 
 def test_the_secret_round_trips_and_mirrors_the_active_ca(bundles: list[ca.CABundle]) -> None:
     now = T0 + dt.timedelta(days=45)
-    gens = rotation.apply(start(bundles), rotation.Prepare(), now, SETTINGS, bundles[1])
-    data = rotation.to_secret(gens)
+    gens = schedule.apply(start(bundles), schedule.Prepare(), now, SETTINGS, bundles[1])
+    data = schedule.to_secret(gens)
     assert data["tls.crt"] == ca.to_secret_data(bundles[0])["tls.crt"]
     assert data["ca.crt"].count(b"BEGIN CERTIFICATE") == 2
-    back = rotation.from_secret(data, now)
+    back = schedule.from_secret(data, now)
     assert [(g.id, g.state) for g in back] == [(g.id, g.state) for g in gens]
 
 
 def test_a_secret_without_an_index_is_an_operator_ca_that_never_rotates(
     bundles: list[ca.CABundle],
 ) -> None:
-    gens = rotation.from_secret(ca.to_secret_data(bundles[0]), T0)
+    gens = schedule.from_secret(ca.to_secret_data(bundles[0]), T0)
     assert [(g.id, g.state) for g in gens] == [("operator", "active")]
 
 
@@ -123,4 +123,4 @@ def test_a_secret_without_an_index_is_an_operator_ca_that_never_rotates(
 )
 def test_a_broken_index_names_the_field(index: bytes, named: str) -> None:
     with pytest.raises(ca.CAError, match=named):
-        rotation.from_secret({rotation.INDEX_KEY: index}, T0)
+        schedule.from_secret({schedule.INDEX_KEY: index}, T0)

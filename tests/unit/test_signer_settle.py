@@ -13,15 +13,16 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from podcert.rest import ApiError
-from signer import ca, certs, model
-from signer import controller as controller_module
-from signer.audittrail import AuditTrail
-from signer.castore import CAStore
-from signer.controller import Controller, utcnow
+from signer import certs, model
+from signer.auditlog.trail import AuditTrail
+from signer.authority import ca
+from signer.authority.castore import CAStore
+from signer.issue import controller as controller_module
+from signer.issue.controller import Controller, utcnow
+from signer.issue.settle import Settlement, settle
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy
-from signer.settle import Settlement, settle
 from tests.signer_world import SIGNER, make_request
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)

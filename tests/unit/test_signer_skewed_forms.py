@@ -18,13 +18,14 @@ from cryptography import x509
 from podcert import discovery
 from podcert.api import keys, requests, versions
 from podcert.rest import ApiError, Rest
-from signer import admission, model
-from signer.castore import CAStore
-from signer.controller import Controller, utcnow
+from signer import model
+from signer.admission import review
+from signer.authority.castore import CAStore
+from signer.issue.controller import Controller, utcnow
+from signer.issue.settle import Settlement
 from signer.kube import KeyNotServed, SignerKube
 from signer.metrics import Metrics
 from signer.policy import Policy
-from signer.settle import Settlement
 from tests.signer_world import ED_KEY, KEY, NOW, POLICY, SIGNER, make_facts, make_request
 
 BETA = "/apis/certificates.k8s.io/v1beta1"
@@ -306,17 +307,17 @@ def admission_review(obj: dict[str, Any], kind: dict[str, str], made: dict[str, 
     return json.dumps(body).encode()
 
 
-def verdict(body: bytes) -> admission.Verdict:
-    review = admission.parse_review(body)
-    return admission.admit(
-        review.username,
-        review.operation,
-        review.object,
+def verdict(body: bytes) -> review.Verdict:
+    parsed = review.parse_review(body)
+    return review.admit(
+        parsed.username,
+        parsed.operation,
+        parsed.object,
         [SIGNER],
         lambda request: make_facts(),
         Policy({SIGNER: POLICY}),
         NOW,
-        converted_from=review.converted_from,
+        converted_from=parsed.converted_from,
     )
 
 
@@ -364,10 +365,9 @@ def test_the_webhook_judges_each_form_as_the_api_server_sends_it(
 
 
 def test_a_review_says_which_version_the_request_was_made_at() -> None:
-    assert admission.parse_review(admission_review(V1_VIEW, KIND_V1, KIND_BETA)).converted_from == (
+    assert review.parse_review(admission_review(V1_VIEW, KIND_V1, KIND_BETA)).converted_from == (
         "v1beta1"
     )
     assert (
-        admission.parse_review(admission_review(proven(), KIND_BETA, KIND_BETA)).converted_from
-        == ""
+        review.parse_review(admission_review(proven(), KIND_BETA, KIND_BETA)).converted_from == ""
     )

@@ -15,11 +15,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from podcert.api.keys import KeyType
-from signer import ca, rotation, spiffebundle
+from signer.authority import ca, schedule, spiffebundle
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 HINT = dt.timedelta(minutes=5)
-SETTINGS = rotation.Settings(overlap=dt.timedelta(hours=1), max_leaf_lifetime=dt.timedelta(days=1))
+SETTINGS = schedule.Settings(overlap=dt.timedelta(hours=1), max_leaf_lifetime=dt.timedelta(days=1))
 
 
 def root(key_type: KeyType = "ECDSAP256", at: dt.datetime = T0) -> x509.Certificate:
@@ -146,12 +146,12 @@ def test_the_stored_sequence_is_read_strictly(raw: bytes, expected: int | None) 
 
 def test_a_secret_without_a_sequence_gets_one_from_what_it_holds() -> None:
     bundle = ca.new_ca("op", T0)
-    operator = rotation.from_secret(ca.to_secret_data(bundle), T0 + dt.timedelta(days=3))
+    operator = schedule.from_secret(ca.to_secret_data(bundle), T0 + dt.timedelta(days=3))
     # An operator's CA: its root's notBefore, not the moment it was read.
     assert spiffebundle.fallback_sequence(operator) == int(
         bundle.root.not_valid_before_utc.timestamp()
     )
-    gens = rotation.apply([], rotation.Prepare(), T0, SETTINGS, bundle)
+    gens = schedule.apply([], schedule.Prepare(), T0, SETTINGS, bundle)
     assert spiffebundle.fallback_sequence(gens) == int(T0.timestamp())
 
 
@@ -163,24 +163,24 @@ def test_through_a_whole_rotation_every_trusted_root_is_served_and_the_sequence_
     first = ca.new_ca("first", T0)
     second = ca.new_ca("second", T0 + dt.timedelta(days=45))
     now = T0
-    gens = rotation.apply([], rotation.Prepare(), now, SETTINGS, first)
+    gens = schedule.apply([], schedule.Prepare(), now, SETTINGS, first)
     sequence = spiffebundle.initial_sequence(now)
     served: list[tuple[list[x509.Certificate], int]] = []
 
-    def step(step: rotation.Step, at: dt.datetime, fresh: ca.CABundle | None = None) -> None:
+    def step(step: schedule.Step, at: dt.datetime, fresh: ca.CABundle | None = None) -> None:
         nonlocal gens, sequence
-        after = rotation.apply(gens, step, at, SETTINGS, fresh)
+        after = schedule.apply(gens, step, at, SETTINGS, fresh)
         sequence = spiffebundle.next_sequence(
-            sequence, rotation.trusted_roots(gens), rotation.trusted_roots(after), at
+            sequence, schedule.trusted_roots(gens), schedule.trusted_roots(after), at
         )
         gens = after
-        served.append((rotation.trusted_roots(gens), sequence))
+        served.append((schedule.trusted_roots(gens), sequence))
 
-    step(rotation.Prepare(), now := now + dt.timedelta(days=45), second)
+    step(schedule.Prepare(), now := now + dt.timedelta(days=45), second)
     prepared = next(g.id for g in gens if g.state == "prepared")
-    step(rotation.Activate(prepared), now := now + dt.timedelta(hours=1))
+    step(schedule.Activate(prepared), now := now + dt.timedelta(hours=1))
     retired = next(g.id for g in gens if g.state == "retired")
-    step(rotation.Remove(retired), now := now + dt.timedelta(days=1))
+    step(schedule.Remove(retired), now := now + dt.timedelta(days=1))
 
     def ids(roots: list[x509.Certificate]) -> set[bytes]:
         return {r.public_bytes(serialization.Encoding.DER) for r in roots}

@@ -9,7 +9,7 @@ from typing import cast
 from bundles.formats import dump_roots
 from podcert.rest import JSON
 from podcert.workqueue import WorkQueue
-from signer import ca, trustbundles
+from signer.authority import ca, trustbundles
 from signer.kube import SignerKube
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

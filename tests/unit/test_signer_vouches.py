@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from signer import model
-from signer.castore import CAStore
-from signer.controller import Controller, utcnow
-from signer.decide import binding_problem, decide
+from signer.authority.castore import CAStore
+from signer.issue.controller import Controller, utcnow
+from signer.issue.decide import binding_problem, decide
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy

@@ -21,9 +21,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from podcert.api import keys
-from signer import admission, model, policy, webhook
-from signer.admission import admit, review_response
-from signer.webhook import PATH, WebhookServer
+from signer import model, policy
+from signer.admission import review, webhook
+from signer.admission.review import admit, review_response
+from signer.admission.webhook import PATH, WebhookServer
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 SIGNER = "example.com/podcert"
@@ -80,7 +81,7 @@ def no_facts(_request: model.Request) -> model.Facts:
             "system:node:node-a",
             pcr(podUID="other"),
             False,
-            admission.BINDING_MISMATCH,
+            review.BINDING_MISMATCH,
             id="UID mismatch refused",
         ),
     ],
@@ -178,7 +179,7 @@ def test_every_binding_failure_reads_the_same_and_names_no_fact(facts_now: Any) 
     )
     assert not verdict.allowed
     assert (verdict.message, verdict.reason) == (reference.message, reference.reason)
-    assert verdict.reason == admission.BINDING_MISMATCH
+    assert verdict.reason == review.BINDING_MISMATCH
     for fact in (POD_UID, NODE_UID, SA_UID, "node-b", "other", "deleted"):
         assert fact not in verdict.message
     assert "shop/web" in verdict.message and "node-a" in verdict.message
@@ -214,15 +215,15 @@ def test_a_denial_holds_no_uid_the_request_did_not_send(obj: dict[str, Any]) -> 
     sent = str(obj)
     if verdict.allowed:
         return
-    for uid in admission._UID_SHAPED.findall(verdict.message):
+    for uid in review._UID_SHAPED.findall(verdict.message):
         assert uid in sent, f"{uid} leaked in {verdict.message!r}"
     for uid in (POD_UID, NODE_UID, SA_UID):
         assert uid not in verdict.message or uid in sent
 
 
 def test_a_message_holding_a_uid_the_caller_did_not_send_is_caught() -> None:
-    assert admission._leaks(f"Pod has UID {POD_UID}", forged())
-    assert not admission._leaks(f"asked for {FORGED}", forged())
+    assert review._leaks(f"Pod has UID {POD_UID}", forged())
+    assert not review._leaks(f"asked for {FORGED}", forged())
 
 
 def test_a_malformed_request_is_refused_before_any_api_read() -> None:
@@ -231,7 +232,7 @@ def test_a_malformed_request_is_refused_before_any_api_read() -> None:
         assert not verdict.allowed
 
 
-def review(**request: Any) -> dict[str, Any]:
+def admission_review(**request: Any) -> dict[str, Any]:
     """A well-formed AdmissionReview as the API server sends it; `request` overrides fields."""
     body: dict[str, Any] = {
         "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
@@ -267,12 +268,14 @@ MALFORMED = [
     pytest.param(b"", 400, "NotJSON", id="an empty body"),
     pytest.param(b"[]", 400, "NotAdmissionReview", id="a list"),
     pytest.param(
-        encode({**review(), "apiVersion": "admission.k8s.io/v1beta1"}),
+        encode({**admission_review(), "apiVersion": "admission.k8s.io/v1beta1"}),
         400,
         "NotAdmissionReview",
         id="wrong apiVersion",
     ),
-    pytest.param(encode({**review(), "kind": "Pod"}), 400, "NotAdmissionReview", id="wrong kind"),
+    pytest.param(
+        encode({**admission_review(), "kind": "Pod"}), 400, "NotAdmissionReview", id="wrong kind"
+    ),
     pytest.param(
         encode({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
         400,
@@ -280,41 +283,56 @@ MALFORMED = [
         id="missing request",
     ),
     pytest.param(
-        encode({**review(), "request": "x"}), 400, "WrongType", id="request not an object"
+        encode({**admission_review(), "request": "x"}), 400, "WrongType", id="request not an object"
     ),
-    pytest.param(encode(review(uid=None)), 400, "MissingField", id="missing uid"),
-    pytest.param(encode(review(uid=7)), 400, "WrongType", id="uid not a string"),
-    pytest.param(encode(review(uid="")), 400, "WrongType", id="empty uid"),
-    pytest.param(encode(review(uid="u" * 129)), 400, "WrongType", id="uid too long"),
+    pytest.param(encode(admission_review(uid=None)), 400, "MissingField", id="missing uid"),
+    pytest.param(encode(admission_review(uid=7)), 400, "WrongType", id="uid not a string"),
+    pytest.param(encode(admission_review(uid="")), 400, "WrongType", id="empty uid"),
+    pytest.param(encode(admission_review(uid="u" * 129)), 400, "WrongType", id="uid too long"),
     pytest.param(
-        encode(review(kind={"group": "", "version": "v1", "kind": "Pod"})),
+        encode(admission_review(kind={"group": "", "version": "v1", "kind": "Pod"})),
         400,
         "WrongResource",
         id="another kind",
     ),
     pytest.param(
-        encode(review(resource={"group": "", "version": "v1", "resource": "pods"})),
+        encode(admission_review(resource={"group": "", "version": "v1", "resource": "pods"})),
         400,
         "WrongResource",
         id="another resource",
     ),
-    pytest.param(encode(review(subResource="status")), 400, "WrongResource", id="a subresource"),
-    pytest.param(encode(review(kind="x")), 400, "WrongType", id="kind not an object"),
-    pytest.param(encode(review(operation=None)), 400, "MissingField", id="missing operation"),
-    pytest.param(encode(review(operation="PATCH")), 400, "WrongType", id="unknown operation"),
-    pytest.param(encode(review(userInfo=None)), 400, "MissingField", id="missing userInfo"),
-    pytest.param(encode(review(userInfo=["x"])), 400, "WrongType", id="userInfo not an object"),
     pytest.param(
-        encode(review(userInfo={"username": 1})), 400, "WrongType", id="username not a string"
+        encode(admission_review(subResource="status")), 400, "WrongResource", id="a subresource"
     ),
-    pytest.param(encode(review(object=None)), 400, "MissingField", id="a CREATE without object"),
-    pytest.param(encode(review(object="x")), 400, "WrongType", id="object not an object"),
+    pytest.param(encode(admission_review(kind="x")), 400, "WrongType", id="kind not an object"),
+    pytest.param(
+        encode(admission_review(operation=None)), 400, "MissingField", id="missing operation"
+    ),
+    pytest.param(
+        encode(admission_review(operation="PATCH")), 400, "WrongType", id="unknown operation"
+    ),
+    pytest.param(
+        encode(admission_review(userInfo=None)), 400, "MissingField", id="missing userInfo"
+    ),
+    pytest.param(
+        encode(admission_review(userInfo=["x"])), 400, "WrongType", id="userInfo not an object"
+    ),
+    pytest.param(
+        encode(admission_review(userInfo={"username": 1})),
+        400,
+        "WrongType",
+        id="username not a string",
+    ),
+    pytest.param(
+        encode(admission_review(object=None)), 400, "MissingField", id="a CREATE without object"
+    ),
+    pytest.param(encode(admission_review(object="x")), 400, "WrongType", id="object not an object"),
     pytest.param(nested(100_000), 400, "TooDeep", id="deep nesting of arrays"),
     pytest.param(
         b'{"a":' * 50_000 + b"1" + b"}" * 50_000, 400, "TooDeep", id="deep nesting of objects"
     ),
     pytest.param(
-        encode(review(object={"spec": "SPOT"})).replace(b'"SPOT"', nested(40)),
+        encode(admission_review(object={"spec": "SPOT"})).replace(b'"SPOT"', nested(40)),
         400,
         "TooDeep",
         id="deep nesting inside the object",
@@ -328,13 +346,13 @@ MALFORMED = [
 def test_parse_review_refuses_malformed_input_with_a_typed_reason(
     body: bytes, status: int, reason: str
 ) -> None:
-    with pytest.raises(admission.MalformedReview) as caught:
-        admission.parse_review(body)
+    with pytest.raises(review.MalformedReview) as caught:
+        review.parse_review(body)
     assert (caught.value.status, caught.value.reason) == (status, reason)
 
 
 def test_a_well_formed_review_is_parsed() -> None:
-    parsed = admission.parse_review(encode(review()))
+    parsed = review.parse_review(encode(admission_review()))
     assert (parsed.uid, parsed.operation, parsed.username) == (
         "705ab4f5-6393-11e8-b7cc-42010a800002",
         "CREATE",
@@ -342,13 +360,15 @@ def test_a_well_formed_review_is_parsed() -> None:
     )
     assert parsed.object == pcr()
     # Brackets inside strings do not count as nesting.
-    deep_text = review(object=pcr(unverifiedUserAnnotations={"a.example/b": "[{" * 10_000}))
-    assert admission.parse_review(encode(deep_text)).object["spec"]["unverifiedUserAnnotations"]
+    deep_text = admission_review(
+        object=pcr(unverifiedUserAnnotations={"a.example/b": "[{" * 10_000})
+    )
+    assert review.parse_review(encode(deep_text)).object["spec"]["unverifiedUserAnnotations"]
     # Versions the API server may convert to (matchPolicy Equivalent) are all fine.
-    beta = review(
+    beta = admission_review(
         kind={"group": "certificates.k8s.io", "version": "v1beta1", "kind": "PodCertificateRequest"}
     )
-    assert admission.parse_review(encode(beta)).uid
+    assert review.parse_review(encode(beta)).uid
 
 
 @given(
@@ -368,13 +388,13 @@ def test_too_deep_agrees_with_the_parsed_depth(value: Any) -> None:
 
     text = json.dumps(value).encode()
     for limit in (1, 2, 3, 5):
-        assert admission.too_deep(text, limit) == (depth(value) > limit)
+        assert review.too_deep(text, limit) == (depth(value) > limit)
 
 
 def test_an_unterminated_string_of_escaped_quotes_is_measured_in_linear_time() -> None:
     body = b'"' + b'\\"' * 400_000  # quadratic for a regex that fails once per quote
     started = time.monotonic()
-    assert not admission.too_deep(body)
+    assert not review.too_deep(body)
     assert time.monotonic() - started < 2.0
 
 
@@ -387,7 +407,7 @@ def server(facts_now: Any = facts) -> WebhookServer:
 
 def post(hook: WebhookServer, body: bytes, *, chunked: bool = False) -> tuple[int, Any]:
     async def run() -> tuple[int, Any]:
-        app = web.Application(client_max_size=admission.MAX_BODY_BYTES)
+        app = web.Application(client_max_size=review.MAX_BODY_BYTES)
         app.router.add_post(PATH, hook.handle)
         async with TestClient(TestServer(app)) as client:
             data: Any = body
@@ -460,9 +480,11 @@ def test_a_body_that_stalls_is_refused_at_the_deadline(
 def test_the_server_answers_a_forged_review_with_the_uid_and_no_facts(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    code, answer = post(server(live(pod=None)), encode(review(object=forged(namespace="bank"))))
+    code, answer = post(
+        server(live(pod=None)), encode(admission_review(object=forged(namespace="bank")))
+    )
     reference_code, reference = post(
-        server(live()), encode(review(object=forged(namespace="bank")))
+        server(live()), encode(admission_review(object=forged(namespace="bank")))
     )
     assert code == reference_code == 200
     assert answer == reference, "a missing pod and a UID mismatch read the same"
@@ -476,7 +498,7 @@ def test_the_server_answers_a_forged_review_with_the_uid_and_no_facts(
 
 
 def test_the_server_admits_the_pods_own_node() -> None:
-    code, answer = post(server(), encode(review()))
+    code, answer = post(server(), encode(admission_review()))
     assert code == 200 and answer["response"]["allowed"] is True
 
 

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from cryptography import x509
 
-from signer import ca, rotation, webhookca
+from signer.admission import cabundle
+from signer.authority import ca, schedule
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "signer" / "admission-webhook.yaml"
@@ -36,7 +37,7 @@ def test_the_shipped_configuration_gets_the_roots_and_nothing_else_changes() -> 
     roots = [ca.new_ca("a", T0).root]
     config = shipped()
     assert "caBundle" not in config["webhooks"][0]["clientConfig"]
-    out = webhookca.updated(config, roots)
+    out = cabundle.updated(config, roots)
     assert out is not None
     assert held(out) == roots
     del out["webhooks"][0]["clientConfig"]["caBundle"]
@@ -46,11 +47,11 @@ def test_the_shipped_configuration_gets_the_roots_and_nothing_else_changes() -> 
 
 def test_nothing_to_write_when_every_webhook_holds_the_roots_in_any_order() -> None:
     roots = [ca.new_ca("a", T0).root, ca.new_ca("b", T0).root]
-    config = webhookca.updated(shipped(), roots)
+    config = cabundle.updated(shipped(), roots)
     assert config is not None
-    assert webhookca.updated(config, roots) is None
-    assert webhookca.updated(config, list(reversed(roots))) is None
-    assert webhookca.updated(config, [*roots, roots[0]]) is None  # duplicates count once
+    assert cabundle.updated(config, roots) is None
+    assert cabundle.updated(config, list(reversed(roots))) is None
+    assert cabundle.updated(config, [*roots, roots[0]]) is None  # duplicates count once
 
 
 @pytest.mark.parametrize(
@@ -65,17 +66,17 @@ def test_an_unreadable_bundle_is_replaced(bundle: str) -> None:
     roots = [ca.new_ca("a", T0).root]
     config = shipped()
     config["webhooks"][0]["clientConfig"]["caBundle"] = bundle
-    out = webhookca.updated(config, roots)
+    out = cabundle.updated(config, roots)
     assert out is not None and held(out) == roots
 
 
 def test_a_bundle_with_a_root_too_many_or_too_few_is_replaced() -> None:
     a, b = ca.new_ca("a", T0).root, ca.new_ca("b", T0).root
-    both = webhookca.updated(shipped(), [a, b])
+    both = cabundle.updated(shipped(), [a, b])
     assert both is not None
-    out = webhookca.updated(both, [b])
+    out = cabundle.updated(both, [b])
     assert out is not None and held(out) == [b]
-    out = webhookca.updated(webhookca.updated(shipped(), [a]) or {}, [a, b])
+    out = cabundle.updated(cabundle.updated(shipped(), [a]) or {}, [a, b])
     assert out is not None and held(out) == [a, b]
 
 
@@ -85,10 +86,10 @@ def test_every_webhook_of_the_configuration_is_kept() -> None:
     second = copy.deepcopy(config["webhooks"][0])
     second["name"] = "second.podcert.dev"
     config["webhooks"].append(second)
-    config = webhookca.updated(config, roots) or {}
+    config = cabundle.updated(config, roots) or {}
     assert held(config, 0) == held(config, 1) == roots
     config["webhooks"][1]["clientConfig"]["caBundle"] = ""
-    out = webhookca.updated(config, roots)
+    out = cabundle.updated(config, roots)
     assert out is not None and held(out, 1) == roots
 
 
@@ -109,12 +110,12 @@ def test_every_webhook_of_the_configuration_is_kept() -> None:
 def test_nothing_to_write_where_there_is_no_webhook_to_hold_a_bundle(
     config: dict[str, Any],
 ) -> None:
-    assert webhookca.updated(config, [ca.new_ca("a", T0).root]) is None
+    assert cabundle.updated(config, [ca.new_ca("a", T0).root]) is None
 
 
 def test_no_roots_is_no_decision() -> None:
     """Before a CA is loaded nothing is written (an empty bundle would fail every call)."""
-    assert webhookca.updated(shipped(), []) is None
+    assert cabundle.updated(shipped(), []) is None
 
 
 def test_through_a_rotation_the_bundle_trusts_the_serving_certificate_before_and_after() -> None:
@@ -122,26 +123,26 @@ def test_through_a_rotation_the_bundle_trusts_the_serving_certificate_before_and
     it sees another one activate: at every step, the bundle the leader wrote already trusts
     the CA that signs now and the one that signs next, and keeps trusting the one that signed
     before until it is removed."""
-    settings = rotation.Settings()
-    gens = rotation.apply([], rotation.Prepare(), T0, settings, ca.new_ca("g1", T0))
+    settings = schedule.Settings()
+    gens = schedule.apply([], schedule.Prepare(), T0, settings, ca.new_ca("g1", T0))
     first = gens[0].root
 
-    def bundle_for(generations: list[rotation.Generation]) -> list[x509.Certificate]:
-        config = webhookca.updated(shipped(), rotation.trusted_roots(generations))
+    def bundle_for(generations: list[schedule.Generation]) -> list[x509.Certificate]:
+        config = cabundle.updated(shipped(), schedule.trusted_roots(generations))
         assert config is not None
         return held(config)
 
     assert bundle_for(gens) == [first]
     t1 = T0 + dt.timedelta(days=45)
-    gens = rotation.apply(gens, rotation.Prepare(), t1, settings, ca.new_ca("g2", t1))
+    gens = schedule.apply(gens, schedule.Prepare(), t1, settings, ca.new_ca("g2", t1))
     second = next(g for g in gens if g.state == "prepared").root
     assert set(bundle_for(gens)) == {first, second}  # the next signer is trusted before it signs
     t2 = t1 + settings.overlap
-    gens = rotation.apply(gens, rotation.Activate(gens[1].id), t2, settings)
+    gens = schedule.apply(gens, schedule.Activate(gens[1].id), t2, settings)
     assert [g.root for g in gens if g.state == "active"] == [second]
     assert set(bundle_for(gens)) == {first, second}  # a lagging replica still serves from first
     retired = next(g for g in gens if g.state == "retired")
-    gens = rotation.apply(
-        gens, rotation.Remove(retired.id), t2 + settings.max_leaf_lifetime, settings
+    gens = schedule.apply(
+        gens, schedule.Remove(retired.id), t2 + settings.max_leaf_lifetime, settings
     )
     assert bundle_for(gens) == [second]

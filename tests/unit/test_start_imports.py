@@ -42,4 +42,4 @@ def test_a_component_starts_without_the_heavy_packages(modules: tuple[str, ...])
 
 
 def test_the_webhook_brings_aiohttp_when_it_is_served() -> None:
-    assert {"aiohttp", "asyncio"} <= loaded("signer.webhook")
+    assert {"aiohttp", "asyncio"} <= loaded("signer.admission.webhook")

@@ -24,7 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from devcluster import imagecheck
 from podcert import __version__, cli
-from signer import ca, certs, model
+from signer import certs, model
+from signer.authority import ca
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = imagecheck.PRODUCT_PACKAGES  # what the image copies, too

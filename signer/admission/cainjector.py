@@ -1,11 +1,11 @@
 """Keep the caBundle of the signer's own ValidatingWebhookConfiguration equal to its CA's roots.
 
-So `kubectl apply -k manifests/signer` needs no manual patch, and a CA rotation never leaves the
-API server distrusting the webhook (cert-manager's cainjector does this for its own webhooks).
-What the bundle must be is decided in `signer.webhookca` (pure); this is the edge: a watch of
-that one object (RBAC allows no other), and one write when it differs, made by the leader only.
-A configuration that does not exist yet is waited for by the same watch, never created: its
-rules are the operator's.
+So `kubectl apply -k manifests/signer` needs no manual patch, and a CA rotation never leaves the API
+server distrusting the webhook (cert-manager's cainjector does this for its own webhooks). What the
+bundle must be is decided in `signer.admission.cabundle` (pure); this is the edge: a watch of that
+one object (RBAC allows no other), and one write when it differs, made by the leader only. A
+configuration that does not exist yet is waited for by the same watch, never created: its rules are
+the operator's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from podcert.runtime import WorkerPool
 from podcert.workqueue import WorkQueue
-from signer import webhookca
+from signer.admission import cabundle
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.webhook")
@@ -89,7 +89,7 @@ class CAInjector:
             return False
         self._missing_logged = False
         roots = self.roots()
-        body = webhookca.updated(seen, roots)
+        body = cabundle.updated(seen, roots)
         if body is None:
             return False
         try:

@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 
 from podcert.errors import show
 from signer import model, objects
-from signer.decide import decide
+from signer.issue.decide import decide
 from signer.policy import Policy
 
 # The AdmissionReview of one PodCertificateRequest is a few KiB: the stub CSR (at most ~1.3 KiB

@@ -14,9 +14,9 @@ import threading
 from collections.abc import Callable
 
 from podcert.rest import ApiError
-from signer.ca import CAError
-from signer.castore import CAStore
-from signer.rotation import RotationError
+from signer.authority.ca import CAError
+from signer.authority.castore import CAStore
+from signer.authority.schedule import RotationError
 
 log = logging.getLogger("podcert.signer")
 

@@ -1,7 +1,7 @@
 """The trust domain's SPIFFE bundle, and its sequence number, as pure functions.
 
-What the bundle endpoint (`signer.bundleendpoint`) serves to other SPIFFE control planes (SPIRE,
-go-spiffe's federation package): an RFC 7517 JWK Set, per the SPIFFE Trust Domain and Bundle
+What the bundle endpoint (`signer.federation.endpoint`) serves to other SPIFFE control planes
+(SPIRE, go-spiffe's federation package): an RFC 7517 JWK Set, per the SPIFFE Trust Domain and Bundle
 spec (section 4) and the X509-SVID spec (section 6.1):
 
     {"keys": [{"use": "x509-svid", "kty": ..., <the key's parameters>, "x5c": [<root DER>]}, ...],
@@ -33,7 +33,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from signer import rotation
+from signer.authority import schedule
 
 # The Secret key holding the sequence number (ASCII decimal), beside the CA generations.
 SEQUENCE_KEY: Final = "spiffe.sequence"
@@ -120,7 +120,7 @@ def read_sequence(data: Mapping[str, bytes]) -> int | None:
     return value if value >= 0 else None
 
 
-def fallback_sequence(generations: Sequence[rotation.Generation]) -> int:
+def fallback_sequence(generations: Sequence[schedule.Generation]) -> int:
     """A sequence for a Secret that holds none, from what it does hold: the latest moment a
     generation entered its state (rotation steps write those), or for an operator's CA, whose
     Secret records no such moment, the newest root's notBefore (a new CA starts later)."""

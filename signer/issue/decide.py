@@ -21,7 +21,8 @@ from podcert.api.lifetimes import (
 )
 from podcert.api.names import is_dns_label, is_dns_name
 from podcert.errors import show
-from signer import certs, csr, model
+from signer import certs, model
+from signer.issue import csr
 from signer.policy import SignerPolicy
 from signer.requested import parse_annotations
 

@@ -24,7 +24,8 @@ from typing import Final
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from signer import auditlog, certs, model
+from signer import certs, model
+from signer.auditlog import writer
 from signer.metrics import Metrics
 
 log = logging.getLogger("podcert.signer")
@@ -38,7 +39,7 @@ PROBE_INTERVAL = 1.0  # seconds between checkpoint probes while the log refuses 
 class AuditTrail:
     def __init__(
         self,
-        audit: auditlog.AuditLog | None,
+        audit: writer.AuditLog | None,
         metrics: Metrics,
         issuing: Callable[[], model.IssuingCA | None],
         trust_domain: str,
@@ -81,14 +82,14 @@ class AuditTrail:
         if self.audit is not None and current is not None and self._issuer != current.certificate:
             self.rekey()
 
-    def record(self, entry: auditlog.Entry) -> bool:
+    def record(self, entry: writer.Entry) -> bool:
         """Append one decision; False (logged, counted, readiness withdrawn) when the log
         cannot take it. An `issued` entry is on disk when this returns True."""
         if self.audit is None:
             return True
         try:
             self.audit.append(entry)
-        except (OSError, ValueError, auditlog.AuditLogError) as err:
+        except (OSError, ValueError, writer.AuditLogError) as err:
             self._failed("append to", err)
             return False
         self._succeeded()
@@ -121,7 +122,7 @@ class AuditTrail:
             return
         try:
             self.audit.checkpoint(self._key, self._chain, self.clock(), force=force)
-        except (OSError, ValueError, auditlog.AuditLogError) as err:
+        except (OSError, ValueError, writer.AuditLogError) as err:
             self._failed("write a checkpoint to", err)
             return
         self._succeeded()

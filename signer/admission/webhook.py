@@ -1,7 +1,7 @@
 """The validating admission webhook's server: refuse, at creation, PodCertificateRequests that
 would only be denied later, and above all those not made by the node they name.
 
-What it answers is decided in `signer.admission` (pure); this is the edge: it reads at most
+What it answers is decided in `signer.admission.review` (pure); this is the edge: it reads at most
 `MAX_BODY_BYTES` of body within a deadline, hands parsing and the verdict (which reads live facts)
 to a thread, and answers. Malformed input costs one warning line, never a traceback. Its serving
 certificate is issued from our own CA and re-issued before half its life is gone (or when the CA
@@ -25,8 +25,9 @@ from aiohttp import web
 from podcert import servers
 from podcert.connections import DEFAULT_LIMITS, Limits
 from podcert.rest import ApiError
-from signer import admission, model, serving
-from signer.admission import MAX_BODY_BYTES, MalformedReview, Verdict
+from signer import model, serving
+from signer.admission import review
+from signer.admission.review import MAX_BODY_BYTES, MalformedReview, Verdict
 from signer.policy import Policy
 
 log = logging.getLogger("podcert.signer.webhook")
@@ -85,7 +86,7 @@ class WebhookServer:
         loop = asyncio.get_running_loop()
         try:
             body = await _read_body(request)
-            review = await loop.run_in_executor(None, admission.parse_review, body)
+            parsed = await loop.run_in_executor(None, review.parse_review, body)
         except MalformedReview as err:
             log.warning(
                 "refused a malformed AdmissionReview: %s", err, extra={"peer": request.remote}
@@ -97,15 +98,15 @@ class WebhookServer:
             verdict = await loop.run_in_executor(
                 None,
                 functools.partial(
-                    admission.admit,
-                    review.username,
-                    review.operation,
-                    review.object,
+                    review.admit,
+                    parsed.username,
+                    parsed.operation,
+                    parsed.object,
                     self.served,
                     self.facts,
                     self.policy,
                     self.clock(),
-                    converted_from=review.converted_from,
+                    converted_from=parsed.converted_from,
                 ),
             )
         except ApiError as err:  # the API server must get an answer: fail closed
@@ -115,14 +116,14 @@ class WebhookServer:
             log.exception("admission check failed")
             verdict = Verdict(False, f"podcert could not check the request: {type(err).__name__}")
         if not verdict.allowed:
-            meta = review.object.get("metadata")
+            meta = parsed.object.get("metadata")
             namespace = meta.get("namespace") if isinstance(meta, dict) else None
             log.warning(
                 "refused at admission: %s",
                 verdict.detail or verdict.message,
-                extra={"namespace": namespace, "user": review.username},
+                extra={"namespace": namespace, "user": parsed.username},
             )
-        return web.json_response(admission.review_response(review.uid, verdict))
+        return web.json_response(review.review_response(parsed.uid, verdict))
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -168,9 +169,7 @@ _READ_TIMEOUT: Final = 10.0
 async def _read_body(request: web.Request) -> bytes:
     """At most MAX_BODY_BYTES of body, refused early on Content-Length and whatever the
     framing; MalformedReview when larger or too slow."""
-    too_large = MalformedReview(
-        admission.TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes", 413
-    )
+    too_large = MalformedReview(review.TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes", 413)
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise too_large
     body = bytearray()
@@ -182,7 +181,7 @@ async def _read_body(request: web.Request) -> bytes:
                     break
                 body += chunk
     except TimeoutError:
-        raise MalformedReview(admission.TOO_SLOW, "the body did not arrive in time", 408) from None
+        raise MalformedReview(review.TOO_SLOW, "the body did not arrive in time", 408) from None
     if len(body) > MAX_BODY_BYTES:
         raise too_large
     return bytes(body)

@@ -26,7 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from podcert.api.times import format_time, parse_time
-from signer import ca
+from signer.authority import ca
 
 State = Literal["prepared", "active", "retired"]
 STATES: Final[tuple[State, ...]] = ("prepared", "active", "retired")

@@ -2,11 +2,11 @@
 
 Level-based: a work item is (namespace, name), never the event. Reflectors (list, then watch from
 the last resourceVersion, relist on 410 Gone) keep a store of unsettled requests and enqueue their
-keys; the runtime's workers (`podcert.runtime`) call `reconcile`, which reads live facts, calls
-the pure `decide`, turns an answer into a `Settlement` (`signer.settle`, pure too) and applies it
-with the one writer, `apply`: one status write with the object's resourceVersion, so a lost race
-is a 409 that re-reads and never overwrites an outcome someone else wrote. Transient trouble
-requeues with capped exponential backoff and jitter; it never becomes a terminal `Failed`.
+keys; the runtime's workers (`podcert.runtime`) call `reconcile`, which reads live facts, calls the
+pure `decide`, turns an answer into a `Settlement` (`signer.issue.settle`, pure too) and applies it
+with the one writer, `apply`: one status write with the object's resourceVersion, so a lost race is
+a 409 that re-reads and never overwrites an outcome someone else wrote. Transient trouble requeues
+with capped exponential backoff and jitter; it never becomes a terminal `Failed`.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from podcert.rest import JSON, ApiError
 from podcert.runtime import Synced, WorkerPool
 from podcert.workqueue import WorkQueue
 from signer import certs, model, objects
-from signer.audittrail import AuditTrail
-from signer.castore import CAStore
-from signer.decide import CA_TOO_SHORT, decide
-from signer.fresh import Bindings
+from signer.auditlog.trail import AuditTrail
+from signer.authority.castore import CAStore
+from signer.issue.decide import CA_TOO_SHORT, decide
+from signer.issue.fresh import Bindings
+from signer.issue.settle import Labels, Settlement, settle
 from signer.kube import KeyNotServed, SignerKube
 from signer.metrics import Metrics, api_retry_label
 from signer.policy import Policy
-from signer.settle import Labels, Settlement, settle
 
 log = logging.getLogger("podcert.signer")
 
@@ -111,7 +111,7 @@ class Controller:
         # When each unsettled request was first seen (self.monotonic): it was made before then.
         self._seen: dict[Key, float] = {}
         # Set once every signer name's first list of requests came in: the caches list only
-        # then, so a start-up backlog finds them fresh enough (`signer.fresh`).
+        # then, so a start-up backlog finds them fresh enough (`signer.issue.fresh`).
         self._pcrs_listed = threading.Event()
         self._unlisted = set(self.signer_names)
         # The pod, node and ServiceAccount of each request, as fresh as the request.
@@ -352,7 +352,7 @@ class Controller:
 
     def facts(self, request: model.Request, seen_at: float) -> model.Facts:
         """The request's pod, node and service account as they were at least when it was seen
-        (`seen_at`, on self.monotonic: `signer.fresh`), its Service names and the CA."""
+        (`seen_at`, on self.monotonic: `signer.issue.fresh`), its Service names and the CA."""
         dns = self.policy.for_signer(request.signer_name).dns
         pod, node, sa = self.bindings.read(request, seen_at, labels=dns.services)
         names: frozenset[str] = frozenset()

@@ -62,7 +62,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from bundles.formats import dump_roots
 from bundles.spiffe import SpiffeId, SpiffeIdError
 from podcert.api.names import signer_name_problem
-from signer import spiffebundle
+from signer.authority import spiffebundle
 from signer.policyfile import PolicyReader, trust_domain_problem
 
 if TYPE_CHECKING:  # the policy's reader walks YAML nodes; only its type is needed here

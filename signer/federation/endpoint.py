@@ -1,9 +1,10 @@
 """The SPIFFE bundle endpoint: the trust domain's bundle, served at `/` over HTTPS on a port of
 its own, for other SPIFFE control planes (SPIRE, go-spiffe's federation package) to poll.
 
-What is served is decided in `signer.spiffebundle` (pure): every root the CA Secret trusts and
-the sequence number it records, so every replica serves the same bundle, leader or not. This is
-the edge, with the two authentication profiles of the SPIFFE Trust Domain and Bundle spec (5.2):
+What is served is decided in `signer.authority.spiffebundle` (pure): every root the CA Secret
+trusts and the sequence number it records, so every replica serves the same bundle, leader or not.
+This is the edge, with the two authentication profiles of the SPIFFE Trust Domain and Bundle spec
+(5.2):
 
 - `https_spiffe` (the default): the endpoint presents an X509-SVID of the signer's own,
   `spiffe://<trust domain>/podcert/bundle-endpoint` (no pod can hold an ID under /podcert),
@@ -33,7 +34,8 @@ from cryptography import x509
 
 from podcert.connections import DEFAULT_LIMITS, Limits
 from podcert.runtime import Runtime
-from signer import model, serving, spiffebundle
+from signer import model, serving
+from signer.authority import spiffebundle
 
 if TYPE_CHECKING:
     # Imported where the server starts: a signer without the endpoint never loads aiohttp and

@@ -1,5 +1,5 @@
 """Polls the bundle endpoints of the trust domains we federate with, and publishes each one's
-roots in a ClusterTrustBundle of its own. The edge around `signer.federation` (pure).
+roots in a ClusterTrustBundle of its own. The edge around `signer.federation.domains` (pure).
 
 Only the leader works: it fetches each endpoint (https_spiffe: authenticated with the roots it
 holds for that trust domain, the endpoint's X509-SVID checked for the configured SPIFFE ID;
@@ -46,8 +46,9 @@ from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
 from podcert.runtime import Runtime, Synced, WorkerPool
 from podcert.workqueue import WorkQueue
-from signer import federation, trustbundles
-from signer.federation import Bundle, FederatedDomain, Federation, Rejected, RootRefused
+from signer.authority import trustbundles
+from signer.federation import domains
+from signer.federation.domains import Bundle, FederatedDomain, Federation, Rejected, RootRefused
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.federation")
@@ -97,7 +98,7 @@ def fetch(
         response = connection.getresponse()
         if response.status != 200:
             raise FetchError(f"{domain.url} answered HTTP {response.status}")
-        return response.read(federation.MAX_BODY_BYTES + 1)
+        return response.read(domains.MAX_BODY_BYTES + 1)
     except TimeoutError:
         raise FetchError(f"{domain.url}: no whole answer within {deadline:g}s") from None
     except (OSError, http.client.HTTPException) as err:
@@ -216,17 +217,17 @@ def load_bootstraps(config: Federation, now: dt.datetime) -> dict[str, Bundle] |
             continue
         where = f"federation: {domain.trust_domain}: bootstrapBundle {domain.bootstrap_bundle}"
         try:
-            data = Path(domain.bootstrap_bundle).read_bytes()[: federation.MAX_BODY_BYTES + 1]
+            data = Path(domain.bootstrap_bundle).read_bytes()[: domains.MAX_BODY_BYTES + 1]
         except OSError as err:
             return f"{where}: {err.strerror or err}"
-        found = federation.bootstrap_roots(data, domain.trust_domain, now)
+        found = domains.bootstrap_roots(data, domain.trust_domain, now)
         if isinstance(found, Rejected):
             return f"{where}: {found}"
         for root in found.roots:
             der = root.public_bytes(serialization.Encoding.DER)
             if der in holders:
                 return (
-                    f"{where}: root {federation.describe(root)} is also in "
+                    f"{where}: root {domains.describe(root)} is also in "
                     f"{holders[der]}'s bootstrapBundle; a root belongs to one trust domain"
                 )
             holders[der] = domain.trust_domain
@@ -339,7 +340,7 @@ class Federator:
         else the last published, else the bootstrap bundle."""
         if td in self.bundles:
             return self.bundles[td]
-        name = federation.bundle_name(self.config.signer_name, td)
+        name = domains.bundle_name(self.config.signer_name, td)
         with self._lock:
             published = self._seen.get(name)
         pem = ((published or {}).get("spec") or {}).get("trustBundle")
@@ -361,7 +362,7 @@ class Federator:
             if domain.profile == "https_spiffe" and trusted is None:
                 raise FetchError("no roots to authenticate the endpoint with")
             body = self._fetch(domain, trusted.roots if trusted is not None else ())
-            result = federation.accept(body, td, previous, self.clock())
+            result = domains.accept(body, td, previous, self.clock())
         except FetchError as err:
             result = Rejected("endpoint", str(err))
         with self._claiming:
@@ -372,7 +373,7 @@ class Federator:
         self._log_refused(td, previous, result.refused)
         if isinstance(result, Rejected):
             failures = self._failures[td] = self._failures.get(td, 0) + 1
-            wait = federation.next_poll(previous.refresh_hint if previous else None, failures)
+            wait = domains.next_poll(previous.refresh_hint if previous else None, failures)
             log.warning(
                 "federation with %s: bundle not taken (%s); again in %.0fs",
                 td,
@@ -389,7 +390,7 @@ class Federator:
                 result.sequence,
             )
         self.add(("publish", td))
-        return federation.next_poll(result.refresh_hint, 0).total_seconds()
+        return domains.next_poll(result.refresh_hint, 0).total_seconds()
 
     def _claim(self, bundle: Bundle) -> Bundle | Rejected:
         others: dict[str, frozenset[bytes]] = {}
@@ -397,7 +398,7 @@ class Federator:
             if other != bundle.trust_domain and (held := self._trusted(other)) is not None:
                 others[other] = held.ders()
         local = {r.public_bytes(serialization.Encoding.DER) for r in self._local_roots()}
-        return federation.claim(bundle, others, local)
+        return domains.claim(bundle, others, local)
 
     def _log_refused(
         self, td: str, previous: Bundle | None, refused: Sequence[RootRefused]
@@ -414,7 +415,7 @@ class Federator:
             return
         with self._lock:
             seen = dict(self._seen)
-        want = federation.desired(self.config.signer_name, self.bundles[td], _managed())
+        want = domains.desired(self.config.signer_name, self.bundles[td], _managed())
         name = want["metadata"]["name"]
         if trustbundles.differs(want, seen.get(name)):
             try:
@@ -432,10 +433,10 @@ class Federator:
         """Remove the bundles of domains no longer configured."""
         with self._lock:
             seen = dict(self._seen)
-        wanted = {federation.bundle_name(self.config.signer_name, d) for d in self.domains}
+        wanted = {domains.bundle_name(self.config.signer_name, d) for d in self.domains}
         for other, obj in seen.items():
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if other not in wanted and labels.get(federation.FEDERATED_LABEL) == "true":
+            if other not in wanted and labels.get(domains.FEDERATED_LABEL) == "true":
                 self.kube.delete_trust_bundle(other)
                 log.info("removed ClusterTrustBundle %s (no longer federated)", other)
 

@@ -35,7 +35,7 @@ from prometheus_client import Counter
 
 from podcert.cache import Cache
 from signer import model, objects
-from signer.decide import binding_problem
+from signer.issue.decide import binding_problem
 from signer.kube import SignerKube
 
 Key = tuple[str, str]

@@ -7,8 +7,9 @@ rotation step taken by the leader or by `podcert signer ca ...` reaches all of t
 seconds, without a restart. Steps are written with the Secret's resourceVersion: two writers never
 silently overwrite each other. Key material is held in memory only, never logged.
 
-Each step also writes the SPIFFE bundle's sequence number into the Secret (`signer.spiffebundle`),
-so every replica's bundle endpoint serves the same, never-decreasing number.
+Each step also writes the SPIFFE bundle's sequence number into the Secret
+(`signer.authority.spiffebundle`), so every replica's bundle endpoint serves the same,
+never-decreasing number.
 
 The Secret carries its format (`FORMAT_KEY`, see `podcert.persisted`); one without it (0.1.0's,
 or an operator's own) is format 1. A Secret in a newer format than `FORMAT` is never written:
@@ -31,7 +32,8 @@ from cryptography import x509
 from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
 from podcert.reflector import Reflector
 from podcert.rest import JSON, ApiError
-from signer import ca, model, rotation, spiffebundle
+from signer import model
+from signer.authority import ca, schedule, spiffebundle
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -52,7 +54,7 @@ class CAStore:
         clock: Callable[[], dt.datetime],
         *,
         create: bool = True,
-        settings: rotation.Settings = rotation.DEFAULT_SETTINGS,
+        settings: schedule.Settings = schedule.DEFAULT_SETTINGS,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
@@ -61,7 +63,7 @@ class CAStore:
         self.create = create
         self.settings = settings
         self._lock = threading.Lock()
-        self._generations: list[rotation.Generation] = []
+        self._generations: list[schedule.Generation] = []
         self._version = ""
         self._sequence = 0
         self.error: str | None = None
@@ -74,13 +76,13 @@ class CAStore:
         return f"{self.namespace}/{self.secret_name}"
 
     @property
-    def generations(self) -> list[rotation.Generation]:
+    def generations(self) -> list[schedule.Generation]:
         with self._lock:
             return list(self._generations)
 
     @property
     def bundle(self) -> ca.CABundle | None:
-        current = rotation.active(self.generations)
+        current = schedule.active(self.generations)
         return current.bundle if current else None
 
     def issuing(self) -> model.IssuingCA | None:
@@ -92,12 +94,12 @@ class CAStore:
         return ca.issuing_ca(bundle) if bundle is not None else None
 
     def trusted_roots(self) -> list[x509.Certificate]:
-        return rotation.trusted_roots(self.generations)
+        return schedule.trusted_roots(self.generations)
 
     def spiffe_bundle(self) -> tuple[list[x509.Certificate], int]:
         """The trusted roots and the SPIFFE bundle's sequence number, read together."""
         with self._lock:
-            return rotation.trusted_roots(self._generations), self._sequence
+            return schedule.trusted_roots(self._generations), self._sequence
 
     def on_change(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -112,7 +114,7 @@ class CAStore:
             intermediate_lifetime=self.settings.intermediate_lifetime,
         )
 
-    def load(self) -> list[rotation.Generation] | None:
+    def load(self) -> list[schedule.Generation] | None:
         """Read the Secret (creating it when allowed and absent). Transient errors raise
         ApiError; unusable material is recorded in `error` and yields None."""
         found = self.kube.read_secret(self.namespace, self.secret_name)
@@ -121,8 +123,8 @@ class CAStore:
                 self.error = f"CA Secret {self.ref} does not exist"
                 return None
             now = self.clock()
-            gens = rotation.apply([], rotation.Prepare(), now, self.settings, self._new_ca())
-            data = rotation.to_secret(gens)
+            gens = schedule.apply([], schedule.Prepare(), now, self.settings, self._new_ca())
+            data = schedule.to_secret(gens)
             data[FORMAT_KEY] = str(FORMAT).encode()
             data[spiffebundle.SEQUENCE_KEY] = str(spiffebundle.initial_sequence(now)).encode()
             if self.kube.create_secret(self.namespace, self.secret_name, data, MANAGED_LABEL):
@@ -132,7 +134,7 @@ class CAStore:
                 raise ApiError(404, "NotFound", f"CA Secret {self.ref} vanished after creation")
         return self._adopt(*found)
 
-    def _adopt(self, data: dict[str, bytes], version: str) -> list[rotation.Generation] | None:
+    def _adopt(self, data: dict[str, bytes], version: str) -> list[schedule.Generation] | None:
         try:
             self._check_format(data)
         except FormatTooNew as err:
@@ -145,7 +147,7 @@ class CAStore:
             log.error("cannot use the CA: %s", self.error)
             return None
         try:
-            gens = rotation.from_secret(data, self.clock())
+            gens = schedule.from_secret(data, self.clock())
         except ca.CAError as err:
             self.error = f"CA Secret {self.ref}: {err}"
             log.error("cannot use the CA: %s", self.error)
@@ -191,7 +193,7 @@ class CAStore:
         if version and version != self._version and self._adopt(data, version) is not None:
             log.info("CA set changed: %s", describe(self.generations))
 
-    def step(self, step: rotation.Step) -> list[rotation.Generation]:
+    def step(self, step: schedule.Step) -> list[schedule.Generation]:
         """Apply one rotation step to the Secret (409 when someone else wrote it first)."""
         now = self.clock()
         found = self.kube.read_secret(self.namespace, self.secret_name)
@@ -201,18 +203,18 @@ class CAStore:
         try:
             self._check_format(data)  # a newer release's Secret is left as it is
         except (FormatTooNew, FormatUnreadable) as err:
-            raise rotation.RotationError(str(err)) from None
-        gens = rotation.from_secret(data, now)
+            raise schedule.RotationError(str(err)) from None
+        gens = schedule.from_secret(data, now)
         if any(g.id == "operator" for g in gens):
-            raise rotation.RotationError(
+            raise schedule.RotationError(
                 f"{self.ref} holds an operator-provided CA; rotate it by replacing the Secret"
             )
-        fresh = self._new_ca() if isinstance(step, rotation.Prepare) else None
-        after = rotation.apply(gens, step, now, self.settings, fresh)
-        written = rotation.to_secret(after)
+        fresh = self._new_ca() if isinstance(step, schedule.Prepare) else None
+        after = schedule.apply(gens, step, now, self.settings, fresh)
+        written = schedule.to_secret(after)
         written[FORMAT_KEY] = str(FORMAT).encode()
         sequence = spiffebundle.next_sequence(
-            _sequence(data, gens), rotation.trusted_roots(gens), rotation.trusted_roots(after), now
+            _sequence(data, gens), schedule.trusted_roots(gens), schedule.trusted_roots(after), now
         )
         written[spiffebundle.SEQUENCE_KEY] = str(sequence).encode()
         new_version = self.kube.replace_secret(
@@ -222,11 +224,11 @@ class CAStore:
         log.info("CA rotation step %s applied: %s", type(step).__name__, describe(after))
         return after
 
-    def due(self) -> rotation.Step | None:
+    def due(self) -> schedule.Step | None:
         gens = self.generations
         if self.too_new is not None or not gens or any(g.id == "operator" for g in gens):
             return None
-        return rotation.ca_schedule(gens, self.clock(), self.settings)
+        return schedule.ca_schedule(gens, self.clock(), self.settings)
 
     def _check_format(self, data: Mapping[str, bytes]) -> None:
         """Raise FormatTooNew (or FormatUnreadable) unless this release reads the Secret."""
@@ -234,12 +236,12 @@ class CAStore:
         check_readable(format_number(data.get(FORMAT_KEY), what), FORMAT, what)
 
 
-def _sequence(data: dict[str, bytes], generations: list[rotation.Generation]) -> int:
+def _sequence(data: dict[str, bytes], generations: list[schedule.Generation]) -> int:
     stored = spiffebundle.read_sequence(data)
     return stored if stored is not None else spiffebundle.fallback_sequence(generations)
 
 
-def describe(generations: list[rotation.Generation]) -> str:
+def describe(generations: list[schedule.Generation]) -> str:
     return ", ".join(
         f"{g.id}={g.state} (root {g.root.not_valid_after_utc:%Y-%m-%d})" for g in generations
     )
