@@ -225,8 +225,8 @@ def gather(args: argparse.Namespace) -> Snapshot:
     trust: tuple[TrustSource, ...] = ()
     if args.kubeconfig or args.in_cluster:
         # Imported here: the Kubernetes client is only loaded when the cluster is read.
-        from podcert.discovery import Unserved
-        from podcert.rest import ApiError, Rest, load_client
+        from podcert.client.discovery import Unserved
+        from podcert.client.rest import ApiError, Rest, load_client
 
         try:
             objects = read_cluster(

@@ -3,8 +3,8 @@
 The audit itself is pure; this is its edge: reading a node's projected volumes the way a pod sees
 them (through each volume's `..data` symlink, one consistent version per volume), the signer's
 audit log, trust bundle files, and — isolated in `read_cluster` — the cluster's pods,
-PodCertificateRequests and ClusterTrustBundles through `podcert.rest`. Nothing here imports the
-Kubernetes client at module level, so auditing a node root does not pay for it.
+PodCertificateRequests and ClusterTrustBundles through `podcert.client.rest`. Nothing here imports
+the Kubernetes client at module level, so auditing a node root does not pay for it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from podcert.api import volumes
 from podcert.api.versions import group_version
 
 if TYPE_CHECKING:
-    from podcert.rest import Rest
+    from podcert.client.rest import Rest
 
 _PEM: Final = b"-----BEGIN "
 
@@ -185,11 +185,11 @@ def read_cluster(
     as `_PodShape` (identity, node, volumes) and kept only with a podCertificate source (no other
     pod can own a projection), trimmed to their projected volumes; requests lose their managed
     fields and key material. So 150,000 pods cost a few MiB beyond what is audited. Raises
-    `podcert.rest.ApiError` when the API server refuses.
+    `podcert.client.rest.ApiError` when the API server refuses.
     """
     # The Kubernetes client loads only when the cluster is read.
-    from podcert.discovery import certificates_versions
-    from podcert.rest import path_of
+    from podcert.client.discovery import certificates_versions
+    from podcert.client.rest import path_of
 
     selector = {"fieldSelector": f"spec.nodeName={node_name}"} if node_name else {}
     pcr_version, ctb_version = certificates_versions(rest)
@@ -240,7 +240,7 @@ class _Named(msgspec.Struct, frozen=True):
 def _namespaces(rest: Rest) -> tuple[str, ...]:
     """Every namespace's name; () when the auditor may not list them (pods are then listed in
     one request across namespaces)."""
-    from podcert.rest import ApiError
+    from podcert.client.rest import ApiError
 
     try:
         items, _ = rest.list("/api/v1/namespaces", _Named)

@@ -35,7 +35,7 @@ from bench.bench_time_to_credential import devcluster, percentile, prepare_names
 from devcluster import kube, processes
 from podcert.api import keys
 from podcert.api.requests import outcome
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
 FLOOD_NODE = "flood"

@@ -40,7 +40,7 @@ from bench.bench_time_to_credential import (
 from devcluster import kube, processes
 from devcluster.stack import Stack
 from podcert.api import keys
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
 NODES = 4

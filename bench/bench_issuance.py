@@ -61,8 +61,8 @@ import msgspec
 from bench.bench_time_to_credential import component_pids, cpu_of, cpu_seconds
 from devcluster import cluster, kube, planestate, processes
 from podcert.api import keys
-from podcert.kubeconfig import ClientSettings
-from podcert.rest import JSON, ApiError, Rest, load_client, path_of
+from podcert.client.kubeconfig import ClientSettings
+from podcert.client.rest import JSON, ApiError, Rest, load_client, path_of
 from signer import certs, model, objects
 from signer.authority import ca
 from signer.issue.csr import parse_public_key

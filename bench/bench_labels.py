@@ -41,7 +41,7 @@ from bench.bench_time_to_credential import devcluster, pid_of, prepare_namespace
 from devcluster import identities, kube, planestate, processes
 from devcluster.kube import pod_certificate_volume
 from podcert.api import keys
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 
 def labels_size(labels: dict[str, str]) -> int:

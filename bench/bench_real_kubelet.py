@@ -59,7 +59,7 @@ from bench.bench_trust_propagation import CA_SECRET, FirstChange, roots_in, trus
 from devcluster import host, images, kube, nodes, processes
 from devcluster.nodestate import NodeState, node_dir
 from devcluster.stack import BUNDLE, SIGNER_NAMESPACE, TRUST, Stack, identity_volume
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 
 KINDS = ("real", "hollow", "shim")
 PCRS = "certificates.k8s.io/v1"

@@ -1,4 +1,4 @@
-"""Client CPU per status-sized PUT through `podcert.rest.Rest` (issue 14: cheaper requests).
+"""Client CPU per status-sized PUT through `podcert.client.rest.Rest` (issue 14: cheaper requests).
 
     .venv/bin/python -m bench.bench_rest                       # 1 and 4 threads, 3 rounds
     .venv/bin/python -m bench.bench_rest --tree /tmp/old       # also another checkout's Rest
@@ -33,7 +33,7 @@ NAMESPACE = "default"
 def measure(kubeconfig: Path, threads: int, puts: int, warmup: int) -> dict[str, float]:
     """In this interpreter: `threads` threads, each `warmup` then `puts` PUTs of its own
     ConfigMap; (client CPU ms per PUT, PUTs per second) over the timed ones."""
-    from podcert.rest import Rest, load_client, path_of
+    from podcert.client.rest import Rest, load_client, path_of
 
     print(f"podcert from {sys.modules['podcert'].__file__}", file=sys.stderr)
     rest = Rest(load_client(kubeconfig))

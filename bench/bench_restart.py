@@ -30,7 +30,7 @@ from bench.bench_time_to_credential import (
 )
 from devcluster import processes
 from devcluster.stack import Stack
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from devcluster import cluster
 from devcluster.stack import Stack, wait_for
-from podcert.rest import JSON
+from podcert.client.rest import JSON
 
 
 def rotate_both(stack: Stack, pods: dict[str, JSON]) -> tuple[float, float]:

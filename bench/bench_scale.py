@@ -56,7 +56,7 @@ from devcluster.identities import Paths
 from devcluster.stack import SIGNER_NAMESPACE
 from devcluster.supervise import end
 from podcert.api import keys
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
 PROBE_NS = "probe"

@@ -75,7 +75,7 @@ from devcluster.supervise import end, free_port
 from kubelet_shim.kube import ROTATE_ANNOTATION
 from podcert.api.times import format_micro_time
 from podcert.api.volumes import volume_dir
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 NODE = "scale-shim"
 NAMESPACE = "scale-shim"  # the node's 110 pods
@@ -437,7 +437,7 @@ def tail(watcher: Watcher) -> str:
 # shim's, its slowest answers are what the machine (shared cores, the benchmark's own threads)
 # adds, not the shim.
 REFERENCE = """import sys, time
-from podcert import health
+from podcert.serving import health
 health.serve(lambda: b"", int(sys.argv[1]), lambda: True)
 time.sleep(86400)
 """

@@ -38,7 +38,7 @@ from typing import Any
 
 from devcluster import cluster, identities, kube, planestate, processes
 from devcluster.stack import BUNDLE, SIGNER_NAMESPACE, Stack
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 TARGET_P99 = 2.0
 POLL = 0.01  # seconds between two looks at the files still missing

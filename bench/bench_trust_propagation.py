@@ -29,8 +29,8 @@ from bench.bench_time_to_credential import (
 )
 from devcluster.stack import BUNDLE, SIGNER_NAMESPACE, TRUST, Stack, identity_volume
 from podcert.api.versions import group_version
-from podcert.discovery import certificates_versions
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.discovery import certificates_versions
+from podcert.client.rest import ApiError, Rest, path_of
 
 TARGET_SECONDS = 5.0
 POLL = 0.02

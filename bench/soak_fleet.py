@@ -28,7 +28,7 @@ from devcluster.nodestate import NodeState
 from devcluster.stack import listening, wait_for
 from devcluster.supervise import free_port
 from podcert.api.volumes import volume_dir
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 SIGNER = processes.DEFAULT_SIGNER
 SIGNER_NAMESPACE = "podcert-system"

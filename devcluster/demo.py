@@ -33,8 +33,8 @@ from devcluster.nodestate import NodeState
 from devcluster.stack import BUNDLE, TRUST, Stack, identity_volume, wait_for
 from podcert.api import keys
 from podcert.api.volumes import volume_dir
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 from podcert.errors import ConfigError
-from podcert.rest import JSON, ApiError, Rest, path_of
 from signer import objects
 
 PCRS = "certificates.k8s.io/v1"

@@ -28,7 +28,7 @@ from devcluster.nodeconfig import BRIDGE
 from devcluster.nodestate import NodeState
 from devcluster.planestate import State
 from devcluster.supervise import NodeError
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 
 KUBERNETES_SERVICE = ("10.0.0.1", 443)  # the first address of flags.SERVICE_CIDR
 TAG = "podcert-devcluster: kubernetes Service for pods"

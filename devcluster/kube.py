@@ -19,13 +19,13 @@ from kubernetes.client import ApiException
 from devcluster import pki
 from devcluster.identities import Paths, cert_creds, kubeconfig, load_ca
 from devcluster.planestate import read_state
-from podcert.kubeconfig import ClientSettings
-from podcert.kubeconfig import load as load_settings
+from podcert.client.kubeconfig import ClientSettings
+from podcert.client.kubeconfig import load as load_settings
 
 
 class ApiClient(client.ApiClient):
     """kubernetes' typed client for a kubeconfig (devcluster's own code and the tests use its
-    generated APIs), that `podcert.rest.Rest` also takes: its `client_settings` are podcert's
+    generated APIs), that `podcert.client.rest.Rest` also takes: its `client_settings` are podcert's
     own, loaded from the same file. podcert itself never imports `kubernetes`."""
 
     def __init__(self, kubeconfig_path: Path) -> None:
@@ -287,7 +287,7 @@ _PLURALS = {
 
 def delete(api: ApiClient, docs: list[dict[str, Any]]) -> None:
     """Delete each object (missing ones are fine)."""
-    from podcert.rest import ApiError, Rest, path_of
+    from podcert.client.rest import ApiError, Rest, path_of
 
     rest = Rest(api)
     for doc in docs:
@@ -302,7 +302,7 @@ def delete(api: ApiClient, docs: list[dict[str, Any]]) -> None:
 
 def apply(api: ApiClient, docs: list[dict[str, Any]]) -> None:
     """Create each object, replacing it when it exists (enough for tests and the demo)."""
-    from podcert.rest import ApiError, Rest, path_of
+    from podcert.client.rest import ApiError, Rest, path_of
 
     rest = Rest(api)
     for doc in docs:

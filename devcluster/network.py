@@ -54,7 +54,7 @@ from devcluster.supervise import (
     wait_until,
 )
 from devcluster.supervise import stop as stop_process
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 
 SINK = "podcert-svc"  # the empty bridge the Service range is routed to
 STATE = "network.json"

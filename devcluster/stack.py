@@ -20,7 +20,7 @@ from cryptography import x509
 from devcluster import kube, processes
 from devcluster.identities import Paths
 from devcluster.supervise import free_port
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 
 SIGNER_NAMESPACE = "podcert-system"
 BUNDLE = "credentialbundle.pem"

@@ -55,7 +55,7 @@ from podcert.api import requests
 from podcert.api.versions import group_version
 from podcert.api.volumes import volume_dir
 from podcert.auditlog import iter_entries
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 SIGNER = processes.DEFAULT_SIGNER
 SIGNER_NAMESPACE = "podcert-system"

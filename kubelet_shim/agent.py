@@ -6,7 +6,7 @@ is a pod, so one worker at a time owns each pod's volumes (the atomic writer nee
 writer per volume). Reconciling a pod (`kubelet_shim.sync`) drives every podCertificate source
 through the pure `projection.step` (`kubelet_shim.certificates`), resolves every clusterTrustBundle
 source from the watched bundles, and publishes each volume that changed as one atomic version.
-The workers, their wait for the caches, signals and start-up come from `podcert.runtime`
+The workers, their wait for the caches, signals and start-up come from `podcert.reconcile.runtime`
 (`pool()`); `kubelet_shim.build` wires the process.
 
 What it does better than the kubelet: after a restart it adopts the fresh credentials already on
@@ -33,10 +33,10 @@ from kubelet_shim.storage import Storage, StorageError
 from kubelet_shim.sync import PodSync
 from podcert.api.pods import WorkKey
 from podcert.api.requests import outcome as settled
-from podcert.reflector import Reflector
-from podcert.rest import JSON
-from podcert.runtime import Synced, WorkerPool
-from podcert.workqueue import WorkQueue
+from podcert.client.rest import JSON
+from podcert.reconcile.reflector import Reflector
+from podcert.reconcile.runtime import Synced, WorkerPool
+from podcert.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("podcert.shim")
 

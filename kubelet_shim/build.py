@@ -10,8 +10,8 @@ transient trouble), `build` the agent, start it, wait for SIGTERM/SIGINT and sto
 | metrics server         | /metrics, /healthz, /readyz                                      |
 
 /healthz is the runtime's (every long-running thread alive) and the node identity's: unhealthy
-while the API server keeps refusing it (`podcert.refusals`), so a node certificate that expired
-unrenewed restarts the shim instead of leaving it answering every new pod with a 401.
+while the API server keeps refusing it (`podcert.client.refusals`), so a node certificate that
+expired unrenewed restarts the shim instead of leaving it answering every new pod with a 401.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from kubelet_shim import metrics
 from kubelet_shim.agent import Agent, Settings, utcnow
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.kube import ShimApi, ShimKube
-from podcert import health
-from podcert.discovery import Unserved
+from podcert.client.discovery import Unserved
+from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import Refused, refusal_is_final
-from podcert.rest import ApiError, Rest, load_client
-from podcert.runtime import GaveUp, Runtime, retry_until
+from podcert.reconcile.runtime import GaveUp, Runtime, retry_until
+from podcert.serving import health
 
 log = logging.getLogger("podcert.shim")
 

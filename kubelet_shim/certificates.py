@@ -28,7 +28,7 @@ from podcert.api import keys
 from podcert.api.pods import CertificateSource, ProjectedVolume, WorkKey
 from podcert.api.requests import RequestError, certificates, key_fields, parse_status
 from podcert.api.times import format_time
-from podcert.rest import ApiError
+from podcert.client.rest import ApiError
 
 log = logging.getLogger("podcert.shim")
 

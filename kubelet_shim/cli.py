@@ -19,8 +19,8 @@ from kubelet_shim.agent import Settings, utcnow
 from podcert import logs
 from podcert.api.names import is_dns_label, is_dns_name
 from podcert.api.times import TimeFieldError, parse_zoned_time
+from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import CommandError, ConfigError, one_line
-from podcert.rest import ApiError, Rest, load_client
 
 log = logging.getLogger("podcert.shim")
 

@@ -32,8 +32,8 @@ from podcert.api.pods import WorkKey
 from podcert.api.requests import STUB_CSR, KeyForm, RequestError, Spec, parse_request
 from podcert.api.times import format_micro_time
 from podcert.api.versions import group_version
-from podcert.discovery import certificates_versions, key_form
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.discovery import certificates_versions, key_form
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.shim")
 
@@ -182,7 +182,7 @@ class ShimKube:
     def discover(self) -> str:
         """certificates.k8s.io/v1 where served, else v1beta1 (1.35 and 1.36), and the form the
         key goes in there: the stub CSR on v1 and 1.36, the key with its proof on 1.35. Raises
-        podcert.discovery.Unserved when the server serves no requests or trust bundles."""
+        podcert.client.discovery.Unserved when the server serves no requests or trust bundles."""
         self.pcr_version, ctb = certificates_versions(self.rest, trust_bundles=True)
         self.ctb_version = ctb or "v1"
         self.key_form = key_form(self.rest, self.pcr_version)

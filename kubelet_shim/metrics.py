@@ -21,8 +21,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kubelet_shim.projection import ProjectionState
-from podcert import health
-from podcert.connections import Limits
+from podcert.serving import health
+from podcert.serving.connections import Limits
 
 # (signer name, state) of every projection the agent serves, read at scrape time.
 Snapshot = Callable[[], Iterable[tuple[str, ProjectionState]]]

@@ -22,7 +22,7 @@ from kubelet_shim.projection import ProjectionState
 from podcert.api.keys import PrivateKey
 from podcert.api.pods import PodVolumes, TrustBundleSource, WorkKey, parse_pod
 from podcert.api.times import parse_time
-from podcert.rest import JSON
+from podcert.client.rest import JSON
 
 log = logging.getLogger("podcert.shim")
 

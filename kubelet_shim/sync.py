@@ -22,7 +22,7 @@ from kubelet_shim.state import Caches, Memory, Pod, Requeue, VolumePlan, log_con
 from kubelet_shim.storage import FileSpec, Storage, StorageError, UnsafeDirectoryError
 from podcert.api.pods import CertificateSource, ProjectedVolume, TrustBundleSource
 from podcert.api.requests import outcome as settled
-from podcert.rest import ApiError
+from podcert.client.rest import ApiError
 
 log = logging.getLogger("podcert.shim")
 

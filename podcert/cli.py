@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # An API answer no command expected (a 403 mid-way...) is still one line, not a
         # traceback; the client module is looked up, not imported, so that commands which
         # never load it do not pay for it here.
-        rest = sys.modules.get("podcert.rest")
+        rest = sys.modules.get("podcert.client.rest")
         if rest is None or not isinstance(err, rest.ApiError):
             raise
         print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)

@@ -19,7 +19,7 @@ piece does one job and learns of the others only through the callbacks wired her
 | metrics server           | /metrics, /healthz, /readyz                                   |
 
 /healthz is the runtime's (every long-running thread alive) and the signer's identity's:
-unhealthy while the API server keeps refusing it (`podcert.refusals`: a revoked token, a
+unhealthy while the API server keeps refusing it (`podcert.client.refusals`: a revoked token, a
 deleted service account), which no retry can fix and a restart may.
 """
 
@@ -31,13 +31,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from podcert import health
 from podcert.api.versions import CTBS
-from podcert.connections import DEFAULT_LIMITS, Limits
-from podcert.discovery import Unserved
+from podcert.client.discovery import Unserved
+from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import Refused, refusal_is_final
-from podcert.rest import ApiError, Rest, load_client
-from podcert.runtime import GaveUp, Runtime, retry_until
+from podcert.reconcile.runtime import GaveUp, Runtime, retry_until
+from podcert.serving import health
+from podcert.serving.connections import DEFAULT_LIMITS, Limits
 from signer import metrics
 from signer.admission.cainjector import CAInjector
 from signer.auditlog import writer

@@ -10,11 +10,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from podcert import connections, logs
+from podcert import logs
 from podcert.api.lifetimes import NOT_BEFORE_SKEW
 from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
+from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import CommandError, ConfigError, one_line
-from podcert.rest import ApiError, Rest, load_client
+from podcert.serving import connections
 from signer import build, policy
 from signer.authority import schedule, spiffebundle
 from signer.authority.ca import CAError

@@ -23,8 +23,8 @@ import msgspec
 
 from podcert.api.events import ObjectRef, event_body
 from podcert.api.versions import group_version, key_fallback
-from podcert.discovery import certificates_versions, serves
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.discovery import certificates_versions, serves
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 from signer.objects import NodeShape, PodShape, ServiceAccountShape, ServiceShape
 
 log = logging.getLogger("podcert.signer")
@@ -94,7 +94,7 @@ class SignerKube:
 
     def discover(self, *, trust_bundles: bool = True) -> str:
         """certificates.k8s.io/v1 where served, else v1beta1 (1.35/1.36 clusters). Raises
-        podcert.discovery.Unserved when no version serves requests (or, with `trust_bundles`,
+        podcert.client.discovery.Unserved when no version serves requests (or, with `trust_bundles`,
         ClusterTrustBundles); the signer reads the key in either form, so needs no more."""
         self.pcr_version, ctb = certificates_versions(self.rest, trust_bundles=trust_bundles)
         self.ctb_version = ctb or self.ctb_version

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from podcert.api.times import format_micro_time
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.signer.leader")
 

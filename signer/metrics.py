@@ -13,8 +13,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from podcert import health
-from podcert.connections import Limits
+from podcert.serving import health
+from podcert.serving.connections import Limits
 from signer import model
 from signer.authority import schedule
 

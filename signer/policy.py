@@ -64,7 +64,7 @@ from podcert.api.lifetimes import (
 )
 from podcert.api.names import is_dns_name
 from podcert.errors import show
-from podcert.ratelimit import Rate
+from podcert.reconcile.ratelimit import Rate
 from signer.federation import domains as federation_
 from signer.policyfile import PolicyError as PolicyError  # what load_policy raises
 from signer.policyfile import PolicyReader, trust_domain_problem

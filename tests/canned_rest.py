@@ -1,6 +1,6 @@
 """A Rest over canned JSON for the unit tests of the API adapters (`signer.kube`,
 `kubelet_shim.kube`): lists and watches decode each object into the shape asked for, as
-`podcert.rest.Rest` does, and what was asked and written is recorded."""
+`podcert.client.rest.Rest` does, and what was asked and written is recorded."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ differs within v1beta1: 1.35's spec has only pkixPublicKey + proofOfPossession, 
 stubPKCS10Request (preferred: the other two are deprecated), v1 has only the stub. A 1.37 server
 with v1beta1 enabled keeps taking 1.35's form there, and its v1 view of such a request has no
 key: `key_fallback` names the version to read it through. The answers come from discovery and
-the server's OpenAPI schema, which `podcert.discovery` asks; choosing from them is pure and
+the server's OpenAPI schema, which `podcert.client.discovery` asks; choosing from them is pure and
 lives here.
 """
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from cryptography import x509
 
-from podcert.reflector import Reflector
-from podcert.rest import JSON, ApiError
-from podcert.runtime import WorkerPool
-from podcert.workqueue import WorkQueue
+from podcert.client.rest import JSON, ApiError
+from podcert.reconcile.reflector import Reflector
+from podcert.reconcile.runtime import WorkerPool
+from podcert.reconcile.workqueue import WorkQueue
 from signer.admission import cabundle
 from signer.kube import SignerKube
 

@@ -6,7 +6,8 @@ What it answers is decided in `signer.admission.review` (pure); this is the edge
 to a thread, and answers. Malformed input costs one warning line, never a traceback. Its serving
 certificate is issued from our own CA and re-issued before half its life is gone (or when the CA
 changes) without a restart. The port holds at most `Limits.max_connections` connections, idle
-ones for `idle_timeout` seconds (`podcert.servers`): anyone who can connect, and so cost it memory.
+ones for `idle_timeout` seconds (`podcert.serving.servers`): anyone who can connect, and so cost it
+memory.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Final
 
 from aiohttp import web
 
-from podcert import servers
-from podcert.connections import DEFAULT_LIMITS, Limits
-from podcert.rest import ApiError
+from podcert.client.rest import ApiError
+from podcert.serving import servers
+from podcert.serving.connections import DEFAULT_LIMITS, Limits
 from signer import model, serving
 from signer.admission import review
 from signer.admission.review import MAX_BODY_BYTES, MalformedReview, Verdict

@@ -29,9 +29,9 @@ from typing import Final
 
 from cryptography import x509
 
+from podcert.client.rest import JSON, ApiError
 from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
-from podcert.reflector import Reflector
-from podcert.rest import JSON, ApiError
+from podcert.reconcile.reflector import Reflector
 from signer import model
 from signer.authority import ca, schedule, spiffebundle
 from signer.kube import SignerKube

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from podcert.rest import ApiError
+from podcert.client.rest import ApiError
 from signer.authority.ca import CAError
 from signer.authority.castore import CAStore
 from signer.authority.schedule import RotationError

@@ -17,10 +17,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from bundles.formats import dump_roots
-from podcert.reflector import Reflector
-from podcert.rest import JSON, ApiError
-from podcert.runtime import WorkerPool
-from podcert.workqueue import WorkQueue
+from podcert.client.rest import JSON, ApiError
+from podcert.reconcile.reflector import Reflector
+from podcert.reconcile.runtime import WorkerPool
+from podcert.reconcile.workqueue import WorkQueue
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.trust")

@@ -15,7 +15,7 @@ This is the edge, with the two authentication profiles of the SPIFFE Trust Domai
 
 Every handshake picks the current certificate (`signer.serving`, which also issues the SVID and
 keeps its key in memory). Anyone may connect without credentials, so the port holds at most
-`Settings.limits` connections, idle ones for seconds (`podcert.servers`).
+`Settings.limits` connections, idle ones for seconds (`podcert.serving.servers`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from cryptography import x509
 
-from podcert.connections import DEFAULT_LIMITS, Limits
-from podcert.runtime import Runtime
+from podcert.reconcile.runtime import Runtime
+from podcert.serving.connections import DEFAULT_LIMITS, Limits
 from signer import model, serving
 from signer.authority import spiffebundle
 
@@ -185,7 +185,7 @@ class BundleServer:
     async def _start(self) -> None:
         from aiohttp import web
 
-        from podcert import servers
+        from podcert.serving import servers
 
         app = web.Application()
         app.router.add_get("/", self.handle)

@@ -42,10 +42,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from bundles.spiffe import CertificateIdError, spiffe_id_of
-from podcert.reflector import Reflector
-from podcert.rest import JSON, ApiError
-from podcert.runtime import Runtime, Synced, WorkerPool
-from podcert.workqueue import WorkQueue
+from podcert.client.rest import JSON, ApiError
+from podcert.reconcile.reflector import Reflector
+from podcert.reconcile.runtime import Runtime, Synced, WorkerPool
+from podcert.reconcile.workqueue import WorkQueue
 from signer.authority import trustbundles
 from signer.federation import domains
 from signer.federation.domains import Bundle, FederatedDomain, Federation, Rejected, RootRefused

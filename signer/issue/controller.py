@@ -2,11 +2,11 @@
 
 Level-based: a work item is (namespace, name), never the event. Reflectors (list, then watch from
 the last resourceVersion, relist on 410 Gone) keep a store of unsettled requests and enqueue their
-keys; the runtime's workers (`podcert.runtime`) call `reconcile`, which reads live facts, calls the
-pure `decide`, turns an answer into a `Settlement` (`signer.issue.settle`, pure too) and applies it
-with the one writer, `apply`: one status write with the object's resourceVersion, so a lost race is
-a 409 that re-reads and never overwrites an outcome someone else wrote. Transient trouble requeues
-with capped exponential backoff and jitter; it never becomes a terminal `Failed`.
+keys; the runtime's workers (`podcert.reconcile.runtime`) call `reconcile`, which reads live facts,
+calls the pure `decide`, turns an answer into a `Settlement` (`signer.issue.settle`, pure too) and
+applies it with the one writer, `apply`: one status write with the object's resourceVersion, so a
+lost race is a 409 that re-reads and never overwrites an outcome someone else wrote. Transient
+trouble requeues with capped exponential backoff and jitter; it never becomes a terminal `Failed`.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any, Final, assert_never
 
 from prometheus_client import Counter, Histogram
 
-from podcert.ratelimit import TokenBuckets
-from podcert.reflector import Reflector
-from podcert.rest import JSON, ApiError
-from podcert.runtime import Synced, WorkerPool
-from podcert.workqueue import WorkQueue
+from podcert.client.rest import JSON, ApiError
+from podcert.reconcile.ratelimit import TokenBuckets
+from podcert.reconcile.reflector import Reflector
+from podcert.reconcile.runtime import Synced, WorkerPool
+from podcert.reconcile.workqueue import WorkQueue
 from signer import certs, model, objects
 from signer.auditlog.trail import AuditTrail
 from signer.authority.castore import CAStore

@@ -33,7 +33,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from prometheus_client import Counter
 
-from podcert.cache import Cache
+from podcert.reconcile.cache import Cache
 from signer import model, objects
 from signer.issue.decide import binding_problem
 from signer.kube import SignerKube
@@ -49,7 +49,7 @@ KEPT: Final = 4096  # live answers kept for reuse, the oldest dropped first
 
 
 class Listed(Protocol[K_contra, V_co]):
-    """A watched cache as seen here (`podcert.cache.Cache`)."""
+    """A watched cache as seen here (`podcert.reconcile.cache.Cache`)."""
 
     @property
     def listed_at(self) -> float: ...

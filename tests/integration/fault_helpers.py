@@ -28,7 +28,7 @@ from devcluster.planestate import State
 from podcert.api.requests import certificates, parse_status
 from podcert.api.requests import outcome as outcome
 from podcert.api.volumes import DATA_DIR, DATA_TMP
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
 

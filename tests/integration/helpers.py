@@ -14,7 +14,7 @@ from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
 from podcert.api.requests import STUB_CSR, KeyForm, key_fields
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 from signer import objects
 
 PCRS = "certificates.k8s.io/v1"

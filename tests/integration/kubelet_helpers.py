@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, Kubelet
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 
 CERTIFICATES = "certificates.k8s.io/v1"
 BUNDLE = "credentialbundle.pem"

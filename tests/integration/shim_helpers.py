@@ -14,7 +14,7 @@ from typing import Any
 from devcluster import kube, processes
 from devcluster.testing import DevCluster, eventually
 from podcert.api.requests import outcome as outcome
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
 Shim = processes.Shim

@@ -19,7 +19,7 @@ from devcluster.testing import DevCluster, eventually
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
 from podcert.cli import main
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import condition, make_pod, request_as_node, settled
 

@@ -28,7 +28,7 @@ from devcluster.testing import DevCluster, eventually
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
 from podcert.cli import main
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 from signer import objects
 from signer.auditlog import writer
 from tests.integration.conftest import StartSigner

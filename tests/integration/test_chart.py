@@ -21,7 +21,7 @@ import yaml
 
 from devcluster import build, kube, tools
 from devcluster.testing import DevCluster
-from podcert.rest import ApiError, Rest
+from podcert.client.rest import ApiError, Rest
 from signer.policy import load_policy
 from tests.integration.test_manifests import MANIFESTS, documents, dry_run, renamed
 from tests.integration.test_manifests import kustomize as kustomize  # test_in_cluster's import

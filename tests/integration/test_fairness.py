@@ -23,7 +23,7 @@ from devcluster import processes
 from devcluster.testing import DevCluster
 from podcert.api import keys
 from podcert.api.requests import outcome
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 from tests.integration.helpers import PCRS, make_pod, pcr_spec
 
 FLOOD = 400  # requests node A makes for its own pod

@@ -29,7 +29,7 @@ from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually, running
 from kubelet_shim.kube import request_rotation
 from podcert.api.volumes import PLUGIN_DIR
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 from tests.integration.conftest import StartShim, StartSigner
 from tests.integration.fault_helpers import (
     KillSwitch,

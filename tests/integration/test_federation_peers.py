@@ -33,7 +33,7 @@ from kubernetes import client
 
 from devcluster import processes
 from devcluster.testing import DevCluster, eventually
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 from signer.authority import spiffebundle
 from signer.federation.poller import FETCH_DEADLINE
 from tests.integration.conftest import StartSigner

@@ -29,7 +29,7 @@ from cryptography import x509
 from devcluster import imagebuild, incluster, processes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, Kubelet, eventually
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 from tests.integration.kubelet_helpers import CERTIFICATES
 from tests.integration.test_chart import CHART, CHECKSUM, helm, render, run
 from tests.integration.test_in_cluster import (

@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from devcluster import build, imagebuild, incluster, podman
 from devcluster.testing import DevCluster, Kubelet, eventually
 from podcert import __version__
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 from signer.authority import schedule
 from tests.integration.kubelet_helpers import BUNDLE, certificates_in
 from tests.integration.test_chart import CHART, helm, render, run

@@ -29,7 +29,7 @@ from bundles import formats
 from devcluster import kube, processes
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
-from podcert.rest import JSON, ApiError
+from podcert.client.rest import JSON, ApiError
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import condition, create_pcr, make_pod, pcr_spec, settled
 from tests.integration.shim_helpers import (

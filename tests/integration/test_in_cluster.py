@@ -39,7 +39,7 @@ from kubernetes import client
 from devcluster import imagebuild, images, incluster, kube, nodes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, Kubelet, eventually, running
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 from tests.integration.kubelet_helpers import BUNDLE, KEEP_RUNNING, TRUST, certificates_in
 from tests.integration.test_chart import kustomize
 from tests.integration.test_manifests import _PATHS, CLUSTER_SCOPED, MANIFESTS

@@ -17,7 +17,7 @@ import yaml
 
 from devcluster import kube
 from devcluster.testing import DevCluster, eventually
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 
 POLICY_FILE = (
     Path(__file__).resolve().parents[2] / "manifests" / "signer" / "key-permissions-policy.yaml"

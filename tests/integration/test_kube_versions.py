@@ -16,7 +16,7 @@ from kubernetes.client import ApiException
 from bundles import formats
 from devcluster import build, cluster, kube, nodes, processes
 from devcluster.testing import eventually
-from podcert.rest import Rest
+from podcert.client.rest import Rest
 
 SIGNER = "test.podcert.dev/versions"
 POLICY = f"""

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from devcluster.testing import DevCluster, eventually
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 from signer.leader import GV, Elector, LeaseSettings
 
 HOLDER = LeaseSettings(duration=6, renew_deadline=4, retry_period=0.5)

@@ -37,8 +37,8 @@ from devcluster.testing import DevCluster, eventually
 from kubelet_shim.kube import ShimKube
 from podcert.api import keys
 from podcert.api.versions import group_version
-from podcert.discovery import certificates_versions, key_form
-from podcert.rest import JSON, ApiError, Rest, load_client, path_of
+from podcert.client.discovery import certificates_versions, key_form
+from podcert.client.rest import JSON, ApiError, Rest, load_client, path_of
 from signer.authority.trustbundles import MANAGED_BY, bundle_name
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import pcr_spec

@@ -20,7 +20,7 @@ import yaml
 
 from devcluster import kube
 from devcluster.testing import DevCluster
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 SIGNER_SA = "system:serviceaccount:podcert-system:podcert-signer"

@@ -19,8 +19,8 @@ from bundles import formats
 from devcluster import identities, kube, processes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
-from podcert.kubeconfig import from_kubeconfig
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.kubeconfig import from_kubeconfig
+from podcert.client.rest import ApiError, Rest, path_of
 from tests.integration.conftest import StartShim, StartSigner
 from tests.integration.shim_helpers import certificate_volume
 

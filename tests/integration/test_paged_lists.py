@@ -11,7 +11,7 @@ import pytest
 
 from audit.snapshot import read_cluster
 from devcluster.testing import DevCluster
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 from signer import objects
 from tests.integration.helpers import make_pod
 

@@ -22,7 +22,7 @@ from bundles import formats
 from devcluster import images, processes
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, Kubelet, eventually
-from podcert.rest import JSON
+from podcert.client.rest import JSON
 from signer.model import POLICY_DENIED, UNSUPPORTED_KEY_TYPE
 from tests.integration.kubelet_helpers import (
     BUNDLE,

@@ -33,7 +33,7 @@ from devcluster import images, nodes, processes
 from devcluster.kube import pod_certificate_volume
 from devcluster.stack import Stack
 from devcluster.testing import DevCluster, Kubelet, eventually
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.fault_helpers import sample
 from tests.integration.kubelet_helpers import (

@@ -1,6 +1,6 @@
 """The kubeconfig reader pinned to client-go, and the proxy environment to Go's httpproxy.
 
-`podcert.kubeconfig.from_kubeconfig` and client-go v0.37.2 (clientcmd's current context, as
+`podcert.client.kubeconfig.from_kubeconfig` and client-go v0.37.2 (clientcmd's current context, as
 kubectl reads it with no flags, then rest.TLSConfigFor and rest.TransportFor, which load every
 file and PEM it names; tests/interop/reference) read the same generated kubeconfigs: valid and
 broken ones, missing fields, token and tokenFile both, data and files both, relative paths,
@@ -21,8 +21,8 @@ client-go takes, it is one of these deliberate strictnesses (each refusal names 
 - a CA or client certificate file client-go reads past (PEM junk it skips: `bundles.pem`'s
   strictness does not apply here, OpenSSL reads these), or PEM OpenSSL refuses.
 
-`podcert.proxies.proxy_for` and httpproxy (what client-go's transport consults) answer the same
-for generated environments (upper and lower case, NO_PROXY with `*`, CIDRs, IPs with and
+`podcert.client.proxies.proxy_for` and httpproxy (what client-go's transport consults) answer the
+same for generated environments (upper and lower case, NO_PROXY with `*`, CIDRs, IPs with and
 without ports, domains with a leading dot or `*.`) and server URLs.
 """
 
@@ -43,8 +43,8 @@ import yaml
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from podcert import kubeconfig as kc
-from podcert import proxies
+from podcert.client import kubeconfig as kc
+from podcert.client import proxies
 from tests.integration.reference import DIFFERENTIAL, Reference
 
 PROXIES = [

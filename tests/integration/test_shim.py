@@ -29,7 +29,7 @@ from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.kube import ROTATE_ANNOTATION, request_rotation
 from podcert.api import keys
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import create_pcr, pcr_spec
 from tests.integration.shim_helpers import (

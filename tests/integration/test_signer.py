@@ -16,7 +16,7 @@ from kubernetes import client
 from devcluster import processes
 from devcluster.testing import DevCluster
 from podcert.api import keys
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 from signer import model
 from signer.auditlog import writer
 from tests.integration.conftest import StartSigner

@@ -19,7 +19,7 @@ from bundles.source import build_contexts
 from devcluster import processes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 from signer.authority import trustbundles
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import condition, make_pod, request_as_node, settled

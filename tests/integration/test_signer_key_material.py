@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import (
     condition,

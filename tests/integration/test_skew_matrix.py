@@ -37,7 +37,7 @@ from devcluster import build, cluster, kube, nodes, processes
 from devcluster.testing import DevCluster, Kubelet, eventually
 from podcert.api import requests
 from podcert.api.versions import group_version
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 
 SIGNER = "matrix.podcert.dev/skew"
 TRUST_DOMAIN = "matrix.test"

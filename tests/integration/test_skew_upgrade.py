@@ -25,7 +25,7 @@ from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
 from podcert.api.versions import group_version
 from podcert.cli import main
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 from tests.integration.helpers import pcr_spec
 
 OLD, NEW = "1.36", "1.37"

@@ -36,7 +36,7 @@ from devcluster.identities import Paths
 from devcluster.spire import Federate, SpireDomain, ensure_spire
 from devcluster.supervise import free_port
 from devcluster.testing import DevCluster, eventually
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 from tests.integration.conftest import StartShim, StartSigner, flags
 from tests.integration.interop_helpers import (
     Files,

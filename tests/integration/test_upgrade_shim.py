@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from bundles import formats
 from devcluster import processes
 from devcluster.testing import DevCluster, eventually
-from podcert.rest import Rest, path_of
+from podcert.client.rest import Rest, path_of
 from tests.integration.shim_helpers import Shim, certificate_volume, outcome, requests_of, shim
 from tests.integration.test_upgrade_signer import release, run_release
 

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from devcluster import processes
 from devcluster.testing import DevCluster, eventually
 from podcert.auditlog import iter_entries, verify
-from podcert.rest import JSON, Rest, path_of
+from podcert.client.rest import JSON, Rest, path_of
 from signer.authority import schedule
 from tests.integration.helpers import condition, make_pod, request_as_node, settled
 

@@ -29,7 +29,7 @@ from podcert.api import keys, requests
 from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm
 from podcert.api.versions import group_version
 from podcert.cli import main
-from podcert.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 from tests.integration.helpers import pcr_spec, register_webhook
 from tests.integration.test_admission import grant_create
 

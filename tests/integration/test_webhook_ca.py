@@ -32,7 +32,7 @@ from devcluster.identities import Paths
 from devcluster.supervise import free_port
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
-from podcert.rest import ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import create_pcr, make_pod, pcr_spec, request_as_node
 from tests.integration.test_admission import grant_create

@@ -4,8 +4,8 @@ that was renamed or removed.
 Which backticked spans are paths (outside fenced code blocks; a `path::name` or `path (Name)`
 form is judged, and checked, by its path alone):
 - only letters, digits, `_`, `-`, `.` and `/`, with at least one `/`: identifiers, dotted module
-  names (`podcert.runtime.Runtime`), commands with spaces, calls with parentheses and patterns
-  (`bench/soak*.py`, `releases/<version>/`, `[TD/]NS/SA`) are not paths;
+  names (`podcert.reconcile.runtime.Runtime`), commands with spaces, calls with parentheses and
+  patterns (`bench/soak*.py`, `releases/<version>/`, `[TD/]NS/SA`) are not paths;
 - not starting with `/` or `-`: a URL path (`/healthz`) or a flag;
 - and a file (its last part has a suffix: `signer/issue/decide.py`), a folder (it ends in `/`:
   `manifests/monitoring/`), or starting at a top-level entry of the repository
@@ -68,7 +68,9 @@ def _missing(path: str) -> bool:
         pytest.param("Go's `encoding/pem`", [], id="another project's name"),
         pytest.param("`releases/<version>/` `bench/soak*.py`", [], id="placeholders and globs"),
         pytest.param("`[TD/]NS/SA`", [], id="a bracketed pattern"),
-        pytest.param("`podcert.runtime.Runtime` `Review.converted_from`", [], id="dotted names"),
+        pytest.param(
+            "`podcert.reconcile.runtime.Runtime` `Review.converted_from`", [], id="dotted names"
+        ),
         pytest.param("`--max-connections` `/healthz` `make lint`", [], id="flag, URL, command"),
         pytest.param("`pyproject.toml` `build.py`", [], id="bare file names"),
         pytest.param("```\n`signer/nowhere.py`\n```\n", [], id="inside a fenced block"),

@@ -2,8 +2,8 @@
 
 The signer's caches hold every pod of the cluster. The list used to be held whole (decoded at
 once, kept alive by the watch loop's frame, and a relist built a second cache beside the first);
-now the list function may give a lazy iterator (`podcert.rest.Rest.list`, page by page), the cache
-updates itself as it goes, and a list that breaks half way leaves the cache as it was and is
+now the list function may give a lazy iterator (`podcert.client.rest.Rest.list`, page by page), the
+cache updates itself as it goes, and a list that breaks half way leaves the cache as it was and is
 listed again rather than watched from.
 """
 
@@ -13,8 +13,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from podcert.cache import Cache
-from podcert.rest import ApiError, Gone
+from podcert.client.rest import ApiError, Gone
+from podcert.reconcile.cache import Cache
 
 
 def obj(name: str, value: str, version: str = "1") -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""podcert.connections: which connection a full port closes, and when an idle one is overdue."""
+"""podcert.serving.connections: which connection a full port closes, and when an idle one is
+overdue."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import argparse
 
 import pytest
 
-from podcert import connections
-from podcert.connections import Admission, Limits, Table
+from podcert.serving import connections
+from podcert.serving.connections import Admission, Limits, Table
 
 
 def table(max_connections: int = 3, idle_timeout: float = 10.0) -> Table[str]:

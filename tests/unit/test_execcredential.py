@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from podcert import kubeconfig as kc
-from podcert.execcredential import REFRESH_BEFORE, ExecError, ExecToken
-from podcert.kubeconfig import ClientConfigError
+from podcert.client import kubeconfig as kc
+from podcert.client.execcredential import REFRESH_BEFORE, ExecError, ExecToken
+from podcert.client.kubeconfig import ClientConfigError
 
 V1 = "client.authentication.k8s.io/v1"
 SECRET = "plugin-token-that-must-never-show"

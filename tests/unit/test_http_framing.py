@@ -1,6 +1,6 @@
-"""podcert's HTTP/1.1 answer reader (`podcert.transport.Response`) pinned to h11, the reference:
-the same bytes, cut into reads at arbitrary points, give the same framing (status, body bytes,
-whether the connection may carry another request) or an error from both.
+"""podcert's HTTP/1.1 answer reader (`podcert.client.transport.Response`) pinned to h11, the
+reference: the same bytes, cut into reads at arbitrary points, give the same framing (status, body
+bytes, whether the connection may carry another request) or an error from both.
 
 Hypothesis writes the answers: status lines of odd versions, codes and reasons; interim answers;
 header lines with odd names, separators, folding and line endings; Content-Length and
@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from podcert import transport
+from podcert.client import transport
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """An identity the API server keeps refusing (a node certificate that expired
 unrenewed) turns /healthz unhealthy, with one line naming the identity and never the secret,
-and healthy again once a call succeeds. The rule is pure (`podcert.refusals`); `Rest` tells it
-every answer; the shim's and the signer's /healthz ask it."""
+and healthy again once a call succeeds. The rule is pure (`podcert.client.refusals`); `Rest` tells
+it every answer; the shim's and the signer's /healthz ask it."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from podcert import health
-from podcert.kubeconfig import ClientSettings
-from podcert.refusals import HEALTHY, WINDOW, Record, Refusals, observe, refuses, unhealthy
-from podcert.rest import ApiError, Rest
+from podcert.client.kubeconfig import ClientSettings
+from podcert.client.refusals import HEALTHY, WINDOW, Record, Refusals, observe, refuses, unhealthy
+from podcert.client.rest import ApiError, Rest
+from podcert.serving import health
 
 TOKEN = "secret-token-that-must-never-show"
 
@@ -197,7 +197,7 @@ def probe(server: health.BoundedHTTPServer) -> int:
 
 def test_the_shims_healthz_says_unhealthy_while_its_node_identity_is_refused() -> None:
     from kubelet_shim.build import Config, Shim
-    from podcert.runtime import Runtime
+    from podcert.reconcile.runtime import Runtime
 
     class Metrics:
         def render(self) -> bytes:
@@ -209,8 +209,8 @@ def test_the_shims_healthz_says_unhealthy_while_its_node_identity_is_refused() -
             self.metrics = Metrics()
 
         def pool(self) -> object:
-            from podcert.runtime import WorkerPool
-            from podcert.workqueue import WorkQueue
+            from podcert.reconcile.runtime import WorkerPool
+            from podcert.reconcile.workqueue import WorkQueue
 
             return WorkerPool("agent", WorkQueue[str](), lambda key: None, workers=1)
 

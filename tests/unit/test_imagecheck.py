@@ -127,8 +127,8 @@ def test_account(user: str, gid: int, group: str, findings: list[str]) -> None:
 
 
 def test_stale_modules_are_named() -> None:
-    checkout = {"signer/cli.py": "a", "signer/new.py": "b", "podcert/rest.py": "c"}
-    installed = {"signer/cli.py": "old", "podcert/rest.py": "c", "signer/gone.py": "d"}
+    checkout = {"signer/cli.py": "a", "signer/new.py": "b", "podcert/client/rest.py": "c"}
+    installed = {"signer/cli.py": "old", "podcert/client/rest.py": "c", "signer/gone.py": "d"}
     assert imagecheck.stale(installed, checkout) == [
         "/signer/cli.py in the image differs from the checkout",
         "signer/new.py is not in the image",

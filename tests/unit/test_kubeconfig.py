@@ -19,9 +19,9 @@ import trustme
 import yaml
 from cryptography.hazmat.primitives import serialization
 
-from podcert import kubeconfig as kc
+from podcert.client import kubeconfig as kc
+from podcert.client.kubeconfig import ClientConfigError, ClientSettings, TokenFile
 from podcert.errors import ConfigError
-from podcert.kubeconfig import ClientConfigError, ClientSettings, TokenFile
 
 TOKEN = "secret-token-that-must-never-show"
 

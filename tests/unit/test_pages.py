@@ -1,4 +1,4 @@
-"""`podcert.pages` pinned to msgspec decoding the whole page, on generated pages.
+"""`podcert.client.pages` pinned to msgspec decoding the whole page, on generated pages.
 
 A list page read an element at a time, from pieces cut anywhere, must give the same items and the
 same metadata as msgspec decoding the page whole into `{items: list[shape] | None, metadata}`, or
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from podcert import pages
+from podcert.client import pages
 
 
 class Meta(msgspec.Struct, frozen=True):
@@ -35,7 +35,7 @@ class Item(msgspec.Struct, frozen=True):
 
 
 class DictPage(msgspec.Struct, frozen=True):
-    """The reference: the page decoded whole, as `podcert.rest` did before it streamed."""
+    """The reference: the page decoded whole, as `podcert.client.rest` did before it streamed."""
 
     items: list[dict[str, Any]] | None = None
     metadata: pages.ListMeta = pages.ListMeta()
@@ -56,7 +56,7 @@ def whole(data: bytes, shape: str) -> tuple[list[Any] | None, pages.ListMeta]:
 
 
 def streamed(data: bytes, shape: Any, cuts: list[int]) -> tuple[list[Any], pages.ListMeta]:
-    """(items, metadata) as `podcert.rest` reads them: the metadata first, then the items."""
+    """(items, metadata) as `podcert.client.rest` reads them: the metadata first, then the items."""
     bounds = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
     page = pages.Page((data[a:b] for a, b in itertools.pairwise(bounds)), pages.Shape(shape))
     first = page.metadata()

@@ -28,11 +28,11 @@ from audit.cli import EXIT_USAGE
 from kubelet_shim import build as shim_build
 from kubelet_shim.kube import PodRef, pcr_body
 from kubelet_shim.storage import MemoryStorage
-from podcert import discovery
 from podcert.api import keys, requests, versions
 from podcert.cli import main
-from podcert.discovery import Unserved
-from podcert.rest import ApiError
+from podcert.client import discovery
+from podcert.client.discovery import Unserved
+from podcert.client.rest import ApiError
 from signer import build as signer_build
 from signer import model, objects
 from signer.issue import csr, decide
@@ -395,10 +395,10 @@ def test_the_shim_says_it_cannot_run_in_one_line(
 def test_the_audit_says_it_cannot_read_the_cluster_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    import podcert.rest
+    import podcert.client.rest
 
-    monkeypatch.setattr(podcert.rest, "Rest", NoPodCertificates)
-    monkeypatch.setattr(podcert.rest, "load_client", lambda path: None)
+    monkeypatch.setattr(podcert.client.rest, "Rest", NoPodCertificates)
+    monkeypatch.setattr(podcert.client.rest, "load_client", lambda path: None)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("")
     assert main(["audit", "--kubeconfig", str(kubeconfig)]) == EXIT_USAGE

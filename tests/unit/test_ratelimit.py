@@ -1,11 +1,11 @@
-"""podcert.ratelimit: token buckets per node that hold requests back (with a reserved place)
-instead of refusing them; time is an argument, so every figure here is exact."""
+"""podcert.reconcile.ratelimit: token buckets per node that hold requests back (with a reserved
+place) instead of refusing them; time is an argument, so every figure here is exact."""
 
 from __future__ import annotations
 
 import pytest
 
-from podcert.ratelimit import Rate, TokenBuckets
+from podcert.reconcile.ratelimit import Rate, TokenBuckets
 
 T0 = 1000.0
 

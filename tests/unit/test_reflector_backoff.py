@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from podcert.reflector import Reflector
-from podcert.rest import ApiError, Gone
+from podcert.client.rest import ApiError, Gone
+from podcert.reconcile.reflector import Reflector
 
 
 class RecordingStop(threading.Event):

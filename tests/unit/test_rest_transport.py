@@ -1,8 +1,8 @@
-"""`podcert.rest.Rest` over its own HTTP/1.1 connections (`podcert.transport`), against a small
-scripted server on loopback: kept-alive connections are reused, one the server closed is replaced
-(a GET it dropped unread is sent again, once; a POST it may have applied never is), a watch
-streams its events line by line across chunks, and every way the server can go away is a
-retryable `ApiError` naming where it was.
+"""`podcert.client.rest.Rest` over its own HTTP/1.1 connections (`podcert.client.transport`),
+against a small scripted server on loopback: kept-alive connections are reused, one the server
+closed is replaced (a GET it dropped unread is sent again, once; a POST it may have applied never
+is), a watch streams its events line by line across chunks, and every way the server can go away is
+a retryable `ApiError` naming where it was.
 
 Found earlier by tests/integration/test_faults.py: an API server going away mid-watch must be a
 plain retry for the reflectors, not an unexpected error with a traceback.
@@ -24,9 +24,9 @@ import pytest
 import trustme
 
 from devcluster.testing import eventually
-from podcert import pages, transport
-from podcert.kubeconfig import ClientConfigError, ClientSettings
-from podcert.rest import ApiError, Gone, Rest
+from podcert.client import pages, transport
+from podcert.client.kubeconfig import ClientConfigError, ClientSettings
+from podcert.client.rest import ApiError, Gone, Rest
 
 
 @dataclass

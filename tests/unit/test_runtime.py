@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from podcert.runtime import (
+from podcert.reconcile.runtime import (
     GaveUp,
     Runtime,
     Synced,
@@ -23,7 +23,7 @@ from podcert.runtime import (
     retry_until,
     wait_for_sync,
 )
-from podcert.workqueue import WorkQueue
+from podcert.reconcile.workqueue import WorkQueue
 
 DEADLINE = 10.0
 
@@ -372,7 +372,7 @@ def test_an_error_no_wait_can_fix_is_raised_at_once() -> None:
 
 
 def test_a_retry_says_what_failed_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
-    # As podcert.rest words an API server it cannot reach, with a line break to flatten.
+    # As podcert.client.rest words an API server it cannot reach, with a line break to flatten.
     nested = "cannot reach the API server at 127.0.0.1:6443\n  (Connection refused)"
     calls = iter([Transient(nested), "up"])
 

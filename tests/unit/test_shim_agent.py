@@ -38,8 +38,8 @@ from kubelet_shim.storage import FileSpec, MemoryStorage
 from podcert.api import keys
 from podcert.api.pods import WorkKey
 from podcert.api.requests import STUB_CSR, KeyForm
-from podcert.rest import JSON, ApiError
-from podcert.runtime import Runtime
+from podcert.client.rest import JSON, ApiError
+from podcert.reconcile.runtime import Runtime
 
 T0 = dt.datetime(2026, 11, 29, 20, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)

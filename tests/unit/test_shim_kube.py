@@ -28,7 +28,7 @@ from kubelet_shim.state import object_key, pod_from, pod_uid
 from podcert.api import keys
 from podcert.api.pods import WorkKey
 from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm, key_fields, outcome
-from podcert.rest import ApiError, Rest
+from podcert.client.rest import ApiError, Rest
 from tests.canned_rest import CannedRest
 
 MANAGED = [

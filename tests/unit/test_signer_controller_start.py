@@ -12,7 +12,7 @@ from typing import cast
 
 import pytest
 
-from podcert.runtime import Runtime, wait_for_sync
+from podcert.reconcile.runtime import Runtime, wait_for_sync
 from signer.authority.castore import CAStore
 from signer.issue.controller import Controller, Settings, utcnow
 from signer.issue.decide import binding_problem

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from podcert.ratelimit import Rate
+from podcert.reconcile.ratelimit import Rate
 from signer import model
 from signer.authority import ca
 from signer.authority.castore import CAStore

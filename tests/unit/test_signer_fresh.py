@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import msgspec
 
-from podcert.reflector import Reflector
+from podcert.reconcile.reflector import Reflector
 from signer import model, objects
 from signer.authority.castore import CAStore
 from signer.issue.controller import Controller, utcnow

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from podcert.api import keys
-from podcert.rest import Rest
+from podcert.client.rest import Rest
 from signer import certs, model, objects
 from signer.issue.settle import settle
 from signer.kube import SignerKube

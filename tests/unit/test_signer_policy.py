@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from podcert.ratelimit import Rate
+from podcert.reconcile.ratelimit import Rate
 from signer import model, policy, requested
 from signer.issue import csr
 

@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from podcert.rest import ApiError
+from podcert.client.rest import ApiError
 from signer import certs, model
 from signer.auditlog.trail import AuditTrail
 from signer.authority import ca

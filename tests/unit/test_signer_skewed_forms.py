@@ -15,9 +15,9 @@ from typing import Any, cast
 import pytest
 from cryptography import x509
 
-from podcert import discovery
 from podcert.api import keys, requests, versions
-from podcert.rest import ApiError, Rest
+from podcert.client import discovery
+from podcert.client.rest import ApiError, Rest
 from signer import model
 from signer.admission import review
 from signer.authority.castore import CAStore

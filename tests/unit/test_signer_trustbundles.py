@@ -7,8 +7,8 @@ import threading
 from typing import cast
 
 from bundles.formats import dump_roots
-from podcert.rest import JSON
-from podcert.workqueue import WorkQueue
+from podcert.client.rest import JSON
+from podcert.reconcile.workqueue import WorkQueue
 from signer.authority import ca, trustbundles
 from signer.kube import SignerKube
 

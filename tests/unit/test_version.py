@@ -12,7 +12,8 @@ from setuptools.config.expand import read_attr  # type: ignore[import-untyped]
 
 import podcert
 from devcluster import build
-from podcert import cli, rest
+from podcert import cli
+from podcert.client import rest
 
 ROOT = Path(__file__).resolve().parents[2]
 

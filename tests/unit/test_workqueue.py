@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podcert.workqueue import ShutDown, WorkQueue
+from podcert.reconcile.workqueue import ShutDown, WorkQueue
 
 
 class FakeClock:

@@ -1,10 +1,10 @@
 """Where a client's connections go, and with which TLS context each new one is made.
 
-An `Endpoint` is what `podcert.transport` dials: the API server's host and port (through a
+An `Endpoint` is what `podcert.client.transport` dials: the API server's host and port (through a
 proxy's CONNECT tunnel, if any), the name its certificate is checked against, the path prefix
 the server URL carries. Its TLS context is fixed, except for a client whose certificate and key
-come from files (`podcert.clientcerts.CertFiles`): then each new connection asks `tls()` for the
-current context, and the generation it returns tells a connection made with a replaced pair,
+come from files (`podcert.client.clientcerts.CertFiles`): then each new connection asks `tls()` for
+the current context, and the generation it returns tells a connection made with a replaced pair,
 which is not reused once idle.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
-from podcert.kubeconfig import ClientSettings
+from podcert.client.kubeconfig import ClientSettings
 
 
 class Contexts(Protocol):

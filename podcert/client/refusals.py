@@ -14,8 +14,8 @@ says so. The rule (`unhealthy`, pure, over `Record`s that `observe` folds answer
   enough; a process that made no call is not judged.
 - Healthy again at the first accepted answer.
 
-`Refusals` applies the rule to a process's answers (`podcert.rest.Rest` tells it each one) and
-logs one line when it turns unhealthy, naming the identity (a certificate's subject and file, a
+`Refusals` applies the rule to a process's answers (`podcert.client.rest.Rest` tells it each one)
+and logs one line when it turns unhealthy, naming the identity (a certificate's subject and file, a
 token's source: never the secret), and one when it is healthy again.
 """
 

@@ -11,7 +11,7 @@ What `CertFiles` guarantees:
   connection is about to be made or reused: an idle client reads nothing.
 - A pair whose bytes changed is loaded into a new `ssl.SSLContext` with a new generation; new
   connections present it, and a kept-alive connection made with an older pair is closed instead
-  of reused once its request ends (`podcert.transport.Pool`). Requests and watches already on
+  of reused once its request ends (`podcert.client.transport.Pool`). Requests and watches already on
   such a connection finish on it (client-go closes them all at once; a watch ends within its
   timeout anyway, and its answer already came).
 - A pair that does not load (a half-written file, a key that does not match the certificate,

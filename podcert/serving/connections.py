@@ -1,7 +1,7 @@
 """How many connections a served port holds, and which one goes when it is full: the rules every
 podcert server (metrics and probes, the admission webhook, the SPIFFE bundle endpoint) applies,
-as pure bookkeeping with the time passed in. The servers (`podcert.health`, `podcert.servers`)
-do the I/O: they ask, then close what they are told to.
+as pure bookkeeping with the time passed in. The servers (`podcert.serving.health`,
+`podcert.serving.servers`) do the I/O: they ask, then close what they are told to.
 
 Without a cap, each idle connection costs memory (asyncio's TLS buffer, a thread and its stack)
 for as long as the peer likes, and nothing needs credentials to open one. With it:

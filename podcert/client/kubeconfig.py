@@ -1,17 +1,16 @@
 """Where a podcert client finds the API server and its credentials: a kubeconfig file, or the
 pod's in-cluster configuration (its service account's token and CA).
 
-Read here, without the `kubernetes` package: its loaders import every generated model and
-pydantic (about a tenth of a second of each process's start), and podcert needs only what they
-produce: a base URL, an `ssl.SSLContext` and a bearer token that follows a rotated file. What
+Read here, without the `kubernetes` package (its loaders import every generated model): podcert
+needs only a base URL, an `ssl.SSLContext` and a bearer token that follows a rotated file. What
 client-go does that podcert has no use for is refused with a `ClientConfigError` naming the
 field (auth-provider plugins, basic auth, impersonation), never silently ignored. Exec credential
-plugins (the cloud providers' kubeconfigs) give bearer tokens: `podcert.execcredential`.
+plugins (the cloud providers' kubeconfigs) give bearer tokens: `podcert.client.execcredential`.
 
 A projected service-account token rotates (the kubelet rewrites it well before it expires), so a
 token file is read again at most every `TOKEN_REREAD_PERIOD` seconds, as client-go's cached
 file token source does; a client certificate and key named as files (the kubelet renews its
-own) are followed as client-go follows them (`podcert.clientcerts`). Messages never quote a
+own) are followed as client-go follows them (`podcert.client.clientcerts`). Messages never quote a
 credential (token, key, proxy password).
 """
 
@@ -33,10 +32,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from podcert import proxies
-from podcert.clientcerts import CertFiles, memory_file, subject_of
+from podcert.client import proxies
+from podcert.client.clientcerts import CertFiles, memory_file, subject_of
+from podcert.client.execcredential import ExecError, ExecToken
 from podcert.errors import ConfigError
-from podcert.execcredential import ExecError, ExecToken
 
 log = logging.getLogger("podcert.kubeconfig")
 
@@ -83,7 +82,8 @@ class TokenFile:
 
 @dataclass(frozen=True)
 class ClientSettings:
-    """How to reach one API server as one identity: what `podcert.rest.Rest` is built from."""
+    """How to reach one API server as one identity: what `podcert.client.rest.Rest` is built
+    from."""
 
     server: str  # the base URL: https://host:port, maybe with a path; no trailing slash
     ssl_context: ssl.SSLContext | None  # None for an http:// server

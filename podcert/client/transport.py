@@ -23,7 +23,7 @@ HEAD, OPTIONS, TRACE) and no byte of an answer came back. A POST, PUT, PATCH or 
 written is never sent again: its caller learns the outcome is unknown. Every failure is an
 `OSError` (`ProtocolError` for an answer that is not HTTP/1.1 as h11 reads it); the connection
 it happened on is closed, never reused. A client certificate read from files that was replaced
-(`podcert.clientcerts`) retires the connections made with the old one: each is closed instead
+(`podcert.client.clientcerts`) retires the connections made with the old one: each is closed instead
 of reused once its request ends, so the next request presents the new pair.
 """
 
@@ -38,9 +38,9 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Final, Protocol, cast
 
-from podcert.endpoints import Endpoint
+from podcert.client.endpoints import Endpoint
 
-__all__ = ["Endpoint"]  # re-exported: its home is podcert.endpoints
+__all__ = ["Endpoint"]  # re-exported: its home is podcert.client.endpoints
 
 MAX_LINE: Final = 64 * 1024  # a status line, header or chunk-size line longer is not HTTP we read
 MAX_HEADERS: Final = 200

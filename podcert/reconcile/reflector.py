@@ -3,11 +3,11 @@
 Shared by the signer (PodCertificateRequests, Services, ClusterTrustBundles, its CA Secret, and
 its caches of the cluster's pods, nodes and ServiceAccounts) and the shim (its node's pods and
 requests). Callbacks get objects as the list and watch functions decode them (dicts, or the
-small shapes of `podcert.rest`); consumers key them by name.
+small shapes of `podcert.client.rest`); consumers key them by name.
 
-A list may be lazy (`podcert.rest.Rest.list`: pages read as `on_list` iterates them), so nothing
-here holds a list: the version is taken from the list function, and used for the watch only once
-`on_list` has gone through every item; a list that fails half way is listed again.
+A list may be lazy (`podcert.client.rest.Rest.list`: pages read as `on_list` iterates them), so
+nothing here holds a list: the version is taken from the list function, and used for the watch only
+once `on_list` has gone through every item; a list that fails half way is listed again.
 
 `listed_at` is when (on a monotonic clock) the list the callbacks' store now rests on was asked
 for: a list is a consistent read, so that store reflects every change the API server had made
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from podcert.rest import ApiError, Gone, resource_version
+from podcert.client.rest import ApiError, Gone, resource_version
 
 log = logging.getLogger("podcert.reflector")
 

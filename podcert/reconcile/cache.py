@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
-from podcert.reflector import Reflector
+from podcert.reconcile.reflector import Reflector
 
 log = logging.getLogger("podcert.cache")
 

@@ -3,8 +3,9 @@
 The generated models round-trip every object through pydantic; the controllers only need a few
 fields, and the watch needs line-by-line streaming with its own handling of 410 Gone. So the
 per-side adapters (signer/kube.py, kubelet_shim/kube.py) speak through this one small class, over
-podcert's own connections (`podcert.transport`) with the settings a kubeconfig or the pod's
-in-cluster configuration gives (`podcert.kubeconfig`): no `kubernetes` package in the product.
+podcert's own connections (`podcert.client.transport`) with the settings a kubeconfig or the pod's
+in-cluster configuration gives (`podcert.client.kubeconfig`): no `kubernetes` package in the
+product.
 
 Lists of a whole cluster are paged (`list`), and a caller that keeps only a few fields of each
 object names them as a `msgspec.Struct` (a shape): each page, each watch event and each object
@@ -12,7 +13,7 @@ read (`get`), is then decoded straight into those fields, skipping the rest, ins
 dicts of everything. At 150,000 pods that is the difference between a list held whole as ~6 KB
 of dicts per pod, with the interpreter lock held for seconds, and a few small objects per pod
 decoded in ~2 ms a page. A page is read as it arrives and decoded an element at a time
-(`podcert.pages`), so its size is not what a list costs: 500 pods of 660 KB each (labels are
+(`podcert.client.pages`), so its size is not what a list costs: 500 pods of 660 KB each (labels are
 bounded one by one, not in number) cost what one does, plus a buffer of `pages.PIECE`.
 """
 
@@ -27,11 +28,15 @@ from urllib.parse import quote, urlencode
 
 import msgspec
 
-from podcert import __version__, pages, transport
-from podcert.kubeconfig import ClientConfigError, ClientSettings, load
-from podcert.refusals import Refusals
+from podcert import __version__
+from podcert.client import pages, transport
+from podcert.client.kubeconfig import ClientConfigError, ClientSettings, load
+from podcert.client.refusals import Refusals
 
-__all__ = ["ClientConfigError", "ClientSettings"]  # re-exported: their home is podcert.kubeconfig
+__all__ = [
+    "ClientConfigError",
+    "ClientSettings",
+]  # re-exported: their home is podcert.client.kubeconfig
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -112,9 +117,9 @@ class Rest:
     """GET/POST/PUT/PATCH/DELETE and WATCH on API paths, with dict bodies.
 
     Bodies are encoded once, by msgspec, and requests written whole on a kept-alive connection
-    (`podcert.transport`); the bearer token, when there is one, comes from the settings' token
-    source on every request (it re-reads a rotated file itself). Safe to share between threads:
-    each request takes a connection of its own from the pool.
+    (`podcert.client.transport`); the bearer token, when there is one, comes from the settings'
+    token source on every request (it re-reads a rotated file itself). Safe to share between
+    threads: each request takes a connection of its own from the pool.
 
     Every failure of a request is an ApiError: the server's status and reason, or status 0 with
     reason Unavailable (no answer, or it broke off: a write may or may not have been applied,
@@ -123,7 +128,7 @@ class Rest:
     is not a header value is a ClientConfigError.
 
     Every answer is told to `refusals`, which judges whether the API server keeps refusing the
-    identity (`podcert.refusals`: what a process's /healthz reports)."""
+    identity (`podcert.client.refusals`: what a process's /healthz reports)."""
 
     def __init__(
         self, client: HasClientSettings, timeout: float = 30.0, user_agent: str = USER_AGENT
@@ -298,7 +303,7 @@ class Rest:
         """Every object at `path`, `limit` a page: (the objects, as `shape` or as dicts, read
         and decoded one at a time as each page arrives; the list's resourceVersion, read from
         the first page before its items). Only the object being decoded is held, and a buffer
-        (`podcert.pages`). The iterator raises ApiError (Gone when a continue token expired;
+        (`podcert.client.pages`). The iterator raises ApiError (Gone when a continue token expired;
         BadResponse for what is not a list page) if a later page fails: the caller must then
         list again, never watch from the version. An iterator dropped half way closes its
         connection."""

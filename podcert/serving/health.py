@@ -1,6 +1,6 @@
 """The small HTTP face every podcert process has: /metrics, /healthz and /readyz.
 
-A thread per connection (http.server), bounded by `podcert.connections`: at most
+A thread per connection (http.server), bounded by `podcert.serving.connections`: at most
 `Limits.max_connections` handler threads; a new connection to a full port closes the one idle
 the longest (or is closed itself when every thread is answering), so the kubelet's probes keep
 being answered whatever an attacker holds; a request head must arrive within `idle_timeout` of
@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from podcert.connections import Limits, Table
+from podcert.serving.connections import Limits, Table
 
 METRICS_LIMITS = Limits(max_connections=32)
 

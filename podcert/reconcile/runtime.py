@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any, Final, Generic, TypeVar
 
 from podcert.errors import CommandError, one_line
-from podcert.workqueue import ShutDown, WorkQueue
+from podcert.reconcile.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger("podcert.runtime")
 

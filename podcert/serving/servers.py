@@ -1,10 +1,10 @@
-"""An aiohttp application served within `podcert.connections.Limits` (the admission webhook, the
-SPIFFE bundle endpoint): what aiohttp's own TCPSite does not bound.
+"""An aiohttp application served within `podcert.serving.connections.Limits` (the admission webhook,
+the SPIFFE bundle endpoint): what aiohttp's own TCPSite does not bound.
 
 - Connections are counted from the TCP accept, before the TLS handshake (asyncio gives each TLS
   connection a quarter-megabyte buffer as it is accepted): at most `max_connections` are held;
   a new one to a full port closes the one idle the longest, in its handshake or not, or is
-  closed itself when every held connection is serving a request (`podcert.connections`).
+  closed itself when every held connection is serving a request (`podcert.serving.connections`).
 - A handshake not done within `handshake_timeout` is aborted (asyncio's default is a minute).
 - A connection's request head must arrive within `idle_timeout` of the handshake or of the
   answer before it: aiohttp's keep-alive timer, which `runner` sets to that (its default is an
@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from podcert.connections import Limits, Table
+from podcert.serving.connections import Limits, Table
 
 log = logging.getLogger("podcert.servers")
 

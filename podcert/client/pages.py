@@ -4,8 +4,8 @@ A list page is one JSON object, `{"kind", "apiVersion", "metadata", "items": [..
 items are as large as a tenant makes them: Kubernetes bounds each label, not their number, so 500
 pods a page can be hundreds of MB of JSON. Decoded whole, a page is held whole (and its decoded
 form beside it) however few fields the caller keeps. Read here, a page costs what one element
-costs plus a fixed buffer: the body comes in pieces (`podcert.transport.Response.pieces`), the
-object's members are found by their JSON structure (strings, escapes, nesting), each `items`
+costs plus a fixed buffer: the body comes in pieces (`podcert.client.transport.Response.pieces`),
+the object's members are found by their JSON structure (strings, escapes, nesting), each `items`
 element is decoded with msgspec into the caller's shape on its own, and bytes already decoded are
 dropped. What comes out is what msgspec decoding the whole page would give, or an error where it
 would give one (tests/unit/test_pages.py holds the two together on generated pages), except that

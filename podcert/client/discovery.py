@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from podcert.api import versions
 from podcert.api.requests import KeyForm
-from podcert.rest import ApiError, Rest
+from podcert.client.rest import ApiError, Rest
 
 
 class Unserved(Exception):
