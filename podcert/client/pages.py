@@ -222,10 +222,16 @@ class Page(Generic[T]):
 
     @classmethod
     def _name(cls, raw: bytes) -> bytes:
-        """A member's name as msgspec matches it: its bytes, escapes (rare) decoded."""
+        """A member's name as msgspec matches it: its bytes, escapes (rare) decoded. Bytes that
+        are not UTF-8 are not checked, as msgspec does not check an unknown member's name: such a
+        name matches no member the page is read for. A malformed escape is an error, as there."""
         if b"\\" not in raw:
             return raw[1:-1]
-        name: str = cls._decode(_NAME, raw, "a member name")
+        try:
+            name: str = cls._decode(_NAME, raw, "a member name")
+        except ListError:
+            cls._decode(_NAME, raw.decode("utf-8", "replace").encode(), "a member name")
+            return raw  # only its UTF-8 was bad
         return name.encode("utf-8", "surrogatepass")
 
     @staticmethod

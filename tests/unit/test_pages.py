@@ -172,6 +172,7 @@ def check(data: bytes, shape: str, cuts: list[int]) -> None:
 @example(b'{"items":[{"metadata":{"name":"},{\\"metadata\\":"}}]}', "shape", [])
 @example(b'{"items":[1,]}', "dict", [])
 @example(b'{"it\\u0065ms":[{}],"\xff":1}', "dict", [9])
+@example(b'{"kind":"PodList","items":null,"\xff},{\\"metadata\\":":null}', "shape", [])
 def test_a_page_read_in_pieces_is_the_page_decoded_whole(
     data: bytes, shape: str, cuts: list[int]
 ) -> None:
