@@ -16,15 +16,13 @@ from typing import Any
 from kubelet_shim import build, projection
 from kubelet_shim import kube as shim_kube
 from kubelet_shim.agent import Settings, utcnow
-from podcert import logs
+from podcert import logs, processflags
 from podcert.api.names import is_dns_label, is_dns_name
 from podcert.api.times import TimeFieldError, parse_zoned_time
 from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import CommandError, ConfigError, one_line
 
 log = logging.getLogger("podcert.shim")
-
-MAX_PORT = 65535
 
 
 def register(subparsers: Any) -> None:
@@ -60,9 +58,14 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="use the pod's own ServiceAccount as the cleanup identity (the DaemonSet's way)",
     )
-    # Each pod waits on the network (request) or the disk (fsync of a new volume version):
-    # threads are cheap, and 4 left 200 pods queued for seconds (bench_time_to_credential).
-    p.add_argument("--workers", type=int, default=16, help="pods reconciled concurrently")
+    processflags.add(
+        p,
+        metrics_host=build.Config.metrics_host,
+        metrics_port=build.Config.metrics_port,
+        startup_timeout=build.Config.startup_timeout,
+        workers=Settings.workers,
+        workers_help="pods reconciled concurrently",
+    )
     p.add_argument(
         "--refresh-jitter-seconds",
         type=float,
@@ -82,27 +85,11 @@ def register(subparsers: Any) -> None:
         help="record an event when a signer has not answered a request for this long",
     )
     p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=build.Config.metrics_port,
-        help="port for /metrics, /healthz and /readyz (0 picks a free one)",
-    )
-    p.add_argument(
-        "--metrics-host", default=build.Config.metrics_host, help="address the metrics server binds"
-    )
-    p.add_argument(
         "--clock-offset-seconds",
         type=float,
         default=0.0,
         help="FOR TESTING ONLY: shift the agent's clock by this many seconds",
     )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=build.Config.startup_timeout,
-        help="seconds to wait for a reachable API server at start before exiting 1 (0: forever)",
-    )
-    p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")
     p.set_defaults(run=run)
 
     sub = p.add_subparsers(dest="shim_command", metavar="ACTION")
@@ -145,8 +132,8 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         return "--node-name is required"
     if not is_dns_name(args.node_name):
         return f"--node-name {args.node_name!r} is not a node name"
-    if not 1 <= args.workers <= 64:
-        return f"--workers must be between 1 and 64, got {args.workers}"
+    if said := processflags.problem(args):
+        return said
     durations = (
         args.refresh_jitter_seconds,
         args.abandon_after_seconds,
@@ -157,10 +144,6 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
             "--refresh-jitter-seconds, --abandon-after-seconds and --unanswered-after-seconds "
             "must not be negative"
         )
-    if not 0 <= args.metrics_port <= MAX_PORT:
-        return f"--metrics-port must be between 0 and {MAX_PORT}, got {args.metrics_port}"
-    if not args.startup_timeout >= 0:
-        return f"--startup-timeout must not be negative, got {args.startup_timeout}"
     if args.root.exists() and not args.root.is_dir():
         return f"--root {args.root} is not a directory"
     return build.Config(

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from podcert import logs
+from podcert import logs, processflags
 from podcert.api.lifetimes import NOT_BEFORE_SKEW
 from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
 from podcert.client.rest import ApiError, Rest, load_client
@@ -27,7 +27,6 @@ from signer.leader import LeaseSettings
 
 log = logging.getLogger("podcert.signer")
 
-MAX_PORT = 65535
 # The API server wants notBefore within this of its clock, so no backdate may go further.
 MAX_BACKDATE_SECONDS = int(NOT_BEFORE_SKEW.total_seconds())
 
@@ -125,8 +124,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="policy YAML file (validated at start-up); allow-all defaults when absent",
     )
-    p.add_argument(
-        "--workers", type=int, default=DEFAULT_SETTINGS.workers, help="concurrent reconcile workers"
+    processflags.add(
+        p,
+        metrics_host=build.Config.metrics_host,
+        metrics_port=build.Config.metrics_port,
+        startup_timeout=build.Config.startup_timeout,
+        workers=DEFAULT_SETTINGS.workers,
+        workers_help="concurrent reconcile workers",
     )
     p.add_argument(
         "--fair-queue",
@@ -134,17 +138,6 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_SETTINGS.fair_queue,
         help="workers serve nodes in turn, then each node's namespaces, so one node's flood "
         "cannot hold back the others (--no-fair-queue: one FIFO, for comparison)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=build.Config.metrics_port,
-        help="port for /metrics, /healthz and /readyz (0 picks a free one)",
-    )
-    p.add_argument(
-        "--metrics-host",
-        default=build.Config.metrics_host,
-        help="address the metrics server binds",
     )
     p.add_argument(
         "--audit-log",
@@ -174,7 +167,8 @@ def register(subparsers: Any) -> None:
         "--backdate-seconds",
         type=int,
         default=int(DEFAULT_SETTINGS.backdate.total_seconds()),
-        help="notBefore is backdated this far for clock skew (API allows 5 min)",
+        help="notBefore is backdated this far for clock skew (at most "
+        f"{MAX_BACKDATE_SECONDS}: the API server refuses a notBefore further off)",
     )
     p.add_argument(
         "--leader-elect",
@@ -266,14 +260,7 @@ def register(subparsers: Any) -> None:
         help="spiffe_refresh_hint: how often consumers should poll the bundle (at most half "
         "of --ca-overlap-seconds, so a new root reaches them before it signs)",
     )
-    p.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=build.Config.startup_timeout,
-        help="seconds to wait for a reachable API server at start before exiting 1 (0: forever)",
-    )
     connections.add_flags(p, "the webhook and the bundle endpoint")
-    p.add_argument("--log-level", type=logs.level_name, default="INFO", help="log level")
     p.set_defaults(run=run)
     sub = p.add_subparsers(dest="signer_command", metavar="ca")
     ca_parser = sub.add_parser(
@@ -317,8 +304,8 @@ def _run_problem(args: argparse.Namespace) -> str | None:
     for name in args.signer_names:
         if problem := signer_name_problem(name):
             return f"--signer-name {name!r}: {problem}"
-    if not 1 <= args.workers <= 64:
-        return f"--workers must be between 1 and 64, got {args.workers}"
+    if said := processflags.problem(args):
+        return said
     if not 0.1 <= args.refresh_fraction <= 0.9:
         return "--refresh-fraction must be between 0.1 and 0.9"
     if not 0 <= args.backdate_seconds <= MAX_BACKDATE_SECONDS:
@@ -327,12 +314,11 @@ def _run_problem(args: argparse.Namespace) -> str | None:
             f"server refuses a notBefore further off), got {args.backdate_seconds}"
         )
     for flag, port in (
-        ("--metrics-port", args.metrics_port),
         ("--webhook-port", args.webhook_port),
         ("--bundle-endpoint-port", args.bundle_endpoint_port),
     ):
-        if not 0 <= port <= MAX_PORT:
-            return f"{flag} must be between 0 and {MAX_PORT}, got {port}"
+        if said := processflags.port_problem(flag, port):
+            return said
     if args.webhook_configuration and not is_dns_name(args.webhook_configuration):
         return f"--webhook-configuration {args.webhook_configuration!r} is not an object name"
     if (args.bundle_endpoint_cert is None) != (args.bundle_endpoint_key is None):
@@ -344,8 +330,6 @@ def _run_problem(args: argparse.Namespace) -> str | None:
         )
     if args.audit_checkpoint_every < 1 or args.audit_checkpoint_interval <= 0:
         return "--audit-checkpoint-every must be at least 1 and --audit-checkpoint-interval above 0"
-    if not args.startup_timeout >= 0:
-        return f"--startup-timeout must not be negative, got {args.startup_timeout}"
     if problem := connections.flags_problem(args):
         return problem
     if not args.lease_duration > args.renew_deadline > args.retry_period > 0:

@@ -986,12 +986,8 @@ def test_on_the_runtime_nothing_is_decided_before_every_cache_has_listed() -> No
         assert kube.asked.wait(DEADLINE), "the sweep after the sync queued the listed pod"
         assert [p["spec"]["podUID"] for p in kube.created] == [UID]
     workers = [t for t in runtime.threads() if t.name.startswith("worker-")]
-    assert sorted(t.name for t in workers) == [
-        "worker-0",
-        "worker-1",
-        "worker-2",
-        "worker-3",
-        "worker-start",  # the one that waited for the caches
-    ]
+    # One thread per worker the settings ask for, and the one that waited for the caches.
+    wanted = [f"worker-{i}" for i in range(Settings().workers)] + ["worker-start"]
+    assert sorted(t.name for t in workers) == sorted(wanted)
     assert not any(t.is_alive() for t in workers), "the stop joins every worker"
     assert not runtime.healthy()
