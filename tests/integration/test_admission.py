@@ -192,7 +192,7 @@ def test_the_webhook_refuses_what_the_signer_would_deny_anyway(
     assert "UnknownAnnotation" in message and "evil.example/escalate" in message
 
 
-# --- issue 18, item 8: the webhook port is no oracle -------------------------------------------
+# --- the webhook port is no oracle ----------------------------------------------------------------
 
 
 def _post(port: int, ca_pem: bytes, body: bytes) -> tuple[int, dict[str, Any]]:

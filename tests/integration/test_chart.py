@@ -297,7 +297,7 @@ def test_what_the_chart_renders_passes_server_side_dry_run(
 def test_the_least_privilege_policies_and_the_network_policy_follow_the_values(
     helm: list[str],
 ) -> None:
-    """Issue 24 (7, 8): the signer's trust-bundle policy names the served signer names and the
+    """The signer's trust-bundle policy names the served signer names and the
     federation's, and the signer's ServiceAccount in the chart's namespace; the shim's clean-up
     policy its ServiceAccount in the shim's namespace; the metrics port opens to
     networkPolicy.metricsFrom only."""

@@ -1,4 +1,4 @@
-"""Federation against misbehaving peers (issue 24, findings 5 and 9), on a real signer and API
+"""Federation against misbehaving peers, on a real signer and API
 server, the peers' bundle endpoints served from this test process on loopback (https_web, the
 peers' certificates from a test CA given as webRoots):
 

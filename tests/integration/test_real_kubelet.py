@@ -131,7 +131,7 @@ def test_the_kubelet_projects_a_credential_the_signer_issued(
     if kubelet.hollow:
         return
     # Inside the pod: the container read its credential, which the kubelet left readable by
-    # every user in the container (no defaultMode set): the weakness issue 13 names.
+    # every user in the container (no defaultMode set): a weakness of the kubelet's.
     core = client.CoreV1Api(devcluster.admin)
     eventually(
         lambda: core.read_namespaced_pod(pod.metadata.name, ns).status.phase == "Succeeded",

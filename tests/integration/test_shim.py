@@ -320,7 +320,7 @@ def rotate_command(devcluster: DevCluster, namespace: str, pod: str) -> None:
 def test_a_volume_folder_replaced_by_a_link_gets_nothing_written_outside(
     devcluster: DevCluster, work: Path, ns: str
 ) -> None:
-    """Issue 18: with a pod's volume folder replaced by a link to a folder outside, neither
+    """With a pod's volume folder replaced by a link to a folder outside, neither
     `podcert shim rotate` nor the normal refresh (after a restart, the clock 6 h ahead) writes
     there; an Event on the pod says why, and the pod next to it keeps being served. Two signers
     as in the clock test: the first asks for refresh at 10% (+-10%) of 24 h, the second at 90%."""

@@ -56,7 +56,7 @@ SPIRE_TD = "spire.test"
 NAMESPACE = "podcert-federation"
 NODE = "fed-node"
 FEDERATED_FILE = "federated-spire.pem"
-# A SPIRE path shaped like a pod's: a partner chooses its paths freely (issue 24, finding 1).
+# A SPIRE path shaped like a pod's: a partner chooses its paths freely.
 SPIRE_WORKLOAD = f"spiffe://{SPIRE_TD}/ns/shop/sa/web"
 PODCERT_ENDPOINT_ID = f"spiffe://{PODCERT_TD}/podcert/bundle-endpoint"
 TIMEOUT = 180  # SPIRE polls every 15 s at most, its agent syncs every 5 s; shared cores
@@ -273,7 +273,7 @@ def test_a_spire_workload_named_like_a_pod_is_not_one_of_ours(
     rule: str,
     admitted: bool,
 ) -> None:
-    """Issue 24, finding 1: the pod's server run with `--allow-workload shop/web` and SPIRE's
+    """The pod's server run with `--allow-workload shop/web` and SPIRE's
     roots as docs/SPIRE.md adds them answered 200 to spiffe://spire.test/ns/shop/sa/web. A rule
     without a trust domain now means the pod's own (podcert.test), refused in the handshake."""
     pod_id, files = pod_files

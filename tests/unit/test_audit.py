@@ -312,7 +312,7 @@ def healthy(world: World, pods: int = 3) -> list[Leaf]:
     return leaves
 
 
-# --- healthy -------------------------------------------------------------------------------------
+# --- healthy --------------------------------------------------------------------------------------
 
 
 def test_a_healthy_setup_is_clean_and_exits_0(
@@ -399,7 +399,7 @@ def test_only_the_node_root_is_enough(world: World) -> None:
     assert projection.pod_uid == "uid-0"
     assert projection.serial == f"{leaf.serial:x}"
     # Without the request, the refresh point is the API's estimate (80% of the lifetime), the
-    # one the shim follows for a credential it finds on disk (issue 12: it was the half-life).
+    # one the shim follows for a credential it finds on disk (it was the half-life).
     assert projection.refresh_hint == "estimated"
     assert projection.begin_refresh_at == leaf.not_before + LIFETIME * 0.8
 
@@ -484,7 +484,7 @@ def test_a_volume_not_written_by_an_atomic_writer_is_read_from_its_visible_files
     )
 
 
-# --- each planted fault, in its own test ---------------------------------------------------------
+# --- each planted fault, in its own test ----------------------------------------------------------
 
 
 def test_an_expired_credential_is_found(world: World, capsys: pytest.CaptureFixture[str]) -> None:
@@ -653,7 +653,7 @@ def _strip_checkpoints(lines: list[bytes]) -> list[bytes]:
 
 
 def test_a_rewritten_log_without_its_checkpoints_is_not_vouched_for(world: World) -> None:
-    # The attack of issue 18: chain recomputed, every checkpoint dropped, entry times set to now
+    # The attack: chain recomputed, every checkpoint dropped, entry times set to now
     # (so no "old unsigned tail" either). Only the cluster's times and signatures can tell.
     def rewrite(lines: list[bytes]) -> list[bytes]:
         fresh = _time(NOW)
@@ -763,7 +763,7 @@ def test_a_trust_root_that_expires_soon_is_found(world: World) -> None:
     assert kinds(short) == ["root-without-ca"]
 
 
-# --- scope and usage -----------------------------------------------------------------------------
+# --- scope and usage ------------------------------------------------------------------------------
 
 
 def test_scope_filters_leave_other_namespaces_and_signers_out(world: World) -> None:
@@ -814,7 +814,7 @@ def test_the_audit_modules_import_neither_kubernetes_nor_aiohttp() -> None:
     assert out.stdout.strip() == "[]"
 
 
-# --- issue 18: what the audit log proves, and whose identity a pod holds -----------------------
+# --- what the audit log proves, and whose identity a pod holds ------------------------------------
 
 
 def test_without_trust_roots_the_log_cannot_be_vouched_for(world: World) -> None:

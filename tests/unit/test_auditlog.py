@@ -41,7 +41,7 @@ AUDIT_ID = "spiffe://cluster.local/podcert/audit"
 Lines = list[bytes]
 
 
-# --- a throwaway PKI: root -> intermediate -> audit leaf ---------------------------------------
+# --- a throwaway PKI: root -> intermediate -> audit leaf ------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +121,7 @@ def rogue() -> Pki:
     return make_pki("rogue")
 
 
-# --- helpers -------------------------------------------------------------------------------------
+# --- helpers --------------------------------------------------------------------------------------
 
 
 def entry(i: int, decision: str = "issued") -> Entry:
@@ -187,7 +187,7 @@ def drop(lines: Lines, line_no: int) -> Lines:
     return [*lines[: line_no - 1], *lines[line_no:]]
 
 
-# --- the chain -----------------------------------------------------------------------------------
+# --- the chain ------------------------------------------------------------------------------------
 
 
 def test_intact_log_verifies_and_is_anchored(tmp_path: Path, pki: Pki) -> None:
@@ -352,7 +352,7 @@ def test_one_bad_line_is_reported_once(tmp_path: Path, pki: Pki) -> None:
     assert result.problems == ["line 2: not valid JSON (torn or edited line)"]
 
 
-# --- checkpoints and their keys --------------------------------------------------------------
+# --- checkpoints and their keys -------------------------------------------------------------------
 
 
 def resign(lines: Lines, key: ec.EllipticCurvePrivateKey, x5c: list[str]) -> Lines:
@@ -529,7 +529,7 @@ def test_checkpoint_signer_is_checked_up_front(
         log.set_checkpoint_signer(key, chain)
 
 
-# --- the file ------------------------------------------------------------------------------------
+# --- the file -------------------------------------------------------------------------------------
 
 
 def test_restart_continues_the_chain(tmp_path: Path, pki: Pki) -> None:
@@ -705,7 +705,7 @@ def test_no_key_material_in_the_file(tmp_path: Path, pki: Pki) -> None:
             assert not any(needle.decode("latin-1") in text for needle in needles)
 
 
-# --- reading entries -----------------------------------------------------------------------------
+# --- reading entries ------------------------------------------------------------------------------
 
 
 def test_iter_entries_gives_back_what_was_appended(tmp_path: Path, pki: Pki) -> None:
@@ -797,7 +797,7 @@ def test_checkpoints_under_a_retired_root_are_vouched_for_by_a_later_anchored_on
     assert "does not verify to the trust roots" in alone.problems[0]
 
 
-# --- only the signer's audit certificate vouches for the log (issue 18) -------------------------
+# --- only the signer's audit certificate vouches for the log --------------------------------------
 
 
 def _workload_pki(pki: Pki) -> tuple[ec.EllipticCurvePrivateKey, list[str]]:
@@ -982,7 +982,7 @@ def test_a_forced_checkpoint_vouches_for_an_empty_log(tmp_path: Path, pki: Pki) 
     assert result.entries == 0
 
 
-# --- durable before issuance, and fail closed ----------------------------------------------------
+# --- durable before issuance, and fail closed -----------------------------------------------------
 
 
 def test_an_issued_entry_is_fsynced_before_append_returns(

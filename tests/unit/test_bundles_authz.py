@@ -101,7 +101,7 @@ def test_allow_workloads_matches_namespace_and_service_account_globs(
 
 
 def test_a_workload_rule_cannot_be_built_without_a_trust_domain() -> None:
-    """Finding 1 of issue 24: with no trust domain a rule used to match every trust domain,
+    """With no trust domain a rule used to match every trust domain,
     so a federated partner's /ns/shop/sa/web passed as ours. Now the rule must name one."""
     rule: Callable[..., Authorizer] = allow_workloads
     with pytest.raises(TypeError, match="trust_domain"):
@@ -146,7 +146,7 @@ def test_a_verdict_is_truthy_only_when_allowed() -> None:
     assert not Verdict(False, "no")
 
 
-# --- peer chains -------------------------------------------------------------------------------
+# --- peer chains ----------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_corrupted_peer_certificates_give_a_verdict_never_an_exception(
     assert isinstance(verdict, Verdict)
 
 
-# --- federated roots (issue 17) ---------------------------------------------------------------
+# --- federated roots ------------------------------------------------------------------------------
 
 
 def test_a_federated_root_vouches_only_for_its_own_trust_domain(ca: Authority) -> None:

@@ -1,6 +1,6 @@
 """bundles.handshake: a refused peer never sees a byte of the request, whatever the client stack.
 
-Issue 24, finding 4: `TLSSource.client_context()` used to trust our roots and every federated
+`TLSSource.client_context()` used to trust our roots and every federated
 root and leave the SPIFFE ID to a check after the handshake, so urllib, httpx and aiohttp sent
 the request, bearer token included, to both impostors tried. Here each stack `bundles` supports
 talks, over loopback, to a real TLS server that records every application byte it reads: the
@@ -77,7 +77,7 @@ def web(tmp_path_factory: pytest.TempPathFactory, ours: Authority, partner: Auth
 ALLOW_API = allow_ids([API])
 
 
-# --- a TLS server that records what it reads ----------------------------------------------------
+# --- a TLS server that records what it reads ------------------------------------------------------
 
 
 @dataclass
@@ -166,7 +166,7 @@ def _pem_file(data: bytes) -> Iterator[str]:
         yield str(path)
 
 
-# --- the client stacks --------------------------------------------------------------------------
+# --- the client stacks ----------------------------------------------------------------------------
 
 Get = Callable[[str, ssl.SSLContext], str]
 
@@ -378,7 +378,7 @@ def test_httpx_syncs_raw_ssl_object_can_be_judged_again(web: TLSSource, ours: Au
         answer.read()
 
 
-# --- the server side ----------------------------------------------------------------------------
+# --- the server side ------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -487,7 +487,7 @@ def test_a_resumed_session_is_refused_and_servers_offer_none(
 def test_a_root_two_federated_domains_list_vouches_for_neither(
     tmp_path: Path, ours: Authority, partner: Authority, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Issue 24, finding 9: the root was credited to the domain that sorts first, so genuine
+    # The root was credited to the domain that sorts first, so genuine
     # peers of the other were refused and the first could speak for IDs it does not own.
     source = TLSSource(
         write(tmp_path / "credential.pem", dump_credential(ours.issue(WEB))),

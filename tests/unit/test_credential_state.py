@@ -1,7 +1,7 @@
 """One staleness rule: for the same credential at the same time, the shim's metric state and the
 audit's state are the API's `credential_state`, named each component's way.
 
-They drifted once (issue 12): with no beginRefreshAt the audit called a credential overdue at
+They drifted once: with no beginRefreshAt the audit called a credential overdue at
 half its life while the shim refreshed at 80%. Both sides are driven through their public faces
 here: the shim's projection state machine, and `audit_findings` over a node volume (and the
 request, when the signer's hint is still known).

@@ -1,4 +1,4 @@
-"""A federation fetch has one deadline for all of it (issue 24, finding 5): connecting, the TLS
+"""A federation fetch has one deadline for all of it: connecting, the TLS
 handshake, the request and the whole answer. Against real local servers on loopback: a healthy
 one, one trickling its answer a byte at a time (each read short, the whole long), one that never
 starts the handshake, one that sends more than a bundle may hold."""

@@ -187,7 +187,7 @@ def pods(storage: AtomicDirStorage, ca1: ca.CABundle) -> tuple[Pod, Pod]:
     return server_pod, client_pod
 
 
-# --- answers and refusals ------------------------------------------------------------------------
+# --- answers and refusals -------------------------------------------------------------------------
 
 
 def test_the_server_answers_with_the_callers_identity(pods: tuple[Pod, Pod]) -> None:
@@ -289,7 +289,7 @@ def test_a_federated_trust_domain_never_passes_as_ours(
     allowed: dict[str, bool],
 ) -> None:
     """Issues 17 and 24: the server trusts partner.test's root as partner.test's bundle. The
-    partner's spiffe://partner.test/ns/shop/sa/web is not our shop/web (issue 24: it got 200 as
+    partner's spiffe://partner.test/ns/shop/sa/web is not our shop/web (it got 200 as
     shop/web); it gets in only by a rule naming partner.test. A certificate from that root
     claiming one of our IDs never gets in, though TLS verified it."""
     server_pod, _ = pods
@@ -339,7 +339,7 @@ def test_the_client_refuses_a_server_with_another_id_before_sending_anything(
     run(scenario)
 
 
-# --- rotation under load -------------------------------------------------------------------------
+# --- rotation under load --------------------------------------------------------------------------
 
 
 def test_leaf_and_ca_rotations_under_steady_load_fail_no_request(
@@ -399,7 +399,7 @@ def test_leaf_and_ca_rotations_under_steady_load_fail_no_request(
     run(scenario)
 
 
-# --- as processes, the way a pod runs them -------------------------------------------------------
+# --- as processes, the way a pod runs them --------------------------------------------------------
 
 
 @contextmanager
@@ -471,7 +471,7 @@ def test_the_server_command_scopes_a_workload_rule_to_a_trust_domain(
     rule: str,
     admitted: set[str],
 ) -> None:
-    """Issue 24, finding 1: run as the README runs it plus a federated bundle as docs/SPIRE.md
+    """Run as the README runs it plus a federated bundle as docs/SPIRE.md
     adds it, `--allow-workload shop/web` let spiffe://partner.test/ns/shop/sa/web in."""
     server_pod, ours = pods
     partner_ca = new_ca("partner")

@@ -1,4 +1,4 @@
-"""The example server's port bounded (issue 24, finding 2): a peer with no credential holds at
+"""The example server's port bounded: a peer with no credential holds at
 most MAX_HANDSHAKES connections, each for at most HANDSHAKE_TIMEOUT, however many it opens, and
 an authorized client is answered meanwhile. Real TLS on loopback, limits made small for speed."""
 

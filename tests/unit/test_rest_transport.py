@@ -141,7 +141,7 @@ def rest_for(server: Server, **kwargs: Any) -> Rest:
     return Rest(ClientSettings(server.url, None, **kwargs), timeout=5.0)
 
 
-# --- connections -------------------------------------------------------------------------------
+# --- connections ----------------------------------------------------------------------------------
 
 
 def test_requests_share_one_kept_alive_connection(serve: Callable[..., Server]) -> None:
@@ -454,7 +454,7 @@ def relay(a: socket.socket, b: socket.socket) -> None:
     pump(a, b)
 
 
-# --- watches -----------------------------------------------------------------------------------
+# --- watches --------------------------------------------------------------------------------------
 
 
 def test_a_watch_streams_events_split_across_chunks(serve: Callable[..., Server]) -> None:
@@ -580,7 +580,7 @@ def test_idle_connections_kept_are_bounded() -> None:
     assert list(pool._idle) == [first.conn] and second.conn.closed
 
 
-# --- odd answers: each one a typed error ------------------------------------------------------
+# --- odd answers: each one a typed error ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -645,7 +645,7 @@ def test_a_token_that_is_no_header_value_is_refused_not_sent(
     assert server.requests == []
 
 
-# --- lists and shaped reads (issue 24, finding 3) ------------------------------------------------
+# --- lists and shaped reads -----------------------------------------------------------------------
 
 
 class PodName(msgspec.Struct, frozen=True):

@@ -51,7 +51,7 @@ NS = "prod"
 NO_JITTER = projection.Settings(jitter=dt.timedelta(0))
 
 
-# --- a tiny CA that signs whatever key a request's stub CSR holds ------------------------------
+# --- a tiny CA that signs whatever key a request's stub CSR holds ---------------------------------
 
 
 class CA:
@@ -96,7 +96,7 @@ def stamp(moment: dt.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# --- the fake API ------------------------------------------------------------------------------
+# --- the fake API ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -277,7 +277,7 @@ def issued_pod(rig: Rig, pod: JSON | None = None) -> JSON:
     return pod
 
 
-# --- issuance -----------------------------------------------------------------------------------
+# --- issuance -------------------------------------------------------------------------------------
 
 
 def test_first_reconcile_requests_a_certificate_as_the_node_for_the_pod(rig: Rig) -> None:
@@ -387,7 +387,7 @@ def test_request_objects_read_as_projection_events(status: JSON | None, expected
     assert isinstance(request_event("r", pcr), expected)
 
 
-# --- refresh and rotation -----------------------------------------------------------------------
+# --- refresh and rotation -------------------------------------------------------------------------
 
 
 def test_past_begin_refresh_at_it_rekeys_and_serves_the_old_files_until_then(rig: Rig) -> None:
@@ -477,7 +477,7 @@ def test_overdue_and_expired_credentials_raise_one_event_each(rig: Rig) -> None:
     assert states == {SIGNER: ProjectionState.EXPIRED}
 
 
-# --- terminal answers ---------------------------------------------------------------------------
+# --- terminal answers -----------------------------------------------------------------------------
 
 
 def test_denied_keeps_the_older_credential_records_an_event_and_never_asks_again(
@@ -569,7 +569,7 @@ def test_a_finished_pod_gets_no_request(rig: Rig) -> None:
     assert rig.kube.created == []
 
 
-# --- restarts and deletion ----------------------------------------------------------------------
+# --- restarts and deletion ------------------------------------------------------------------------
 
 
 def test_a_restart_adopts_fresh_credentials_from_disk_without_new_requests(rig: Rig) -> None:
@@ -647,7 +647,7 @@ def test_files_left_by_a_pod_deleted_while_the_shim_was_away_are_removed(rig: Ri
     assert rig.storage.list_pods() == []
 
 
-# --- trust bundles ------------------------------------------------------------------------------
+# --- trust bundles --------------------------------------------------------------------------------
 
 
 def bundle_obj(name: str, pem: bytes, signer: str | None = None, **labels: str) -> JSON:
@@ -727,7 +727,7 @@ def test_credential_and_trust_sources_share_one_volume_write(rig: Rig) -> None:
     assert rig.files()["bundle.pem"] == files["bundle.pem"]
 
 
-# --- what leaves the process ---------------------------------------------------------------------
+# --- what leaves the process ----------------------------------------------------------------------
 
 
 def test_metrics_and_events_hold_no_key_material(
@@ -746,7 +746,7 @@ def test_metrics_and_events_hold_no_key_material(
     assert not any(line.decode() in outside for line in key_lines)
 
 
-# --- links planted under the root (issue 18) ----------------------------------------------------
+# --- links planted under the root -----------------------------------------------------------------
 
 
 def unsafe_events(rig: Rig) -> list[str]:
@@ -867,7 +867,7 @@ def test_on_disk_a_link_to_an_outside_folder_gets_nothing_written_through_it(
     assert snapshot(outside) == {}
 
 
-# --- on the runtime -----------------------------------------------------------------------------
+# --- on the runtime -------------------------------------------------------------------------------
 
 DEADLINE = 10.0  # seconds a condition may take before the test fails
 

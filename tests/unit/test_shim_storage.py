@@ -73,7 +73,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-# -- layout -------------------------------------------------------------------------------
+# -- layout ----------------------------------------------------------------------------------------
 
 
 def test_layout_is_the_kubelet_atomic_writer_layout(disk: AtomicDirStorage, tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def _must_not_be_called(*args: object) -> None:
     raise AssertionError("fchown called without root")
 
 
-# -- failures -----------------------------------------------------------------------------
+# -- failures --------------------------------------------------------------------------------------
 
 
 def failing_write(after: int) -> Callable[[int, object], int]:
@@ -268,7 +268,7 @@ def test_a_failed_swap_keeps_the_previous_version(
     assert (vol(disk) / "credential.pem").read_bytes() == b"KEY one\nCERT one"
 
 
-# -- concurrent readers -------------------------------------------------------------------
+# -- concurrent readers ----------------------------------------------------------------------------
 
 
 def test_readers_never_see_a_torn_or_mixed_bundle(disk: AtomicDirStorage) -> None:
@@ -339,7 +339,7 @@ def test_readers_never_see_a_torn_or_mixed_bundle(disk: AtomicDirStorage) -> Non
     assert len(hidden_dirs(vol(disk))) == 1
 
 
-# -- path safety --------------------------------------------------------------------------
+# -- path safety -----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -393,7 +393,7 @@ def test_modes_beyond_permission_bits_are_rejected(disk: AtomicDirStorage) -> No
         disk.write_volume(UID, "identity", {"a": FileSpec(b"x", 0o4755)}, owner=None)
 
 
-# -- links planted under the root (issue 18) -----------------------------------------------
+# -- links planted under the root ------------------------------------------------------------------
 #
 # Each test plants, where the writer expects a directory, a link to a folder outside that holds
 # a complete copy of the rest of the way (so following it would succeed), and checks that the
@@ -660,7 +660,7 @@ def test_what_is_planted_inside_a_version_is_never_read_and_is_replaced(
     assert secret.read_bytes() == b"PLANTED"
 
 
-# -- recovery and housekeeping ------------------------------------------------------------
+# -- recovery and housekeeping ---------------------------------------------------------------------
 
 
 def test_a_new_instance_recovers_what_is_on_disk(disk: AtomicDirStorage, tmp_path: Path) -> None:
@@ -732,7 +732,7 @@ def test_empty_root_lists_nothing(disk: AtomicDirStorage) -> None:
     assert disk.read_volume(UID, "identity") is None
 
 
-# -- contract shared by both implementations -----------------------------------------------
+# -- contract shared by both implementations -------------------------------------------------------
 
 
 @pytest.fixture(params=["memory", "disk"])

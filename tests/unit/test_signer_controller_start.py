@@ -1,6 +1,6 @@
 """Workers start once the node and ServiceAccount caches hold a full list (as controllers wait
 for informers), and start anyway, on live reads, when a list does not come in time; the pod
-cache, the cluster's largest list, is not waited for (issue 14: start-up at 150,000 pods), and a
+cache, the cluster's largest list, is not waited for (start-up at 150,000 pods), and a
 request's pod is read live while it lists. The signer's pool on the runtime: waits are driven by
 an injected clock, so nothing here sleeps."""
 

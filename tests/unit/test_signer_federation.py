@@ -1,4 +1,4 @@
-"""Federation (issue 17): a federated trust domain's bundle as fetched from its endpoint, taken
+"""Federation: a federated trust domain's bundle as fetched from its endpoint, taken
 or refused by a pure function; when to poll again; the policy file's `federation:` section; and
 and the poller keeping the last good bundle."""
 

@@ -1,4 +1,4 @@
-"""One owner per federated root (issue 24, finding 9): a domain's bundle publishes only
+"""One owner per federated root: a domain's bundle publishes only
 self-signed CA certificates, and a root this signer holds, or another federated domain holds, is
 refused for the domain that lists it later, each refusal naming the domain and the certificate.
 The pure rules (`federation.root_problem`, `parse_bundle`, `claim`), then the poller applying

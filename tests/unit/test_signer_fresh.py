@@ -132,7 +132,7 @@ def test_live_answers_kept_are_bounded_oldest_first() -> None:
     assert calls == ["a"]
 
 
-# --- the reflector's listed_at and its `after` ---------------------------------------------
+# --- the reflector's listed_at and its `after` ----------------------------------------------------
 
 
 def test_listed_at_is_when_the_list_was_asked_for_once_it_went_through() -> None:
@@ -207,7 +207,7 @@ def test_a_reflector_lists_only_after_its_event() -> None:
     assert listed == ["listed"]
 
 
-# --- the controller ------------------------------------------------------------------------
+# --- the controller -------------------------------------------------------------------------------
 
 
 def controller(kube: object, signers: list[str], clock: Clock) -> Controller:
@@ -303,7 +303,7 @@ def test_a_signer_names_relist_keeps_the_others_requests_and_first_seen_times() 
     }
 
 
-# --- issue 24: labels a cache does not keep are read live, whole, for that decision only -------
+# --- labels a cache does not keep are read live, whole, for that decision only --------------------
 
 HUGE = {f"tenant.example/k{i:05d}": "v" * 40 for i in range(3000)} | {"app": "api"}
 

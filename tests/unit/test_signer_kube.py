@@ -153,7 +153,7 @@ def test_lists_and_watches_ask_for_the_signer_name_only() -> None:
     ]
 
 
-# --- issue 24, finding 3: a live read costs the object's bytes, never its labels built twice -----
+# --- a live read costs the object's bytes, never its labels built twice ---------------------------
 
 
 def huge_pod() -> dict[str, Any]:

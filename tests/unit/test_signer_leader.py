@@ -1,5 +1,5 @@
 """Lease decisions use our own observation time, never the holder's clock, and the holder's
-lease duration, not our own (issue 25: a rolling update that changes --lease-duration)."""
+lease duration, not our own (a rolling update that changes --lease-duration)."""
 
 from __future__ import annotations
 

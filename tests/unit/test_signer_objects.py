@@ -103,7 +103,7 @@ def test_service_names_come_only_from_selecting_services() -> None:
     assert names == {"api.ns.svc", "api.ns.svc.cluster.local"}
 
 
-# --- issue 14: the caches read pods, nodes and ServiceAccounts as shapes -------------------------
+# --- the caches read pods, nodes and ServiceAccounts as shapes ------------------------------------
 
 POD = {
     "metadata": {
@@ -165,7 +165,7 @@ def test_nodes_and_service_accounts_read_as_shapes() -> None:
     assert objects.service_account_from(sa) == model.ServiceAccount("shop", "web", "s1")
 
 
-# --- issue 24: a pod's labels are kept only while small; Services give names by type ----------
+# --- a pod's labels are kept only while small; Services give names by type ------------------------
 
 HUGE_LABELS = {f"tenant.example/k{i:05d}": "v" * 40 for i in range(7000)}
 

@@ -1,5 +1,5 @@
 """Admission verdicts: only the named node may ask; other signers are never touched. And the
-webhook as an unauthenticated caller meets it (issue 18): malformed bodies get a typed 400 and one
+webhook as an unauthenticated caller meets it: malformed bodies get a typed 400 and one
 log line, denials reveal nothing the caller did not send."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_a_denial_is_a_403_with_the_message() -> None:
     assert "mallory" in out["response"]["status"]["message"]
 
 
-# --- the webhook as anyone who can reach its port meets it (issue 18) ---------------------------
+# --- the webhook as anyone who can reach its port meets it ----------------------------------------
 
 POD_UID = "0d1f6c55-2f0a-4d1e-9a5b-6f3d8e0c1a01"
 NODE_UID = "5b2e8a71-9c44-4f0e-8d1a-7e6c2b9f3d02"
@@ -398,7 +398,7 @@ def test_an_unterminated_string_of_escaped_quotes_is_measured_in_linear_time() -
     assert time.monotonic() - started < 2.0
 
 
-# --- the same, through the HTTP server ----------------------------------------------------------
+# --- the same, through the HTTP server ------------------------------------------------------------
 
 
 def server(facts_now: Any = facts) -> WebhookServer:
@@ -502,7 +502,7 @@ def test_the_server_admits_the_pods_own_node() -> None:
     assert code == 200 and answer["response"]["allowed"] is True
 
 
-# --- the NetworkPolicy in front of the port -----------------------------------------------------
+# --- the NetworkPolicy in front of the port -------------------------------------------------------
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "signer"
 
@@ -520,7 +520,7 @@ def test_only_the_api_server_may_reach_the_webhook_port_and_only_monitoring_the_
     assert set(by_port) == ports == {"webhook", "metrics"}
     [source] = by_port["webhook"]["from"]
     assert set(source) == {"ipBlock"}, "the webhook port: from the API server's addresses only"
-    # Issue 24, finding 7: the metrics port was open to every pod. Probes come from the pod's own
+    # The metrics port was open to every pod. Probes come from the pod's own
     # node, which NetworkPolicy never filters.
     assert by_port["metrics"]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
