@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +31,20 @@ def make_pod(
     service_account: str = "default",
     labels: dict[str, str] | None = None,
     key_type: str = "ECDSAP256",
+    trust_bundle_signer: bool = False,
 ) -> Any:
+    """A pod on `node` whose projected volume asks `signer` for a credential (and, with
+    `trust_bundle_signer`, for its roots too)."""
+    volume = pod_certificate_volume(
+        signer, key_type=key_type, trust_bundle_signer=trust_bundle_signer
+    )
     return devcluster.pod(
         namespace,
         name,
         node=node,
         service_account=service_account,
         labels=labels,
-        volumes=[pod_certificate_volume(signer, key_type=key_type)],
+        volumes=[volume],
     )
 
 
@@ -68,10 +75,19 @@ def pcr_spec(
     return spec
 
 
-def create_pcr(api: client.ApiClient, namespace: str, spec: dict[str, Any], name: str = "") -> JSON:
+def create_pcr(
+    api: client.ApiClient,
+    namespace: str,
+    spec: dict[str, Any],
+    name: str = "",
+    version: str = PCRS,
+) -> JSON:
+    """POST a request through `version` of certificates.k8s.io (v1beta1 for an older node)."""
     meta: dict[str, Any] = {"name": name} if name else {"generateName": "req-"}
-    body = {"apiVersion": PCRS, "kind": "PodCertificateRequest", "metadata": meta, "spec": spec}
-    return Rest(api).request("POST", path_of(PCRS, "podcertificaterequests", namespace), body=body)
+    body = {"apiVersion": version, "kind": "PodCertificateRequest", "metadata": meta, "spec": spec}
+    return Rest(api).request(
+        "POST", path_of(version, "podcertificaterequests", namespace), body=body
+    )
 
 
 def request_as_node(
@@ -83,16 +99,30 @@ def request_as_node(
     return key, pcr
 
 
-def settled(devcluster: DevCluster, pcr: JSON, timeout: float = 10.0) -> JSON:
+def settled(
+    devcluster: DevCluster,
+    pcr: JSON,
+    timeout: float = 10.0,
+    *,
+    version: str = PCRS,
+    explain: Callable[[], str] | None = None,
+) -> JSON:
+    """The request once it has a terminal condition, as `version` shows it; on a timeout the
+    failure carries `explain()` (a signer's log tail) when given."""
     rest = Rest(devcluster.admin)
-    path = path_of(PCRS, "podcertificaterequests", pcr["metadata"]["namespace"])
-    path += "/" + pcr["metadata"]["name"]
+    meta = pcr["metadata"]
+    path = path_of(version, "podcertificaterequests", meta["namespace"], meta["name"])
 
     def probe() -> JSON | None:
         current = rest.request("GET", path)
         return current if objects.outcome(current) else None
 
-    return eventually(probe, timeout=timeout, what=f"outcome of {pcr['metadata']['name']}")
+    try:
+        return eventually(probe, timeout=timeout, what=f"outcome of {meta['name']}")
+    except AssertionError as err:
+        if explain is None:
+            raise
+        raise AssertionError(f"{err}\n{explain()}") from None
 
 
 def condition(pcr: JSON) -> JSON:
@@ -100,6 +130,12 @@ def condition(pcr: JSON) -> JSON:
     assert len(conditions) == 1, conditions
     found: JSON = conditions[0]
     return found
+
+
+def terminal(pcr: JSON) -> tuple[str, str, str]:
+    """(type, reason, message) of a settled request's one condition."""
+    found = condition(pcr)
+    return found["type"], found["reason"], found.get("message", "")
 
 
 def events_for(devcluster: DevCluster, pcr: JSON, timeout: float = 5.0) -> list[JSON]:

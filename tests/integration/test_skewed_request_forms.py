@@ -40,6 +40,7 @@ from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm
 from podcert.api.versions import group_version
 from podcert.cli import main
 from podcert.client.rest import JSON, ApiError, Rest, path_of
+from tests.integration import helpers
 from tests.integration.helpers import pcr_spec, register_webhook
 from tests.integration.test_admission import grant_create
 
@@ -126,31 +127,25 @@ def skewed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Skewed]:
 
 
 def make_pod(skewed: Skewed, ns: str, name: str, signer: str, account: str = "default") -> Any:
-    volume = kube.pod_certificate_volume(signer, trust_bundle_signer=True)
-    return skewed.cluster.pod(ns, name, node=NODE, service_account=account, volumes=[volume])
-
-
-def spec_for(
-    skewed: Skewed, pod: Any, signer: str, key: keys.PrivateKey, form: KeyForm
-) -> dict[str, Any]:
-    return pcr_spec(skewed.cluster, pod, signer, key, form)
+    return helpers.make_pod(
+        skewed.cluster,
+        ns,
+        name,
+        signer,
+        node=NODE,
+        service_account=account,
+        trust_bundle_signer=True,
+    )
 
 
 def create(api: Any, namespace: str, spec: dict[str, Any], version: str = BETA) -> JSON:
-    body = {
-        "apiVersion": version,
-        "kind": "PodCertificateRequest",
-        "metadata": {"generateName": "req-"},
-        "spec": spec,
-    }
-    path = path_of(version, "podcertificaterequests", namespace)
-    return Rest(api).request("POST", path, body=body)
+    return helpers.create_pcr(api, namespace, spec, version=version)
 
 
 def as_node(
     skewed: Skewed, pod: Any, signer: str, key: keys.PrivateKey, form: KeyForm, version: str = BETA
 ) -> JSON:
-    spec = spec_for(skewed, pod, signer, key, form)
+    spec = pcr_spec(skewed.cluster, pod, signer, key, form)
     return create(skewed.cluster.node(NODE), pod.metadata.namespace, spec, version)
 
 
@@ -162,21 +157,13 @@ def read(skewed: Skewed, pcr: JSON, version: str) -> JSON:
 
 def settled(skewed: Skewed, pcr: JSON, timeout: float = 15.0) -> JSON:
     """The request once settled, as v1 shows it (what a 1.37 kubelet and the audit read)."""
-
-    def probe() -> JSON | None:
-        found = read(skewed, pcr, V1)
-        return found if requests.outcome(found) else None
-
-    name = pcr["metadata"]["name"]
-    try:
-        return eventually(probe, timeout=timeout, what=f"the signer to settle {name}")
-    except AssertionError as err:
-        raise AssertionError(f"{err}\nsigner log:\n{skewed.signer.output()[-4000:]}") from None
-
-
-def condition(pcr: JSON) -> tuple[str, str, str]:
-    [cond] = pcr["status"]["conditions"]
-    return cond["type"], cond["reason"], cond.get("message", "")
+    return helpers.settled(
+        skewed.cluster,
+        pcr,
+        timeout,
+        version=V1,
+        explain=lambda: f"signer log:\n{skewed.signer.output()[-4000:]}",
+    )
 
 
 def leaf_spki(pcr: JSON) -> bytes:
@@ -208,7 +195,7 @@ def test_a_wrong_proof_is_refused_by_the_api_server_at_creation(skewed: Skewed) 
     ns = skewed.cluster.namespace("skew-proof")
     pod = make_pod(skewed, ns, "proof", SIGNER)
     key = keys.generate("ECDSAP256")
-    wrong = spec_for(skewed, pod, SIGNER, key, PROOF_OF_POSSESSION)
+    wrong = pcr_spec(skewed.cluster, pod, SIGNER, key, PROOF_OF_POSSESSION)
     wrong.update(requests.key_fields(PROOF_OF_POSSESSION, key, "another-pod-uid"))
     err = refusal(lambda: create(skewed.cluster.node(NODE), ns, wrong))
     assert err.status == 422 and "spec.proofOfPossession" in err.message, err.message
@@ -235,7 +222,7 @@ def test_a_skewed_nodes_request_is_issued_to_the_key_it_names(
         made.append((key_type, key, as_node(skewed, pod, SIGNER, key, form)))
     for key_type, key, pcr in made:
         done = settled(skewed, pcr)
-        assert condition(done)[:2] == ("Issued", "Issued"), (key_type, done["status"])
+        assert helpers.terminal(done)[:2] == ("Issued", "Issued"), (key_type, done["status"])
         # The API server took the Issued status through v1 only because the leaf's key is the
         # stored one; checked here too.
         assert leaf_spki(done) == keys.public_der(key), key_type
@@ -264,7 +251,7 @@ def test_the_webhook_judges_the_1_35_form_as_the_v1_form(
     pod = make_pod(skewed, ns, f"hooked-{version.rsplit('/')[-1]}", HOOKED)
     # Anyone else with RBAC create: refused (once the registration reaches the API server's
     # caches, within moments).
-    spec = spec_for(skewed, pod, HOOKED, key, form)
+    spec = pcr_spec(skewed.cluster, pod, HOOKED, key, form)
     message = eventually(
         lambda: _refused(lambda: create(skewed.cluster.user("mallory"), ns, spec, version)),
         timeout=15,
@@ -273,7 +260,7 @@ def test_the_webhook_judges_the_1_35_form_as_the_v1_form(
     assert "only the node the pod runs on" in message, message
     # The node: admitted, then issued.
     pcr = as_node(skewed, pod, HOOKED, key, form, version)
-    assert condition(settled(skewed, pcr))[0] == "Issued"
+    assert helpers.terminal(settled(skewed, pcr))[0] == "Issued"
     # The node, for a service account the policy refuses: refused, with the reason.
     blocked = make_pod(skewed, ns, f"blocked-{version.rsplit('/')[-1]}", HOOKED, "blocked")
     err = refusal(lambda: as_node(skewed, blocked, HOOKED, key, form, version))
@@ -288,14 +275,14 @@ def test_a_webhook_registered_for_v1_only_gets_the_1_35_form_keyless_and_says_so
     key = keys.generate("ECDSAP256")
     # Once the registration is in place the v1 form of anyone else is refused, the node's
     # admitted and issued.
-    spec = spec_for(skewed, pod, HOOKED_V1, key, STUB_CSR)
+    spec = pcr_spec(skewed.cluster, pod, HOOKED_V1, key, STUB_CSR)
     eventually(
         lambda: _refused(lambda: create(skewed.cluster.user("mallory"), ns, spec, V1)),
         timeout=15,
         what="the v1-only webhook to refuse mallory",
     )
     pcr = as_node(skewed, pod, HOOKED_V1, key, STUB_CSR, V1)
-    assert condition(settled(skewed, pcr))[0] == "Issued"
+    assert helpers.terminal(settled(skewed, pcr))[0] == "Issued"
     # The 1.35 form comes converted to v1, its key dropped: refused naming the registration.
     err = refusal(lambda: as_node(skewed, pod, HOOKED_V1, key, PROOF_OF_POSSESSION))
     assert err.status == 403 and "KeyNotServed" in err.message, err.message
@@ -324,7 +311,7 @@ def test_podcert_audit_joins_a_1_35_request_issued_on_1_37(
     done = settled(
         skewed, as_node(skewed, pod, SIGNER, keys.generate("ED25519"), PROOF_OF_POSSESSION)
     )
-    assert condition(done)[0] == "Issued"
+    assert helpers.terminal(done)[0] == "Issued"
     capsys.readouterr()
     kubeconfig = Paths(skewed.cluster.root.resolve()).admin_kubeconfig
     code = main(["audit", f"--kubeconfig={kubeconfig}", f"--namespace={ns}", "-o", "json"])
@@ -369,7 +356,7 @@ def test_the_runtime_config_for_old_kubelets_serves_what_they_read(
     pod = make_pod(skewed, ns, "flags", SIGNER)
     key = keys.generate("ECDSAP256")
     done = settled(skewed, as_node(skewed, pod, SIGNER, key, PROOF_OF_POSSESSION), timeout=30)
-    assert condition(done)[:2] == ("Issued", "Issued")
+    assert helpers.terminal(done)[:2] == ("Issued", "Issued")
     assert leaf_spki(done) == keys.public_der(key)
 
 
@@ -411,7 +398,7 @@ def test_without_v1beta1_a_stored_1_35_request_is_denied_key_not_served(
             done = eventually(denied, timeout=60, what="the request to be settled")
         except AssertionError as err:
             raise AssertionError(f"{err}\nsigner log:\n{later.output()[-4000:]}") from None
-        kind, reason, message = condition(done)
+        kind, reason, message = helpers.terminal(done)
         assert (kind, reason) == ("Denied", "KeyNotServed"), message
         assert "spec.pkixPublicKey" in message and "1.35 kubelets" in message
         assert "certificates.k8s.io/v1beta1/podcertificaterequests=true" in message

@@ -30,6 +30,7 @@ from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm
 from podcert.api.versions import group_version
 from podcert.cli import main
 from podcert.client.rest import JSON, ApiError, Rest, path_of
+from tests.integration import helpers
 from tests.integration.helpers import pcr_spec, register_webhook
 from tests.integration.test_admission import grant_create
 
@@ -119,49 +120,34 @@ def minor(
 
 
 def make_pod(minor: Minor, ns: str, name: str, signer: str, account: str = "default") -> Any:
-    volume = kube.pod_certificate_volume(signer, trust_bundle_signer=True)
-    return minor.cluster.pod(ns, name, node=NODE, service_account=account, volumes=[volume])
-
-
-def spec_for(
-    minor: Minor, pod: Any, signer: str, key: keys.PrivateKey, form: KeyForm
-) -> dict[str, Any]:
-    return pcr_spec(minor.cluster, pod, signer, key, form)
+    return helpers.make_pod(
+        minor.cluster,
+        ns,
+        name,
+        signer,
+        node=NODE,
+        service_account=account,
+        trust_bundle_signer=True,
+    )
 
 
 def create(api: Any, namespace: str, spec: dict[str, Any]) -> JSON:
-    body = {
-        "apiVersion": BETA,
-        "kind": "PodCertificateRequest",
-        "metadata": {"generateName": "req-"},
-        "spec": spec,
-    }
-    return Rest(api).request("POST", path_of(BETA, "podcertificaterequests", namespace), body=body)
+    return helpers.create_pcr(api, namespace, spec, version=BETA)
 
 
 def as_node(minor: Minor, pod: Any, signer: str, key: keys.PrivateKey, form: KeyForm) -> JSON:
-    spec = spec_for(minor, pod, signer, key, form)
+    spec = pcr_spec(minor.cluster, pod, signer, key, form)
     return create(minor.cluster.node(NODE), pod.metadata.namespace, spec)
 
 
 def settled(minor: Minor, pcr: JSON, timeout: float = 15.0) -> JSON:
-    rest = Rest(minor.cluster.admin)
-    meta = pcr["metadata"]
-    path = path_of(BETA, "podcertificaterequests", meta["namespace"], meta["name"])
-
-    def probe() -> JSON | None:
-        found = rest.request("GET", path)
-        return found if requests.outcome(found) else None
-
-    try:
-        return eventually(probe, timeout=timeout, what=f"the signer to settle {meta['name']}")
-    except AssertionError as err:
-        raise AssertionError(f"{err}\nsigner log:\n{minor.signer.output()[-4000:]}") from None
-
-
-def condition(pcr: JSON) -> tuple[str, str]:
-    [cond] = pcr["status"]["conditions"]
-    return cond["type"], cond["reason"]
+    return helpers.settled(
+        minor.cluster,
+        pcr,
+        timeout,
+        version=BETA,
+        explain=lambda: f"signer log:\n{minor.signer.output()[-4000:]}",
+    )
 
 
 def roots(minor: Minor, signer: str) -> formats.TrustBundle:
@@ -204,11 +190,11 @@ def test_the_api_server_takes_the_key_forms_of_its_minor(minor: Minor) -> None:
     pod = make_pod(minor, ns, "forms", SIGNER)
     key = keys.generate("ECDSAP256")
     # It checks the proof itself at creation, naming the field.
-    wrong = spec_for(minor, pod, SIGNER, key, PROOF_OF_POSSESSION)
+    wrong = pcr_spec(minor.cluster, pod, SIGNER, key, PROOF_OF_POSSESSION)
     wrong.update(requests.key_fields(PROOF_OF_POSSESSION, key, "another-pod-uid"))
     err = refusal(lambda: create(minor.cluster.node(NODE), ns, wrong))
     assert err.status == 422 and "spec.proofOfPossession" in err.message
-    stub = spec_for(minor, pod, SIGNER, key, STUB_CSR)
+    stub = pcr_spec(minor.cluster, pod, SIGNER, key, STUB_CSR)
     if minor.version == "1.35":
         # No stubPKCS10Request field at all: the key is missing, so the spec is invalid.
         err = refusal(lambda: create(minor.cluster.node(NODE), ns, stub))
@@ -235,7 +221,7 @@ def test_the_signer_issues_every_key_type_in_each_form_the_server_takes(minor: M
             asked.append((key_type, form, key, pcr))
     for key_type, form, key, pcr in asked:
         done = settled(minor, pcr)
-        assert condition(done) == ("Issued", "Issued"), (key_type, form, done["status"])
+        assert helpers.terminal(done)[:2] == ("Issued", "Issued"), (key_type, form, done["status"])
         chain = done["status"]["certificateChain"].encode()
         credential = formats.load_credential_files(formats.dump_private_key(key), chain)
         formats.verify_chain(credential, trusted, dt.datetime.now(dt.UTC))
@@ -248,7 +234,7 @@ def test_the_signer_denies_with_a_typed_reason_and_an_event(minor: Minor) -> Non
     pod = make_pod(minor, ns, "deny", SIGNER, account="blocked")
     pcr = as_node(minor, pod, SIGNER, keys.generate("ED25519"), minor.form)
     done = settled(minor, pcr)
-    assert condition(done) == ("Denied", "PolicyDenied")
+    assert helpers.terminal(done)[:2] == ("Denied", "PolicyDenied")
     assert "service account 'blocked'" in done["status"]["conditions"][0]["message"]
     rest = Rest(minor.cluster.admin)
     name = pcr["metadata"]["name"]
@@ -276,10 +262,13 @@ def test_the_webhook_admits_the_node_and_refuses_anyone_else(minor: Minor) -> No
     pod = make_pod(minor, ns, "hooked", HOOKED)
     key = keys.generate("ECDSAP256")
     # The node, in its server's form: admitted (the webhook checks the proof too), then issued.
-    assert condition(settled(minor, as_node(minor, pod, HOOKED, key, minor.form)))[0] == "Issued"
+    assert (
+        helpers.terminal(settled(minor, as_node(minor, pod, HOOKED, key, minor.form)))[0]
+        == "Issued"
+    )
     # Anyone else with RBAC create: refused, whatever the form.
     for form in FORMS[minor.version]:
-        spec = spec_for(minor, pod, HOOKED, key, form)
+        spec = pcr_spec(minor.cluster, pod, HOOKED, key, form)
         err = refusal(lambda spec=spec: create(minor.cluster.user("mallory"), ns, spec))
         assert err.status == 403 and "only the node the pod runs on" in err.message, err.message
     # The node, for a service account the policy refuses: refused at admission, with the reason.
