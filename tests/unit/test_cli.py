@@ -4,10 +4,14 @@ says in one line what to install."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from podcert import cli
 
@@ -114,3 +118,18 @@ def test_an_unusable_kubeconfig_is_one_line_and_exit_2(
     assert code == 2
     assert says in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_server_extra_table_is_the_extra_pyproject_declares() -> None:
+    """Each module in SERVER_EXTRA_MODULES comes from a distribution of the `server` extra, and
+    each of those distributions has a module in the table (a new dependency must be named)."""
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    extra = pyproject["project"]["optional-dependencies"]["server"]
+    wanted = {canonicalize_name(Requirement(r).name) for r in extra}
+    provides = importlib.metadata.packages_distributions()
+    dists_of = {
+        m: {canonicalize_name(d) for d in provides.get(m, [])} for m in cli.SERVER_EXTRA_MODULES
+    }
+    assert all(dists & wanted for dists in dists_of.values()), dists_of
+    covered = set().union(*dists_of.values()) & wanted
+    assert covered == wanted, f"no module named for {sorted(wanted - covered)}"
