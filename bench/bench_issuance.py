@@ -61,9 +61,11 @@ import msgspec
 from bench.bench_time_to_credential import component_pids, cpu_of, cpu_seconds
 from devcluster import cluster, kube, planestate, processes
 from podcert.api import keys
+from podcert.api.requests import issued_status, parse_request
+from podcert.api.requests import outcome as pcr_outcome
 from podcert.client.kubeconfig import ClientSettings
 from podcert.client.rest import JSON, ApiError, Rest, load_client, path_of
-from signer import certs, model, objects
+from signer import certs, model
 from signer.authority import ca
 from signer.issue.csr import parse_public_key
 
@@ -162,7 +164,7 @@ class Observer:
                 obj = event["object"]
                 self.version = obj["metadata"]["resourceVersion"]
                 name = obj["metadata"]["name"]
-                outcome = objects.outcome(obj)
+                outcome = pcr_outcome(obj)
                 if outcome and name not in self.settled:
                     self.settled.add(name)
                     self.outcomes[outcome] += 1
@@ -274,7 +276,7 @@ def ceiling(
     bundle = ca.new_ca("bench", dt.datetime.now(dt.UTC))
     issuer = ca.issuing_ca(bundle)
     now = dt.datetime.now(dt.UTC)
-    first = objects.request_from(pcrs[0])
+    first = parse_request(pcrs[0])
     plan = model.LeafPlan(
         public_key=parse_public_key(first).public_key,
         spiffe_id="spiffe://bench/ns/x/sa/y",
@@ -285,7 +287,7 @@ def ceiling(
     )
     chain = certs.sign_leaf(plan, issuer, certs.random_serial())
     identity = processes.install_signer_identity(
-        root, f"{namespace}-writer", [first.signer_name], namespace
+        root, f"{namespace}-writer", [first.spec.signer_name], namespace
     )
     writer = RawWriter(load_client(identity))
     requests = []
@@ -295,7 +297,15 @@ def ceiling(
             "apiVersion": PCRS,
             "kind": "PodCertificateRequest",
             "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion")},
-            "status": objects.issued_status(pcr, chain, plan, now)["status"],
+            "status": issued_status(
+                meta.get("generation"),
+                chain,
+                plan.not_before,
+                plan.not_after,
+                plan.begin_refresh_at,
+                f"issued for {plan.spiffe_id}",
+                now,
+            ),
         }
         path = path_of(PCRS, "podcertificaterequests", meta["namespace"], meta["name"])
         requests.append(writer.request(path + "/status", msgspec.json.encode(body)))

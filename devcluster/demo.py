@@ -32,10 +32,10 @@ from devcluster import cluster, host, images, kube, nodes
 from devcluster.nodestate import NodeState
 from devcluster.stack import BUNDLE, TRUST, Stack, identity_volume, wait_for
 from podcert.api import keys
+from podcert.api.requests import outcome
 from podcert.api.volumes import volume_dir
 from podcert.client.rest import JSON, ApiError, Rest, path_of
 from podcert.errors import ConfigError
-from signer import objects
 
 PCRS = "certificates.k8s.io/v1"
 
@@ -203,7 +203,7 @@ def _story(stack: Stack, work: Path, rate: float) -> bool:
 
     def settled() -> JSON | None:
         got = rest.request("GET", path_of(PCRS, "podcertificaterequests", LAB, name))
-        return got if objects.outcome(got) else None
+        return got if outcome(got) else None
 
     cond = wait_for(settled, 15, "the forged request's outcome")["status"]["conditions"][0]
     say(f"   an admin asks for lab/target as 'payments': {cond['type']} ({cond['reason']})")

@@ -1,13 +1,13 @@
 """The signer's one adapter to the Kubernetes API: every read and write it makes goes here.
 
-PodCertificateRequests are read as the signer uses them: metadata's identity and version fields,
-spec and status, decoded from each list page and watch event straight into those (`_Request`).
-Most events are the signer's own status writes coming back; managedFields, as large as the spec
-and read by no one here, are skipped unread. The status PUT carries only what the status
-subresource reads: the request's name, namespace, UID and resourceVersion (the guard) and the
-new status. The API server keeps spec, the rest of metadata and managedFields from the stored
-object, so sending them back would only cost both sides CPU on every write (BENCHMARKS.md
-"Issuance throughput" has the figures).
+PodCertificateRequests are decoded from each list page, watch event and read straight into the
+typed `podcert.api.requests.PodCertificateRequest` (an object that is not one into `Unreadable`,
+never an error for the rest of the page). Most events are the signer's own status writes coming
+back; managedFields, as large as the spec and read by no one here, are skipped unread. The
+status PUT carries only what the status subresource reads: the request's name, namespace, UID
+and resourceVersion (the guard) and the new status. The API server keeps spec, the rest of
+metadata and managedFields from the stored object, so sending them back would only cost both
+sides CPU on every write.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeVar
 
-import msgspec
-
+from podcert.api import requests
 from podcert.api.events import ObjectRef, event_body
 from podcert.api.versions import group_version, key_fallback
+from podcert.client import pages
 from podcert.client.discovery import certificates_versions, serves
 from podcert.client.rest import JSON, ApiError, Rest, path_of
 from signer.objects import NodeShape, PodShape, ServiceAccountShape, ServiceShape
@@ -32,48 +32,8 @@ log = logging.getLogger("podcert.signer")
 T = TypeVar("T")
 
 
-class _RequestMeta(msgspec.Struct, frozen=True, gc=False):
-    """The metadata the signer reads of a request: its key, its version for the write's guard,
-    its generation for observedGeneration, its creation for the latency histogram. Values are
-    taken as they come, of any type: `signer.objects` judges them."""
-
-    name: Any = None
-    namespace: Any = None
-    uid: Any = None
-    resourceVersion: Any = None
-    generation: Any = None
-    creationTimestamp: Any = None
-
-
-class _Request(msgspec.Struct, frozen=True, gc=False):
-    metadata: _RequestMeta = _RequestMeta()
-    spec: Any = None
-    status: Any = None
-
-
-_META_FIELDS: Final = _RequestMeta.__struct_fields__
-
-
-def _request(shape: _Request) -> JSON:
-    """A request as the controller keeps it: a dict of the fields read, absent ones left out."""
-    meta = shape.metadata
-    obj: JSON = {"metadata": {k: v for k in _META_FIELDS if (v := getattr(meta, k)) is not None}}
-    if shape.spec is not None:
-        obj["spec"] = shape.spec
-    if shape.status is not None:
-        obj["status"] = shape.status
-    return obj
-
-
-def _slim(obj: JSON) -> JSON:
-    """The same form, from a request read whole."""
-    meta = obj.get("metadata")
-    kept: JSON = {k: v for k, v in obj.items() if k in ("spec", "status")}
-    if isinstance(meta, Mapping):
-        kept["metadata"] = {k: meta[k] for k in _META_FIELDS if meta.get(k) is not None}
-    else:
-        kept["metadata"] = meta
-    return kept
+REQUESTS: Final = pages.Lenient(requests.PodCertificateRequest, requests.decode_request)
+"""How the signer decodes requests: typed, the unreadable ones kept to be denied by name."""
 
 
 class KeyNotServed(Exception):
@@ -115,29 +75,26 @@ class SignerKube:
 
     # --- PodCertificateRequests ------------------------------------------------------------
 
-    def list_pcrs(self, signer_name: str) -> tuple[Iterator[JSON], str]:
+    def list_pcrs(self, signer_name: str) -> tuple[Iterator[requests.Read], str]:
         """Paged: requests live 15 minutes, so a busy cluster holds a great many."""
-        items, version = self.rest.list(
-            self._pcrs(), _Request, query={"fieldSelector": f"spec.signerName={signer_name}"}
+        return self.rest.list(
+            self._pcrs(), REQUESTS, query={"fieldSelector": f"spec.signerName={signer_name}"}
         )
-        return map(_request, items), version
 
     def watch_pcrs(self, signer_name: str, resource_version: str) -> Iterator[JSON]:
-        """The watch of every request of the signer name, each as `list_pcrs` gives it. Most
-        events are the signer's own status writes: decoded without managedFields."""
-        for event in self.rest.watch(
+        """The watch of every request of the signer name, each object as `list_pcrs` gives it.
+        Most events are the signer's own status writes: decoded without managedFields."""
+        return self.rest.watch(
             self._pcrs(),
             resource_version,
-            shape=_Request,
+            shape=REQUESTS,
             fieldSelector=f"spec.signerName={signer_name}",
-        ):
-            yield {"type": event["type"], "object": _request(event["object"])}
+        )
 
-    def get_pcr(self, namespace: str, name: str) -> JSON | None:
-        found = self.rest.get(self._pcrs(namespace, name))
-        return _slim(found) if found is not None else None
+    def get_pcr(self, namespace: str, name: str) -> requests.Read | None:
+        return self.rest.get_as(self._pcrs(namespace, name), REQUESTS)
 
-    def keyed_pcr(self, pcr: JSON) -> JSON | None:
+    def keyed_pcr(self, pcr: requests.PodCertificateRequest) -> requests.Read | None:
         """`pcr`, whose view here holds no key, read through the version that shows one: on a
         1.37 server, v1beta1 for a 1.35 node's request (pkixPublicKey + proofOfPossession, which
         v1 cannot show). `pcr` itself where this version shows every form (v1beta1); None when
@@ -153,34 +110,31 @@ class SignerKube:
             self.fallback_served = serves(self.rest, fallback)
             if not self.fallback_served:
                 raise unserved
-        meta = pcr["metadata"]
-        found = self.rest.get(
-            path_of(
-                group_version(fallback),
-                "podcertificaterequests",
-                str(meta["namespace"]),
-                str(meta["name"]),
-            )
-        )
+        path = path_of(group_version(fallback), "podcertificaterequests", pcr.namespace, pcr.name)
+        found = self.rest.get_as(path, REQUESTS)
         if found is None:
             self.fallback_served = serves(self.rest, fallback)
             if not self.fallback_served:
                 raise unserved
-            return None
-        return _slim(found)
+        return found
 
-    def write_status(self, obj: JSON) -> None:
-        """PUT /status with the object's resourceVersion: a lost race is a 409, never a clobber.
-        `obj` is a request as read here with its new status. The answer (the whole object, also
-        seen in the watch) is not decoded."""
-        meta = obj["metadata"]
+    def write_status(self, target: requests.Metadata, status: JSON) -> None:
+        """PUT /status of the request `target` names, guarded by its resourceVersion: a lost
+        race is a 409, never a clobber. The answer (the whole object, also seen in the watch)
+        is not decoded."""
         body = {
             "apiVersion": group_version(self.pcr_version),
             "kind": "PodCertificateRequest",
-            "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")},
-            "status": obj["status"],
+            "metadata": {
+                "name": target.name,
+                "namespace": target.namespace,
+                "uid": target.uid,
+                "resourceVersion": target.resource_version,
+            },
+            "status": status,
         }
-        self.rest.write("PUT", self._pcrs(meta["namespace"], meta["name"]) + "/status", body=body)
+        path = self._pcrs(target.namespace, target.name) + "/status"
+        self.rest.write("PUT", path, body=body)
 
     # --- facts -----------------------------------------------------------------------------
 
@@ -220,18 +174,18 @@ class SignerKube:
     # --- events ----------------------------------------------------------------------------
 
     def record_event(
-        self, pcr: Mapping[str, Any], reason: str, message: str, now: dt.datetime, kind: str
+        self, target: requests.Metadata, reason: str, message: str, now: dt.datetime, kind: str
     ) -> None:
-        """A core/v1 Event on the request (what `kubectl describe` shows). Best effort."""
-        meta = pcr.get("metadata") or {}
-        namespace = str(meta.get("namespace", "default"))
+        """A core/v1 Event on the request `target` names (what `kubectl describe` shows).
+        Best effort."""
+        namespace = target.namespace or "default"
         about = ObjectRef(
             api_version=group_version(self.pcr_version),
             kind="PodCertificateRequest",
             namespace=namespace,
-            name=str(meta.get("name") or "pcr"),
-            uid=str(meta.get("uid") or ""),
-            resource_version=meta.get("resourceVersion"),
+            name=target.name or "pcr",
+            uid=target.uid,
+            resource_version=target.resource_version or None,
         )
         event = event_body(
             about,
@@ -249,7 +203,7 @@ class SignerKube:
                 "could not record event %s: %s",
                 reason,
                 err,
-                extra={"namespace": namespace, "request": meta.get("name")},
+                extra={"namespace": namespace, "request": target.name},
             )
 
     # --- the CA Secret ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""The values the signer decides with: a request, the live facts about it, and the outcomes.
+"""The values the signer decides with: the live facts about a request, and the outcomes.
 
-Pure data. Nothing here imports `kubernetes` or `aiohttp`; the controller translates API objects
-into these at the edge, and the decision (`signer.issue.decide`) is a function of them and `now`.
+Pure data. Nothing here imports `kubernetes` or `aiohttp`. The request itself is the typed
+`podcert.api.requests.PodCertificateRequest`, decoded at the wire; the decision
+(`signer.issue.decide`) is a function of it, these facts and `now`.
 """
 
 from __future__ import annotations
@@ -68,34 +69,6 @@ POLICY_DENIED: Final[DenyReason] = "PolicyDenied"
 SIGNER_MISCONFIGURED: Final[FailReason] = "SignerMisconfigured"
 
 
-@dataclass(frozen=True)
-class Request:
-    """A PodCertificateRequest as the signer sees it (spec fields are immutable after creation)."""
-
-    namespace: str
-    name: str
-    uid: str
-    signer_name: str
-    pod_name: str
-    pod_uid: str
-    service_account_name: str
-    service_account_uid: str
-    node_name: str
-    node_uid: str
-    max_expiration_seconds: int
-    # DER PKCS#10 made by the node with the subject key (v1, and v1beta1 from 1.36). Empty when
-    # absent; then a v1beta1 object carries the key as DER SubjectPublicKeyInfo instead, with
-    # its signature over pod_uid (`podcert.api.requests.subject_key` says which form is used).
-    stub_csr: bytes = b""
-    pkix_public_key: bytes = b""
-    proof_of_possession: bytes = b""
-    user_annotations: Mapping[str, str] = field(default_factory=dict)
-    created: dt.datetime | None = None
-    # The view read shows no key and no version the API server serves shows it: a 1.35 node's
-    # pkixPublicKey, stored, but seen only at v1 because v1beta1 is not served (any more).
-    key_not_served: bool = False
-
-
 # The facts below are cached for every pod, node and ServiceAccount of the cluster (150,000 pods
 # and more): msgspec Structs, as small as slotted classes and, with gc=False, never traversed by
 # the cyclic garbage collector (whose full passes over as many dataclasses held the interpreter
@@ -149,6 +122,9 @@ class Facts:
     # DNS names the pod is entitled to through the Services that select it.
     service_dns_names: frozenset[str] = frozenset()
     ca: IssuingCA | None = None
+    # The view read shows no key and no version the API server serves shows it: a 1.35 node's
+    # pkixPublicKey, stored, but seen only at v1 because v1beta1 is not served (any more).
+    key_not_served: bool = False
 
 
 @dataclass(frozen=True)

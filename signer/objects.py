@@ -1,7 +1,8 @@
-"""Translate API objects (plain JSON dicts) into the signer's model, and outcomes into status.
+"""Translate the pods, nodes, ServiceAccounts and Services the signer reads into its model.
 
-Pure: the controller hands in what it read and writes what comes out. Hostile or broken objects
-become `ObjectError` naming the field, never a KeyError or TypeError.
+Pure: the controller hands in what it read and keeps what comes out. Hostile or broken objects
+become `ObjectError` naming the field, never a KeyError or TypeError. (Requests need no
+translation: they are decoded typed, `podcert.api.requests`.)
 
 The signer caches every pod, node and ServiceAccount of the cluster, so those three are also read
 from shapes (`PodShape`...: the few fields the signer needs, decoded from a list page or a watch
@@ -19,7 +20,6 @@ decides only where labels come from, never what a decision sees.
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -27,10 +27,6 @@ from typing import Any, Final
 
 import msgspec
 
-from podcert.api import requests
-from podcert.api.requests import holds_key as holds_key
-from podcert.api.requests import outcome as outcome
-from podcert.api.times import format_time
 from signer import model
 
 JSON = dict[str, Any]
@@ -49,46 +45,6 @@ def _str(obj: Mapping[str, Any], path: str, *, required: bool = True) -> str:
     if not isinstance(node, str) or (required and not node):
         raise ObjectError(f"{path}: expected a non-empty string, got {type(node).__name__}")
     return node
-
-
-def signer_name_of(pcr: Mapping[str, Any]) -> str | None:
-    """spec.signerName of a request as stored, or None when it has none (never raises)."""
-    spec = pcr.get("spec")
-    name = spec.get("signerName") if isinstance(spec, Mapping) else None
-    return name if isinstance(name, str) else None
-
-
-def request_from(pcr: Mapping[str, Any], *, key_not_served: bool = False) -> model.Request:
-    """The signer's view of a request, read by `podcert.api.requests`; every field the API
-    server always sets must be there (a request without one is denied as InvalidRequest).
-    `key_not_served`: the adapter found that no served version shows this request's key."""
-    try:
-        parsed = requests.parse_request(pcr)
-    except requests.RequestError as err:
-        raise ObjectError(str(err)) from None
-    missing = requests.missing_field(parsed)
-    if missing is not None:
-        raise ObjectError(f"{missing}: expected a non-empty string")
-    spec = parsed.spec
-    return model.Request(
-        namespace=parsed.namespace,
-        name=parsed.name,
-        uid=parsed.uid,
-        signer_name=spec.signer_name,
-        pod_name=spec.pod_name,
-        pod_uid=spec.pod_uid,
-        service_account_name=spec.service_account_name,
-        service_account_uid=spec.service_account_uid,
-        node_name=spec.node_name,
-        node_uid=spec.node_uid,
-        max_expiration_seconds=spec.max_expiration_seconds,
-        stub_csr=spec.stub_pkcs10_request,
-        pkix_public_key=spec.pkix_public_key,
-        proof_of_possession=spec.proof_of_possession,
-        user_annotations=dict(spec.unverified_user_annotations),
-        created=parsed.created,
-        key_not_served=key_not_served,
-    )
 
 
 # --- shapes: what the signer's caches decode of each object -------------------------------------
@@ -267,46 +223,6 @@ def service_account_from(obj: Mapping[str, Any] | ServiceAccountShape) -> model.
         name=sys.intern(_str(meta, "name")),
         uid=_str(meta, "uid"),
     )
-
-
-def _condition(kind: str, reason: str, message: str, now: dt.datetime, generation: Any) -> JSON:
-    cond: JSON = {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message[:32000],
-        "lastTransitionTime": format_time(now),
-    }
-    if isinstance(generation, int):
-        cond["observedGeneration"] = generation
-    return cond
-
-
-def issued_status(
-    pcr: Mapping[str, Any], chain_pem: str, plan: model.LeafPlan, now: dt.datetime
-) -> JSON:
-    """The object to PUT to /status for an issued request: fields equal the leaf's."""
-    generation = (pcr.get("metadata") or {}).get("generation")
-    return {
-        **pcr,
-        "status": {
-            "certificateChain": chain_pem,
-            "notBefore": format_time(plan.not_before),
-            "notAfter": format_time(plan.not_after),
-            "beginRefreshAt": format_time(plan.begin_refresh_at),
-            "conditions": [
-                _condition("Issued", "Issued", f"issued for {plan.spiffe_id}", now, generation)
-            ],
-        },
-    }
-
-
-def settled_status(
-    pcr: Mapping[str, Any], kind: str, reason: str, message: str, now: dt.datetime
-) -> JSON:
-    """The object to PUT to /status for a Denied or Failed request."""
-    generation = (pcr.get("metadata") or {}).get("generation")
-    return {**pcr, "status": {"conditions": [_condition(kind, reason, message, now, generation)]}}
 
 
 # --- Services: what gives a pod its DNS names --------------------------------------------------

@@ -10,6 +10,8 @@ from typing import Any, cast
 
 import msgspec
 
+from podcert.client import pages
+
 
 class CannedRest:
     """list, watch, get and write over `items`; a watch ends with a BOOKMARK at `bookmark`
@@ -22,28 +24,35 @@ class CannedRest:
         self.sent: list[tuple[str, str, Any]] = []
 
     def list(
-        self, path: str, shape: type[Any], *, query: Mapping[str, str]
+        self, path: str, shape: type[Any] | pages.Shape[Any], *, query: Mapping[str, str]
     ) -> tuple[Iterator[Any], str]:
         self.queries.append(query)
-        return iter([msgspec.json.decode(raw, type=shape) for raw in self.raw]), "41"
+        return iter([_decode(raw, shape) for raw in self.raw]), "41"
 
     def watch(
-        self, path: str, resource_version: str, shape: type[Any], **query: str
+        self, path: str, resource_version: str, shape: type[Any] | pages.Shape[Any], **query: str
     ) -> Iterator[dict[str, Any]]:
         self.queries.append(query)
         for raw in self.raw:
-            yield {"type": "MODIFIED", "object": msgspec.json.decode(raw, type=shape)}
+            yield {"type": "MODIFIED", "object": _decode(raw, shape)}
         if self.bookmark is not None:
             meta = {"resourceVersion": self.bookmark}
             mark = msgspec.json.encode({"kind": "Bookmark", "metadata": meta})
-            yield {"type": "BOOKMARK", "object": msgspec.json.decode(mark, type=shape)}
+            yield {"type": "BOOKMARK", "object": _decode(mark, shape)}
 
     def get(self, path: str) -> dict[str, Any] | None:
         return cast(dict[str, Any], json.loads(self.raw[0]))
 
-    def get_as(self, path: str, shape: type[Any]) -> Any:
+    def get_as(self, path: str, shape: type[Any] | pages.Shape[Any]) -> Any:
         self.sent.append(("GET", path, None))
-        return msgspec.json.decode(self.raw[0], type=shape)
+        return _decode(self.raw[0], shape)
 
     def write(self, method: str, path: str, *, body: Any) -> None:
         self.sent.append((method, path, json.loads(msgspec.json.encode(body))))  # as Rest sends it
+
+
+def _decode(raw: bytes, shape: type[Any] | pages.Shape[Any]) -> Any:
+    """As `Rest` decodes: into a type, or through a shape's own decoders (`pages.Lenient`)."""
+    if isinstance(shape, pages.Shape):
+        return shape.element(raw, "object")
+    return msgspec.json.decode(raw, type=shape)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from podcert.api import keys
+from podcert.api import keys, requests
+from podcert.api.times import format_time
 from signer import model, policy, requested
 from signer.authority import ca
 
@@ -27,11 +28,17 @@ ENTITLED = frozenset({"api.web.svc", "api.web.svc.cluster.local"})
 DNS_KEY = requested.DNS_NAMES_ANNOTATION
 
 
-def make_request(**changes: Any) -> model.Request:
-    base = model.Request(
-        namespace="web",
-        name="api-0-x7k2p",
-        uid="3f1c0a52-1d2e-4b7a-9c1e-6a1f2b3c4d5e",
+_META_FIELDS: Final = frozenset({"namespace", "name", "uid", "resource_version", "generation"})
+# The flat names the tests use for the spec's key and annotation fields.
+_SPEC_ALIASES: Final = {
+    "stub_csr": "stub_pkcs10_request",
+    "user_annotations": "unverified_user_annotations",
+}
+BASE_REQUEST: Final = requests.PodCertificateRequest(
+    metadata=requests.Metadata(
+        namespace="web", name="api-0-x7k2p", uid="3f1c0a52-1d2e-4b7a-9c1e-6a1f2b3c4d5e"
+    ),
+    spec=requests.Spec(
         signer_name=SIGNER,
         pod_name="api-0",
         pod_uid="pod-uid-1",
@@ -40,9 +47,45 @@ def make_request(**changes: Any) -> model.Request:
         node_name="node-a",
         node_uid="node-uid-1",
         max_expiration_seconds=86400,
-        stub_csr=keys.stub_csr(KEY),
+        stub_pkcs10_request=keys.stub_csr(KEY),
+    ),
+)
+
+
+def changed(
+    request: requests.PodCertificateRequest, **changes: Any
+) -> requests.PodCertificateRequest:
+    """`request` with fields changed by their flat names: metadata's (`namespace`, `uid`...),
+    `created` (a datetime), and the spec's (`pod_uid`, `stub_csr`, `user_annotations`...)."""
+    meta = {k: v for k, v in changes.items() if k in _META_FIELDS}
+    if "created" in changes:
+        meta["creation_timestamp"] = format_time(changes["created"])
+    spec = {
+        _SPEC_ALIASES.get(k, k): v
+        for k, v in changes.items()
+        if k not in _META_FIELDS and k != "created"
+    }
+    return msgspec.structs.replace(
+        request,
+        metadata=msgspec.structs.replace(request.metadata, **meta),
+        spec=msgspec.structs.replace(request.spec, **spec),
     )
-    return dataclasses.replace(base, **changes)
+
+
+def make_request(**changes: Any) -> requests.PodCertificateRequest:
+    return changed(BASE_REQUEST, **changes)
+
+
+def request_of(obj: object) -> requests.PodCertificateRequest:
+    """The request in an API object as the signer reads it off the wire (its JSON decoded, as
+    list pages and watch events are). Raises RequestError when the signer would deny it
+    InvalidRequest, with the error as the message."""
+    read = requests.decode_request(msgspec.json.encode(obj))
+    problem = requests.invalid(read)
+    if problem is not None:
+        raise problem
+    assert isinstance(read, requests.PodCertificateRequest)
+    return read
 
 
 def make_facts(**changes: Any) -> model.Facts:
@@ -78,11 +121,15 @@ SERVICES_DNS = policy_with(dns=policy.DNSPolicy(services=True))
 
 
 def assert_api_server_accepts(
-    plan: model.LeafPlan, request: model.Request, now: dt.datetime
+    plan: model.LeafPlan, request: requests.PodCertificateRequest, now: dt.datetime
 ) -> None:
     """The checks kube-apiserver applies to an Issued status (DESIGN.md section 2)."""
     lifetime = plan.not_after - plan.not_before
-    assert dt.timedelta(hours=1) <= lifetime <= dt.timedelta(seconds=request.max_expiration_seconds)
+    assert (
+        dt.timedelta(hours=1)
+        <= lifetime
+        <= dt.timedelta(seconds=request.spec.max_expiration_seconds)
+    )
     assert abs(plan.not_before - now) <= dt.timedelta(minutes=5)
     margin = dt.timedelta(minutes=10)
     assert plan.not_before + margin <= plan.begin_refresh_at <= plan.not_after - margin

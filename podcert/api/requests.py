@@ -1,32 +1,37 @@
-"""One reading of a PodCertificateRequest, for the signer, the node shim, the audit and the tests.
+"""One PodCertificateRequest, typed, for the signer, the node shim, the audit and the tests.
 
-`parse_request` turns the API's JSON into a frozen `PodCertificateRequest` (metadata, spec and
-status as typed values) or raises `RequestError` naming the field; whatever the object holds,
-nothing else escapes. Fields the API server always sets read as "" when absent: whether a
-missing one matters is the reader's call (`missing_field` says which one is missing; the signer
-denies such a request, the audit joins what it has). `outcome` is the tolerant one-liner for
-caches and filters: it never raises, and reads a status of the wrong shape as "not settled".
+`PodCertificateRequest` is a msgspec Struct of the API object's metadata, spec and status under
+their wire names: the signer's list pages, watch events and reads decode straight into it
+(`decode_request`, `REQUEST_SHAPE`), and dicts convert into it (`parse_request`). An object that
+is not a request of that shape never raises out of the wire: it becomes `Unreadable`, which holds
+what of its metadata and spec reads as strings and the `RequestError` naming the first bad
+field, so the signer can deny it by name and go on with the rest of the page. Fields the API
+server always sets read as "" when absent: whether a missing one matters is the reader's call
+(`missing_field`). `outcome` is the tolerant one-liner for dicts in caches and filters: it never
+raises, and reads a status of the wrong shape as "not settled".
 
 The node proves it holds the subject key in one of two forms (`KeyForm`): a stub PKCS#10 request
 (v1; v1beta1 from 1.36) or the key with a proof of possession (v1beta1 only; the only form 1.35
 has). `subject_key` reads which one a request carries, under the API server's "exactly one"
-rule; `key_fields` writes one. Pure: no I/O, no clock.
+rule; `key_fields` writes one. The status a signer PUTs is built here too (`issued_status`,
+`settled_status`). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime as dt
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal, cast, get_args
+from typing import Annotated, Any, Final, Literal, cast, get_args
 
+import msgspec
 from cryptography import x509
 
 from podcert.api import keys
 from podcert.api.lifetimes import DEFAULT_MAX_EXPIRATION_SECONDS
-from podcert.api.times import TimeFieldError, parse_time, require_time
+from podcert.api.times import format_time, parse_time
 
 Outcome = Literal["Issued", "Denied", "Failed"]
 """The condition a settled request carries (exactly one, and terminal). The one such type: the
@@ -44,102 +49,260 @@ class RequestError(ValueError):
         self.problem = problem
 
 
-@dataclass(frozen=True)
-class Spec:
-    """spec: immutable after creation."""
+# Times the API server writes: RFC 3339, always with a zone (a time without one is refused, as
+# a naive datetime could not be compared with any other).
+Time = Annotated[dt.datetime, msgspec.Meta(tz=True)]
 
-    signer_name: str = ""
-    pod_name: str = ""
-    pod_uid: str = ""
-    service_account_name: str = ""
-    service_account_uid: str = ""
-    node_name: str = ""
-    node_uid: str = ""
-    max_expiration_seconds: int = DEFAULT_MAX_EXPIRATION_SECONDS
+
+class Metadata(msgspec.Struct, frozen=True, gc=False):
+    """metadata: the request's key, its version (the status write's guard), its generation (the
+    conditions' observedGeneration) and its creation (the latency histogram). The rest is
+    skipped unread: managedFields alone are as large as the spec."""
+
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = msgspec.field(default="", name="resourceVersion")
+    generation: int | None = None
+    # Kept as written: an unreadable one is "unknown" (`created`), never a reason to refuse.
+    creation_timestamp: str = msgspec.field(default="", name="creationTimestamp")
+
+    @property
+    def created(self) -> dt.datetime | None:
+        return parse_time(self.creation_timestamp)
+
+
+class Spec(msgspec.Struct, frozen=True, gc=False):
+    """spec: immutable after creation. Bytes fields are base64 on the wire, decoded here."""
+
+    signer_name: str = msgspec.field(default="", name="signerName")
+    pod_name: str = msgspec.field(default="", name="podName")
+    pod_uid: str = msgspec.field(default="", name="podUID")
+    service_account_name: str = msgspec.field(default="", name="serviceAccountName")
+    service_account_uid: str = msgspec.field(default="", name="serviceAccountUID")
+    node_name: str = msgspec.field(default="", name="nodeName")
+    node_uid: str = msgspec.field(default="", name="nodeUID")
+    max_expiration_seconds: int = msgspec.field(
+        default=DEFAULT_MAX_EXPIRATION_SECONDS, name="maxExpirationSeconds"
+    )
     # DER PKCS#10 made by the node with the subject key (v1, and v1beta1 from 1.36); empty when
     # absent, and then a v1beta1 object carries the key as DER SubjectPublicKeyInfo instead.
-    stub_pkcs10_request: bytes = field(default=b"", repr=False)
-    pkix_public_key: bytes = field(default=b"", repr=False)
-    proof_of_possession: bytes = field(default=b"", repr=False)
-    unverified_user_annotations: Mapping[str, str] = field(default_factory=dict)
+    stub_pkcs10_request: bytes = msgspec.field(default=b"", name="stubPKCS10Request")
+    pkix_public_key: bytes = msgspec.field(default=b"", name="pkixPublicKey")
+    proof_of_possession: bytes = msgspec.field(default=b"", name="proofOfPossession")
+    unverified_user_annotations: dict[str, str] = msgspec.field(
+        default_factory=dict, name="unverifiedUserAnnotations"
+    )
+
+    @property
+    def holds_key(self) -> bool:
+        """Whether any of the key fields is set. A view without one is either a broken request
+        or, at v1 on a 1.37 server, a 1.35 node's request whose pkixPublicKey that version
+        cannot show (`podcert.api.versions.key_fallback`)."""
+        return bool(self.stub_pkcs10_request or self.pkix_public_key or self.proof_of_possession)
 
 
-@dataclass(frozen=True)
-class Status:
-    """status: written by the signer; immutable once a terminal condition is set."""
-
-    condition: Outcome | None = None  # the Issued/Denied/Failed condition with status "True"
+class Condition(msgspec.Struct, frozen=True, gc=False):
+    type: str = ""
+    status: str = ""
     reason: str = ""
     message: str = ""
-    certificate_chain: str = field(default="", repr=False)  # PEM, leaf first
-    not_before: dt.datetime | None = None
-    not_after: dt.datetime | None = None
-    begin_refresh_at: dt.datetime | None = None
-    issued_at: dt.datetime | None = None  # the Issued condition's lastTransitionTime
+    last_transition_time: Time | None = msgspec.field(default=None, name="lastTransitionTime")
+    observed_generation: int | None = msgspec.field(default=None, name="observedGeneration")
+
+
+class Status(msgspec.Struct, frozen=True, gc=False):
+    """status: written by the signer; immutable once a terminal condition is set."""
+
+    conditions: tuple[Condition, ...] = ()
+    certificate_chain: str = msgspec.field(default="", name="certificateChain")  # PEM, leaf first
+    not_before: Time | None = msgspec.field(default=None, name="notBefore")
+    not_after: Time | None = msgspec.field(default=None, name="notAfter")
+    begin_refresh_at: Time | None = msgspec.field(default=None, name="beginRefreshAt")
+
+    @property
+    def terminal(self) -> Condition | None:
+        """The first Issued/Denied/Failed condition with status "True"."""
+        for cond in self.conditions:
+            if cond.status == "True" and cond.type in OUTCOMES:
+                return cond
+        return None
+
+    @property
+    def condition(self) -> Outcome | None:
+        """The terminal condition's type."""
+        terminal = self.terminal
+        return cast(Outcome, terminal.type) if terminal is not None else None
 
     @property
     def outcome(self) -> Outcome | None:
         """The terminal condition; a chain without one counts as Issued (it is immutable once
         written, so the request is settled either way)."""
-        if self.condition is None and self.certificate_chain:
+        condition = self.condition
+        if condition is None and self.certificate_chain:
             return "Issued"
-        return self.condition
+        return condition
+
+    @property
+    def reason(self) -> str:
+        terminal = self.terminal
+        return terminal.reason if terminal is not None else ""
+
+    @property
+    def message(self) -> str:
+        terminal = self.terminal
+        return terminal.message if terminal is not None else ""
+
+    @property
+    def issued_at(self) -> dt.datetime | None:
+        """The Issued condition's lastTransitionTime."""
+        terminal = self.terminal
+        if terminal is None or terminal.type != "Issued":
+            return None
+        return terminal.last_transition_time
+
+
+class PodCertificateRequest(msgspec.Struct, frozen=True, gc=False):
+    metadata: Metadata = Metadata()
+    spec: Spec = Spec()
+    status: Status = Status()
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def uid(self) -> str:
+        return self.metadata.uid
+
+    @property
+    def created(self) -> dt.datetime | None:
+        """metadata.creationTimestamp; None when unreadable."""
+        return self.metadata.created
 
 
 @dataclass(frozen=True)
-class PodCertificateRequest:
-    namespace: str
-    name: str
-    uid: str
-    created: dt.datetime | None  # metadata.creationTimestamp; None when unreadable
+class Unreadable:
+    """An object read where a request was expected that does not decode as one. `metadata`
+    and `spec` hold what of them reads as strings (for its key, its status write and its audit
+    entry); `problem` names the first field that broke. Never settled, never cached as valid:
+    the signer denies it InvalidRequest with `problem` as the message."""
+
+    metadata: Metadata
     spec: Spec
-    status: Status
+    problem: RequestError
+    status: Status = field(default_factory=Status)
+
+    @property
+    def namespace(self) -> str:
+        return self.metadata.namespace
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+
+Read = PodCertificateRequest | Unreadable
+"""A request as the signer reads it off the wire."""
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+_DECODER: Final = msgspec.json.Decoder(PodCertificateRequest)
+_ANY: Final = msgspec.json.Decoder(Any)
+
+
+def decode_request(data: bytes) -> Read:
+    """The request in one object's JSON, or `Unreadable` when it is not one. Raises
+    msgspec.DecodeError only for bytes that are not JSON at all (a broken answer)."""
+    try:
+        return _DECODER.decode(data)
+    except msgspec.ValidationError as err:
+        return unreadable(_ANY.decode(data), _problem(err))
 
 
 def parse_request(obj: object) -> PodCertificateRequest:
-    """The request in an API object. Raises RequestError naming the first bad field."""
-    if not isinstance(obj, Mapping):
-        raise RequestError("object", "expected an object")
-    meta = _object(obj.get("metadata"), "metadata", required=True)
-    return PodCertificateRequest(
-        namespace=_string(meta, "namespace", "metadata"),
-        name=_string(meta, "name", "metadata"),
-        uid=_string(meta, "uid", "metadata"),
-        # Set by the API server; an unreadable one is "unknown", never a reason to refuse.
-        created=parse_time(meta.get("creationTimestamp")),
-        spec=_spec(_object(obj.get("spec"), "spec", required=True)),
-        status=parse_status(obj.get("status")),
-    )
+    """The request in an API object as a dict. Raises RequestError naming the first bad field."""
+    try:
+        return msgspec.convert(obj, PodCertificateRequest)
+    except msgspec.ValidationError as err:
+        raise _problem(err) from None
+
+
+def read_request(obj: object) -> Read:
+    """`parse_request`, with an object of the wrong shape `Unreadable` instead of raised."""
+    try:
+        return parse_request(obj)
+    except RequestError as err:
+        return unreadable(obj, err)
 
 
 def parse_status(status: object) -> Status:
-    """A request's `status` (absent: not settled). Raises RequestError naming the field."""
-    body = _object(status, "status", required=False)
-    conditions = body.get("conditions")
-    if conditions is None:
-        conditions = []
-    if not isinstance(conditions, list):
-        raise RequestError("status.conditions", f"expected a list, got {_kind(conditions)}")
-    terminal: tuple[Outcome, str, str, dt.datetime | None] | None = None
-    for index, raw in enumerate(conditions):
-        where = f"status.conditions[{index}]"
-        cond = _object(raw, where, required=True)
-        kind, state = _string(cond, "type", where), _string(cond, "status", where)
-        reason, message = _string(cond, "reason", where), _string(cond, "message", where)
-        changed = _time(cond, "lastTransitionTime", where)
-        if terminal is None and state == "True" and kind in OUTCOMES:
-            terminal = (cast(Outcome, kind), reason, message, changed)
-    condition, reason, message, changed = terminal or (None, "", "", None)
-    return Status(
-        condition=condition,
-        reason=reason,
-        message=message,
-        certificate_chain=_string(body, "certificateChain", "status"),
-        not_before=_time(body, "notBefore", "status"),
-        not_after=_time(body, "notAfter", "status"),
-        begin_refresh_at=_time(body, "beginRefreshAt", "status"),
-        issued_at=changed if condition == "Issued" else None,
+    """A request's `status` as a dict (absent: not settled). Raises RequestError naming the
+    field."""
+    if status is None:
+        return Status()
+    try:
+        return msgspec.convert(status, Status)
+    except msgspec.ValidationError as err:
+        raise _problem(err, "status") from None
+
+
+def unreadable(obj: object, problem: RequestError) -> Unreadable:
+    """What of `obj` reads as strings, kept with the problem that made it unreadable."""
+    meta = _loose(obj, "metadata")
+    spec = _loose(obj, "spec")
+    return Unreadable(
+        metadata=Metadata(
+            name=_text(meta, "name"),
+            namespace=_text(meta, "namespace"),
+            uid=_text(meta, "uid"),
+            resource_version=_text(meta, "resourceVersion"),
+            generation=g if isinstance(g := meta.get("generation"), int) else None,
+        ),
+        spec=Spec(
+            signer_name=_text(spec, "signerName"),
+            pod_name=_text(spec, "podName"),
+            service_account_name=_text(spec, "serviceAccountName"),
+            node_name=_text(spec, "nodeName"),
+        ),
+        problem=problem,
     )
+
+
+def _loose(obj: object, name: str) -> Mapping[str, Any]:
+    part = obj.get(name) if isinstance(obj, Mapping) else None
+    return part if isinstance(part, Mapping) else {}
+
+
+def _text(obj: Mapping[str, Any], name: str) -> str:
+    value = obj.get(name)
+    return value if isinstance(value, str) else ""
+
+
+_AT: Final = re.compile(r"(?s)(.*) - at `\$(.*)`")
+_WORDING: Final = (
+    (re.compile(r"Expected `(\w+)`, got `(\w+)`"), r"expected \1, got \2"),
+    (re.compile(r"Invalid base64 encoded string"), "not valid base64"),
+    (re.compile(r"Expected `datetime` with a timezone component"), "expected an RFC 3339 time"),
+    (re.compile(r"Invalid RFC3339 encoded datetime"), "expected an RFC 3339 time"),
+)
+
+
+def _problem(err: msgspec.ValidationError, prefix: str = "") -> RequestError:
+    """msgspec's "Expected `str`, got `int` - at `$.spec.podUID`" as a RequestError naming
+    spec.podUID. msgspec never quotes the value it refused."""
+    text = str(err)
+    found = _AT.fullmatch(text)
+    problem, path = (found[1], found[2].lstrip(".")) if found else (text, "")
+    for pattern, wording in _WORDING:
+        problem = pattern.sub(wording, problem)
+    where = ".".join(part for part in (prefix, path) if part) or "object"
+    return RequestError(where, problem)
 
 
 # --- the subject key's two forms ---------------------------------------------------------------
@@ -185,21 +348,6 @@ def subject_key(stub_csr: bytes, pkix_public_key: bytes, proof: bytes) -> StubCS
     )
 
 
-_KEY_FIELDS: Final = ("stubPKCS10Request", "pkixPublicKey", "proofOfPossession")
-
-
-def holds_key(pcr: Mapping[str, object]) -> bool:
-    """Whether the request's spec carries any of its key fields (tolerant, never raises). A view
-    without one is either a broken request or, at v1 on a 1.37 server, a 1.35 node's request
-    whose pkixPublicKey that version cannot show (`podcert.api.versions.key_fallback`)."""
-    spec = pcr.get("spec")
-    if not isinstance(spec, Mapping):
-        return False
-    # Each issuance asks this once: the common answer (a stub CSR) in the first look.
-    stub, key, proof = _KEY_FIELDS
-    return bool(spec.get(stub) or spec.get(key) or spec.get(proof))
-
-
 def key_fields(form: KeyForm, key: keys.PrivateKey, pod_uid: str) -> dict[str, str]:
     """The spec fields (base64, as JSON carries bytes) that carry `key` in `form`, for a request
     about the pod with UID `pod_uid`. The private key itself is never among them."""
@@ -226,6 +374,16 @@ def missing_field(request: PodCertificateRequest) -> str | None:
     return None
 
 
+def invalid(request: Read) -> RequestError | None:
+    """Why `request` cannot be decided on: it did not decode as a request, or it lacks a field
+    the API server always sets (`missing_field`). The signer denies such a request
+    InvalidRequest with this as the message."""
+    if isinstance(request, Unreadable):
+        return request.problem
+    missing = missing_field(request)
+    return RequestError(missing, "expected a non-empty string") if missing is not None else None
+
+
 def certificates(status: Status) -> tuple[x509.Certificate, ...]:
     """The status's certificate chain, leaf first. Raises RequestError when there is none or
     it does not parse (the API server checks it on write; a broken one is a broken status)."""
@@ -240,7 +398,7 @@ def certificates(status: Status) -> tuple[x509.Certificate, ...]:
     return tuple(chain)
 
 
-def terminal_condition(status: object) -> tuple[Outcome, str, str] | None:
+def _terminal(status: object) -> tuple[Outcome, str, str] | None:
     """(type, reason, message) of the status's Issued/Denied/Failed condition, if any. Tolerant:
     entries of the wrong shape are skipped, never raised about."""
     conditions = status.get("conditions") if isinstance(status, Mapping) else None
@@ -258,7 +416,7 @@ def outcome(pcr: Mapping[str, object]) -> Outcome | None:
     """ "Issued", "Denied" or "Failed" when the request is settled, else None; never raises.
     A chain without a condition counts as Issued, as in `Status.outcome`."""
     status = pcr.get("status")
-    condition = terminal_condition(status)
+    condition = _terminal(status)
     if condition is not None:
         return condition[0]
     if isinstance(status, Mapping) and status.get("certificateChain"):
@@ -280,68 +438,54 @@ _SPEC_FIELDS: Final[Mapping[str, str]] = {
 }
 
 
-def _spec(spec: Mapping[str, object]) -> Spec:
-    strings = {attr: _string(spec, api_name, "spec") for api_name, attr in _SPEC_FIELDS.items()}
-    max_expiration = spec.get("maxExpirationSeconds")
-    if max_expiration is None:
-        max_expiration = DEFAULT_MAX_EXPIRATION_SECONDS
-    if not isinstance(max_expiration, int) or isinstance(max_expiration, bool):
-        raise RequestError(
-            "spec.maxExpirationSeconds", f"expected an integer, got {_kind(max_expiration)}"
-        )
-    annotations = spec.get("unverifiedUserAnnotations") or {}
-    if not isinstance(annotations, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
-    ):
-        raise RequestError("spec.unverifiedUserAnnotations", "expected a map of strings")
-    return Spec(
-        **strings,
-        max_expiration_seconds=max_expiration,
-        stub_pkcs10_request=_base64(spec, "stubPKCS10Request"),
-        pkix_public_key=_base64(spec, "pkixPublicKey"),
-        proof_of_possession=_base64(spec, "proofOfPossession"),
-        unverified_user_annotations=dict(annotations),
-    )
+# --- the status a signer writes ---------------------------------------------------------------
 
 
-def _object(value: object, where: str, *, required: bool) -> Mapping[str, object]:
-    if value is None and not required:
-        return {}
-    if not isinstance(value, Mapping):
-        raise RequestError(where, f"expected an object, got {_kind(value)}")
-    return value
+def issued_status(
+    generation: int | None,
+    chain_pem: str,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+    begin_refresh_at: dt.datetime,
+    message: str,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The status to PUT for an issued request: its times equal the leaf's, as the API server
+    requires, in whole seconds (metav1.Time)."""
+    return {
+        "certificateChain": chain_pem,
+        "notBefore": format_time(not_before),
+        "notAfter": format_time(not_after),
+        "beginRefreshAt": format_time(begin_refresh_at),
+        "conditions": [_condition("Issued", "Issued", message, generation, now)],
+    }
 
 
-def _string(obj: Mapping[str, object], key: str, where: str) -> str:
-    value = obj.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise RequestError(f"{where}.{key}", f"expected a string, got {_kind(value)}")
-    return value
+def settled_status(
+    kind: Literal["Denied", "Failed"],
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The status to PUT for a Denied or Failed request."""
+    return {"conditions": [_condition(kind, reason, message, generation, now)]}
 
 
-def _base64(spec: Mapping[str, object], key: str) -> bytes:
-    value = spec.get(key)
-    if value in (None, ""):
-        return b""
-    if not isinstance(value, str):
-        raise RequestError(f"spec.{key}", "expected base64 text")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise RequestError(f"spec.{key}", "not valid base64") from None
+MAX_MESSAGE: Final = 32000
+"""The longest condition message the API server takes (metav1.Condition)."""
 
 
-def _time(obj: Mapping[str, object], key: str, where: str) -> dt.datetime | None:
-    value = obj.get(key)
-    if value in (None, ""):
-        return None
-    try:
-        return require_time(value, f"{where}.{key}")
-    except TimeFieldError as exc:
-        raise RequestError(exc.field, exc.problem) from None
-
-
-def _kind(value: object) -> str:
-    return "null" if value is None else type(value).__name__
+def _condition(
+    kind: Outcome, reason: str, message: str, generation: int | None, now: dt.datetime
+) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "lastTransitionTime": format_time(now),
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Iterable, Iterator
-from typing import Any, Final, Generic, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Final, Generic, TypeVar, cast
 
 import msgspec
 
@@ -83,6 +83,36 @@ class Shape(Generic[T]):
         self.other: msgspec.json.Decoder[list[T] | None] = msgspec.json.Decoder(
             list[shape] | None  # type: ignore[valid-type]
         )
+
+    def element(self, data: bytes, what: str) -> T:
+        """One element; raises ListError for what is not JSON of the shape."""
+        try:
+            return self.one.decode(data)
+        except msgspec.DecodeError as err:
+            raise ListError(f"{what}: {err}") from None
+
+
+class Lenient(Shape[T]):
+    """A shape whose elements that do not fit it are not errors: `read` makes something of
+    them (a typed "unreadable" value naming the bad field), so one hostile object never costs
+    the rest of the page. Elements that fit still decode in runs, at the shape's speed; only
+    JSON that is not JSON at all is a ListError."""
+
+    def __init__(self, shape: type[Any], read: Callable[[bytes], T]) -> None:
+        super().__init__(cast(type[T], shape))
+        self._read = read
+
+    def element(self, data: bytes, what: str) -> T:
+        try:
+            return self.one.decode(data)
+        except msgspec.ValidationError:
+            pass
+        except msgspec.DecodeError as err:
+            raise ListError(f"{what}: {err}") from None
+        try:
+            return self._read(data)
+        except msgspec.DecodeError as err:
+            raise ListError(f"{what}: {err}") from None
 
 
 class Page(Generic[T]):
@@ -294,7 +324,7 @@ class Page(Generic[T]):
             self._peek()
             if separator is None and (head := _HEAD.match(self._buf, self._pos)):
                 separator = b"}," + head[0]
-            yield [self._decode(self._shape.one, self._value(), "items")]
+            yield [self._shape.element(self._value(), "items")]
             char = self._peek()
             self._pos += 1
             if char == ord("]"):

@@ -257,7 +257,7 @@ class Rest:
                 return None
             raise
 
-    def get_as(self, path: str, shape: type[T]) -> T | None:
+    def get_as(self, path: str, shape: type[T] | pages.Shape[T]) -> T | None:
         """The object decoded as `shape` (its other fields skipped unread, never built), or
         None when it does not exist: a read costs the object's bytes and the shape, nothing
         more."""
@@ -267,9 +267,10 @@ class Rest:
             return None
         if not 200 <= resp.status < 300:
             raise _error(resp.status, data)
+        decoders: pages.Shape[T] = _shapes(shape)
         try:
-            return msgspec.json.decode(data, type=shape)
-        except msgspec.DecodeError as err:
+            return decoders.element(data, "object")
+        except pages.ListError as err:
             raise ApiError(0, "BadResponse", f"GET {path}: {err}") from None
 
     @overload
@@ -286,7 +287,7 @@ class Rest:
     def list(
         self,
         path: str,
-        shape: type[T],
+        shape: type[T] | pages.Shape[T],
         *,
         query: Mapping[str, str] | None = None,
         limit: int = PAGE,
@@ -295,7 +296,7 @@ class Rest:
     def list(
         self,
         path: str,
-        shape: type[Any] | None = None,
+        shape: type[Any] | pages.Shape[Any] | None = None,
         *,
         query: Mapping[str, str] | None = None,
         limit: int = PAGE,
@@ -358,7 +359,7 @@ class Rest:
         path: str,
         resource_version: str,
         timeout_seconds: int = 300,
-        shape: type[Any] | None = None,
+        shape: type[Any] | pages.Shape[Any] | None = None,
         **query: str,
     ) -> Iterator[JSON]:
         """Watch events from `resource_version`: {"type", "object"}, the object a dict or, with
@@ -371,7 +372,7 @@ class Rest:
             "allowWatchBookmarks": True,
             "timeoutSeconds": timeout_seconds,
         }
-        objects = msgspec.json.Decoder(shape) if shape is not None else _DICT
+        objects = _shapes(shape)
         timeouts = (WATCH_CONNECT_TIMEOUT, float(timeout_seconds + 30))
         resp = self._send("GET", path, params, None, "application/json", timeouts)
         if not 200 <= resp.status < 300:
@@ -389,11 +390,11 @@ class Rest:
                         code = _DICT.decode(event.object).get("code")
                         status = code if isinstance(code, int) and 400 <= code < 600 else 500
                         raise _error(status, bytes(event.object))
-                    yield {"type": event.type, "object": objects.decode(event.object)}
+                    yield {"type": event.type, "object": objects.element(event.object, "object")}
             ended = True
         except OSError as err:  # the API server went away mid-stream
             raise ApiError(0, "Unavailable", f"watch stream broke: {err}") from None
-        except msgspec.DecodeError as err:
+        except (msgspec.DecodeError, pages.ListError) as err:
             raise ApiError(0, "BadResponse", f"watch {path}: {err}") from None
         finally:
             # A stream read to its end leaves the connection reusable; one left half way (an
@@ -408,10 +409,12 @@ _SHAPES: Final[dict[type[Any], pages.Shape[Any]]] = {}
 _DICTS: Final[pages.Shape[JSON]] = pages.Shape(dict[str, Any])
 
 
-def _shapes(shape: type[Any] | None) -> pages.Shape[Any]:
+def _shapes(shape: type[Any] | pages.Shape[Any] | None) -> pages.Shape[Any]:
     """The decoders of a shape, made once (msgspec compiles a decoder per type)."""
     if shape is None:
         return _DICTS
+    if isinstance(shape, pages.Shape):
+        return shape
     found = _SHAPES.get(shape)
     if found is None:
         found = _SHAPES[shape] = pages.Shape(shape)
@@ -442,7 +445,10 @@ def resource_version(obj: Any) -> str:
     if isinstance(obj, Mapping):
         meta = obj.get("metadata")
         return str(meta.get("resourceVersion") or "") if isinstance(meta, Mapping) else ""
-    return str(getattr(getattr(obj, "metadata", None), "resourceVersion", "") or "")
+    meta = getattr(obj, "metadata", None)
+    # Shapes spell it as the API does; the typed request (`podcert.api.requests`) as Python does.
+    found = getattr(meta, "resourceVersion", None) or getattr(meta, "resource_version", "")
+    return str(found or "")
 
 
 def path_of(group_version: str, resource: str, namespace: str | None = None, name: str = "") -> str:

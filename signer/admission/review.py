@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from podcert.api.requests import PodCertificateRequest, invalid, read_request
 from podcert.errors import show
-from signer import model, objects
+from signer import model
 from signer.issue.decide import decide
 from signer.policy import Policy
 
@@ -201,7 +202,7 @@ def admit(
     operation: str,
     pcr: Mapping[str, Any],
     served: Sequence[str],
-    facts: Callable[[model.Request], model.Facts],
+    facts: Callable[[PodCertificateRequest], model.Facts],
     policy: Policy,
     now: dt.datetime,
     *,
@@ -227,36 +228,38 @@ def _verdict(
     operation: str,
     pcr: Mapping[str, Any],
     served: Sequence[str],
-    facts: Callable[[model.Request], model.Facts],
+    facts: Callable[[PodCertificateRequest], model.Facts],
     policy: Policy,
     now: dt.datetime,
     converted_from: str,
 ) -> Verdict:
-    spec = pcr.get("spec") if isinstance(pcr.get("spec"), Mapping) else None
-    signer_name = spec.get("signerName") if spec else None
-    if operation != "CREATE" or signer_name not in served:
+    # Read once, leniently: a request of the wrong shape is refused by name below, after the
+    # checks that need only its signer and node names.
+    meta = pcr.get("metadata")
+    meta = dict(meta) if isinstance(meta, Mapping) else {}
+    meta.setdefault("name", meta.get("generateName", "") or "pending")
+    meta.setdefault("uid", "pending")
+    read = read_request({**pcr, "metadata": meta})
+    spec = read.spec
+    if operation != "CREATE" or spec.signer_name not in served:
         return Verdict(True)
-    if converted_from and not objects.holds_key(pcr):
+    if converted_from and not spec.holds_key:
         # A 1.35 node's request made at v1beta1, sent to us as v1, which drops its key: the
         # registration must name every version (apiVersions ["*"], as shipped).
         return Verdict(False, _KEY_DROPPED.format(show(converted_from)), model.KEY_NOT_SERVED)
-    node_name = spec.get("nodeName") if spec else None
-    if not isinstance(node_name, str) or username != f"system:node:{node_name}":
-        shown = show(node_name) if isinstance(node_name, str) else repr(node_name)
+    if username != f"system:node:{spec.node_name}":
         return Verdict(
             False,
             f"only the node the pod runs on may request its certificate: "
-            f"spec.nodeName is {shown} but the request comes from {show(username)}",
+            f"spec.nodeName is {show(spec.node_name)} but the request comes from {show(username)}",
             CREATOR_NOT_NODE,
         )
-    meta = dict(pcr.get("metadata") or {})
-    meta.setdefault("name", meta.get("generateName", "") or "pending")
-    meta.setdefault("uid", "pending")
-    try:
-        request = objects.request_from({**pcr, "metadata": meta})
-    except objects.ObjectError as err:
-        return Verdict(False, f"malformed request: {err}", model.INVALID_REQUEST)
-    signer_policy = policy.for_signer(request.signer_name)
+    problem = invalid(read)
+    if problem is not None:
+        return Verdict(False, f"malformed request: {problem}", model.INVALID_REQUEST)
+    assert isinstance(read, PodCertificateRequest)  # `invalid` says why any other is not
+    request = read
+    signer_policy = policy.for_signer(request.spec.signer_name)
     # The same checks the signer makes at issuance, minus the CA: fail fast instead of a
     # request that can only end Denied. First without facts, which stops at the request's own
     # faults (spec, key) before any API read.
@@ -279,12 +282,13 @@ _KEY_DROPPED: Final = (
 )
 
 
-def _binding_message(request: model.Request) -> str:
+def _binding_message(request: PodCertificateRequest) -> str:
     """The same words whichever part of the binding failed, built from the request alone (its
     names passed decide's checks for Kubernetes names before the binding was looked at)."""
+    spec = request.spec
     return (
-        f"{BINDING_MISMATCH}: no running pod {request.namespace}/{request.pod_name} on node "
-        f"{request.node_name} as service account {request.service_account_name} matches the "
+        f"{BINDING_MISMATCH}: no running pod {request.namespace}/{spec.pod_name} on node "
+        f"{spec.node_name} as service account {spec.service_account_name} matches the "
         "podUID, nodeUID and serviceAccountUID of the request (for a pod just created or "
         "replaced, request again; the signer's log says which part differs)"
     )

@@ -23,6 +23,7 @@ from typing import Final
 
 from aiohttp import web
 
+from podcert.api.requests import PodCertificateRequest
 from podcert.client.rest import ApiError
 from podcert.serving import servers
 from podcert.serving.connections import DEFAULT_LIMITS, Limits
@@ -69,7 +70,7 @@ class WebhookServer:
         port: int,
         serving: ServingCert,
         served: Sequence[str],
-        facts: Callable[[model.Request], model.Facts],
+        facts: Callable[[PodCertificateRequest], model.Facts],
         policy: Policy,
         clock: Callable[[], dt.datetime],
         limits: Limits = DEFAULT_LIMITS,

@@ -18,11 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, assert_never
+from typing import Final, assert_never
 
 from prometheus_client import Counter, Histogram
 
-from podcert.client.rest import JSON, ApiError
+from podcert.api.requests import PodCertificateRequest, Read, invalid
+from podcert.client.rest import ApiError
 from podcert.reconcile.ratelimit import TokenBuckets
 from podcert.reconcile.reflector import Reflector
 from podcert.reconcile.runtime import Synced, WorkerPool
@@ -106,7 +107,7 @@ class Controller:
         self._held_back = 0  # requests held back since the last log line about it
         self._held_logged = float("-inf")
         self._lock = threading.Lock()
-        self._store: dict[Key, JSON] = {}  # unsettled requests, latest seen
+        self._store: dict[Key, Read] = {}  # unsettled requests, latest seen
         self._services: dict[str, dict[str, Mapping[str, str]]] = {}  # ns -> name -> selector
         # When each unsettled request was first seen (self.monotonic): it was made before then.
         self._seen: dict[Key, float] = {}
@@ -198,21 +199,21 @@ class Controller:
 
     # --- reflector callbacks ---------------------------------------------------------------
 
-    def _on_pcr_list(self, signer_name: str, items: Iterable[JSON]) -> None:
+    def _on_pcr_list(self, signer_name: str, items: Iterable[Read]) -> None:
         """One signer name's requests, listed whole: they replace that name's in the store."""
         seen = self.monotonic()  # the list answered: every request in it was made before
         if signer_name in self._unlisted:
             self._unlisted.discard(signer_name)
             if not self._unlisted:
                 self._pcrs_listed.set()
-        fresh: dict[Key, JSON] = {}
+        fresh: dict[Key, Read] = {}
         for obj in items:
             key = _key(obj)
-            if key is not None and objects.outcome(obj) is None:
+            if key is not None and obj.status.outcome is None:
                 fresh[key] = obj
         with self._lock:
             for key, obj in list(self._store.items()):
-                if key not in fresh and objects.signer_name_of(obj) in (signer_name, None):
+                if key not in fresh and obj.spec.signer_name in (signer_name, ""):
                     self._store.pop(key)
                     self._seen.pop(key, None)
             self._store.update(fresh)
@@ -222,13 +223,13 @@ class Controller:
             self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
-    def _on_pcr_event(self, kind: str, obj: JSON) -> None:
+    def _on_pcr_event(self, kind: str, obj: Read) -> None:
         key = _key(obj)
         if key is None:
             return
         seen = self.monotonic()
         with self._lock:
-            if kind == "DELETED" or objects.outcome(obj) is not None:
+            if kind == "DELETED" or obj.status.outcome is not None:
                 self._store.pop(key, None)
                 self._seen.pop(key, None)
                 return
@@ -258,34 +259,36 @@ class Controller:
             seen_at = self._seen.get(key)
         if pcr is None:
             pcr = self.kube.get_pcr(namespace, name)
-            if pcr is None or objects.outcome(pcr) is not None:
+            if pcr is None:
                 return None
         if seen_at is None:
             seen_at = self.monotonic()  # read just now (or stored by hand, in tests)
-        if objects.outcome(pcr) is not None:
+        if pcr.status.outcome is not None:
             return None
         hidden = False
-        if not objects.holds_key(pcr):  # a 1.35 node's request seen at v1: read at v1beta1
+        if isinstance(pcr, PodCertificateRequest) and not pcr.spec.holds_key:
+            # A 1.35 node's request seen at v1: read at v1beta1.
             try:
                 found = self.kube.keyed_pcr(pcr)
             except KeyNotServed:
                 found, hidden = pcr, True
-            if found is None or objects.outcome(found) is not None:
+            if found is None or found.status.outcome is not None:
                 self._forget(key)
                 return None
             pcr = found
-        try:
-            request = objects.request_from(pcr, key_not_served=hidden)
-        except objects.ObjectError as err:
-            invalid = model.Deny(model.INVALID_REQUEST, str(err))
-            return self.apply(settle(pcr, None, invalid, self.clock()))
-        if request.signer_name not in self.signer_names:
+        problem = invalid(pcr)
+        if problem is not None:
+            invalid_request = model.Deny(model.INVALID_REQUEST, str(problem))
+            return self.apply(settle(pcr, invalid_request, self.clock()))
+        assert isinstance(pcr, PodCertificateRequest)  # `invalid` says why any other is not
+        request = pcr
+        if request.spec.signer_name not in self.signer_names:
             return None
-        facts = self.facts(request, seen_at)
+        facts = self.facts(request, seen_at, key_not_served=hidden)
         decision = decide(
             request,
             facts,
-            self.policy.for_signer(request.signer_name),
+            self.policy.for_signer(request.spec.signer_name),
             self.clock(),
             backdate=self.settings.backdate,
             refresh_fraction=self.settings.refresh_fraction,
@@ -309,7 +312,7 @@ class Controller:
             answer = decision
         else:
             assert_never(decision)
-        return self.apply(settle(pcr, request, answer, self.clock()))
+        return self.apply(settle(request, answer, self.clock()))
 
     def _flow(self, key: Key) -> tuple[str, str]:
         """The queue's flow path of a request: its node, then its namespace. Workers take
@@ -318,22 +321,21 @@ class Controller:
         Requests not in the store share the node "" (they are rare: re-reads, relists)."""
         # One dict read (atomic) and no lock, so queue.add stays callable under self._lock.
         pcr = self._store.get(key)
-        spec = pcr.get("spec") if isinstance(pcr, Mapping) else None
-        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        return (node if isinstance(node, str) else "", key[0])
+        return (pcr.spec.node_name if pcr is not None else "", key[0])
 
-    def _hold_back(self, key: Key, request: model.Request) -> float:
+    def _hold_back(self, key: Key, request: PodCertificateRequest) -> float:
         """Seconds this request must wait under its node's rate limit, 0 to go ahead. Held
         back, never denied: a node over its rate gets its certificates later. Logged at most
         every RATE_LIMIT_LOG_EVERY seconds, with how many were held back meanwhile."""
-        buckets = self._node_rates.get(request.signer_name)
+        spec = request.spec
+        buckets = self._node_rates.get(spec.signer_name)
         if buckets is None:
             return 0.0
         now = self.monotonic()
-        wait = buckets.admit(request.node_name, key, now)
+        wait = buckets.admit(spec.node_name, key, now)
         if wait <= 0:
             return 0.0
-        self.metrics.rate_limited.labels(signer=request.signer_name, reason="NodeRateLimit").inc()
+        self.metrics.rate_limited.labels(signer=spec.signer_name, reason="NodeRateLimit").inc()
         with self._held_lock:
             self._held_back += 1
             if now - self._held_logged < RATE_LIMIT_LOG_EVERY:
@@ -342,18 +344,21 @@ class Controller:
         log.warning(
             "node %s is over its rate limit for %s: this request waits %.1fs (%d held back "
             "since the last such message)",
-            request.node_name,
-            request.signer_name,
+            spec.node_name,
+            spec.signer_name,
             wait,
             held,
             extra=_ctx(key),
         )
         return wait
 
-    def facts(self, request: model.Request, seen_at: float) -> model.Facts:
+    def facts(
+        self, request: PodCertificateRequest, seen_at: float, *, key_not_served: bool = False
+    ) -> model.Facts:
         """The request's pod, node and service account as they were at least when it was seen
-        (`seen_at`, on self.monotonic: `signer.issue.fresh`), its Service names and the CA."""
-        dns = self.policy.for_signer(request.signer_name).dns
+        (`seen_at`, on self.monotonic: `signer.issue.fresh`), its Service names and the CA.
+        `key_not_served`: the adapter found that no served version shows the request's key."""
+        dns = self.policy.for_signer(request.spec.signer_name).dns
         pod, node, sa = self.bindings.read(request, seen_at, labels=dns.services)
         names: frozenset[str] = frozenset()
         if pod is not None and dns.services:
@@ -374,9 +379,10 @@ class Controller:
             service_account=sa,
             service_dns_names=names,
             ca=self.cas.issuing(),
+            key_not_served=key_not_served,
         )
 
-    def admission_facts(self, request: model.Request) -> model.Facts:
+    def admission_facts(self, request: PodCertificateRequest) -> model.Facts:
         """The facts for the admission webhook's pre-check, before the request exists: the
         caches as they are (read live only where they would deny). Issuance checks again with
         facts as fresh as the request."""
@@ -398,7 +404,7 @@ class Controller:
             self.metrics.count_retry("AuditLogUnwritable")
             return min(30.0, self.queue.backoff(key))
         try:
-            self.kube.write_status(settlement.status)
+            self.kube.write_status(settlement.target, settlement.status)
         except ApiError as err:
             if err.status == 404:
                 self._forget(key)
@@ -407,7 +413,7 @@ class Controller:
                 # Someone changed it since we read it: re-read; an outcome already written
                 # by someone else stands.
                 fresh = self.kube.get_pcr(*key)
-                if fresh is None or objects.outcome(fresh) is not None:
+                if fresh is None or fresh.status.outcome is not None:
                     self._forget(key)
                     return None
                 with self._lock:
@@ -438,7 +444,7 @@ class Controller:
             )
         if settlement.event is not None:
             event = settlement.event
-            self.kube.record_event(settlement.status, event.reason, event.message, now, event.type)
+            self.kube.record_event(settlement.target, event.reason, event.message, now, event.type)
         if not settlement.write_ahead:
             self.trail.record(settlement.entry)
         return None
@@ -469,14 +475,9 @@ def sign(plan: model.LeafPlan, issuer: model.IssuingCA) -> model.Signed:
     return model.Signed(plan, certs.sign_leaf(plan, issuer, serial), serial)
 
 
-def _key(obj: Mapping[str, Any]) -> Key | None:
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        return None
-    namespace, name = meta.get("namespace"), meta.get("name")
-    if isinstance(namespace, str) and isinstance(name, str):
-        return namespace, name
-    return None
+def _key(obj: Read) -> Key | None:
+    namespace, name = obj.metadata.namespace, obj.metadata.name
+    return (namespace, name) if namespace and name else None
 
 
 def _index_service(

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
 from podcert.api.keys import KEY_TYPES, KeyType, key_type_of, proof_verifies
-from podcert.api.requests import ProvenKey, RequestError, subject_key
+from podcert.api.requests import PodCertificateRequest, ProvenKey, RequestError, subject_key
 from signer import model
 
 _SUPPORTED: Final = ", ".join(KEY_TYPES)
@@ -41,20 +41,24 @@ class ParsedKey:
     key_type: KeyType
 
 
-def parse_public_key(request: model.Request) -> ParsedKey:
+def parse_public_key(request: PodCertificateRequest) -> ParsedKey:
     """The subject key of `request`, from its stub CSR or from its PKIX public key whose proof
     of possession verifies over the request's pod UID.
 
     Raises CSRError, and nothing else, whatever the bytes are.
     """
     try:
-        form = subject_key(request.stub_csr, request.pkix_public_key, request.proof_of_possession)
+        form = subject_key(
+            request.spec.stub_pkcs10_request,
+            request.spec.pkix_public_key,
+            request.spec.proof_of_possession,
+        )
     except RequestError as err:
         raise CSRError(model.INVALID_REQUEST, f"{err.field} {err.problem}.") from None
     if not isinstance(form, ProvenKey):
         return _from_csr(form.der)
     parsed = _from_spki(form.pkix_public_key)
-    if not proof_verifies(parsed.public_key, request.pod_uid, form.proof_of_possession):
+    if not proof_verifies(parsed.public_key, request.spec.pod_uid, form.proof_of_possession):
         raise CSRError(
             model.INVALID_PROOF_OF_POSSESSION,
             "spec.proofOfPossession does not verify: it must be the signature of the key in "

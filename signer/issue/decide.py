@@ -20,6 +20,7 @@ from podcert.api.lifetimes import (
     max_expiration_allowed,
 )
 from podcert.api.names import is_dns_label, is_dns_name
+from podcert.api.requests import PodCertificateRequest
 from podcert.errors import show
 from signer import certs, model
 from signer.issue import csr
@@ -41,7 +42,7 @@ KEY_NOT_SERVED_MESSAGE: Final = (
 
 
 def decide(
-    request: model.Request,
+    request: PodCertificateRequest,
     facts: model.Facts,
     policy: SignerPolicy,
     now: dt.datetime,
@@ -50,8 +51,9 @@ def decide(
     refresh_fraction: float = certs.DEFAULT_REFRESH_FRACTION,
 ) -> model.Decision:
     """What to do with `request`, given `facts` read just now and the signer's `policy`."""
-    if request.signer_name != policy.name:
-        raise ValueError(f"policy for {policy.name} applied to a request for {request.signer_name}")
+    spec = request.spec
+    if spec.signer_name != policy.name:
+        raise ValueError(f"policy for {policy.name} applied to a request for {spec.signer_name}")
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
 
@@ -59,7 +61,7 @@ def decide(
     denial = _check_spec(request)
     if denial is not None:
         return denial
-    if request.key_not_served:
+    if facts.key_not_served:
         return model.Deny(model.KEY_NOT_SERVED, KEY_NOT_SERVED_MESSAGE)
     try:
         key = csr.parse_public_key(request)
@@ -81,21 +83,21 @@ def decide(
             f"Key type {key.key_type} is not accepted by signer {policy.name} (it accepts "
             f"{_allowed(policy)}); use {_suggest(policy)}.",
         )
-    if not policy.allows(request.namespace, request.service_account_name):
+    if not policy.allows(request.namespace, spec.service_account_name):
         return model.Deny(
             model.POLICY_DENIED,
             f"Signer {policy.name} issues no certificates to service account "
-            f"{request.service_account_name!r} in namespace {request.namespace!r}: no allow "
+            f"{spec.service_account_name!r} in namespace {request.namespace!r}: no allow "
             "rule of its policy matches them.",
         )
-    requested = parse_annotations(request.user_annotations, policy)
+    requested = parse_annotations(spec.unverified_user_annotations, policy)
     if isinstance(requested, model.Deny):
         return requested
     for name in requested.dns_names:
         if name not in facts.service_dns_names:
             return model.Deny(
                 model.DNS_NAME_NOT_ALLOWED,
-                f"Pod {request.pod_name!r} is not entitled to DNS name {show(name)}: no Service "
+                f"Pod {spec.pod_name!r} is not entitled to DNS name {show(name)}: no Service "
                 f"in namespace {request.namespace!r} selecting it has that name.",
             )
     issued = facts.service_dns_names if policy.dns.services else frozenset()
@@ -112,7 +114,7 @@ def decide(
     not_before, not_after = certs.lifetime_window(
         now,
         backdate=backdate,
-        max_lifetime=min(policy.max_lifetime, dt.timedelta(seconds=request.max_expiration_seconds)),
+        max_lifetime=min(policy.max_lifetime, dt.timedelta(seconds=spec.max_expiration_seconds)),
         issuer_not_after=ca.not_after,
     )
     if not_after - not_before < MIN_LIFETIME:
@@ -124,7 +126,7 @@ def decide(
             public_key=key.public_key,
             spiffe_id=(
                 f"spiffe://{policy.trust_domain}/ns/{request.namespace}"
-                f"/sa/{request.service_account_name}"
+                f"/sa/{spec.service_account_name}"
             ),
             dns_names=dns_names,
             not_before=not_before,
@@ -136,18 +138,19 @@ def decide(
     )
 
 
-def _check_spec(request: model.Request) -> model.Deny | None:
+def _check_spec(request: PodCertificateRequest) -> model.Deny | None:
     """Fields the API server normally guarantees; checked again because they reach the SAN."""
-    seconds = request.max_expiration_seconds
+    spec = request.spec
+    seconds = spec.max_expiration_seconds
     if not max_expiration_allowed(seconds):
         return _invalid(
             f"maxExpirationSeconds is {seconds}; it must be between {MIN_MAX_EXPIRATION_SECONDS} "
             f"and {MAX_MAX_EXPIRATION_SECONDS}."
         )
     for field_name, value in (
-        ("podUID", request.pod_uid),
-        ("nodeUID", request.node_uid),
-        ("serviceAccountUID", request.service_account_uid),
+        ("podUID", spec.pod_uid),
+        ("nodeUID", spec.node_uid),
+        ("serviceAccountUID", spec.service_account_uid),
     ):
         if not value:
             return _invalid(f"spec.{field_name} is empty.")
@@ -156,35 +159,36 @@ def _check_spec(request: model.Request) -> model.Deny | None:
     if not is_dns_label(request.namespace):
         return _invalid(f"Namespace {show(request.namespace)} is not a valid namespace name.")
     for field_name, value in (
-        ("serviceAccountName", request.service_account_name),
-        ("podName", request.pod_name),
-        ("nodeName", request.node_name),
+        ("serviceAccountName", spec.service_account_name),
+        ("podName", spec.pod_name),
+        ("nodeName", spec.node_name),
     ):
         if not is_dns_name(value):
             return _invalid(f"spec.{field_name} {show(value)} is not a valid Kubernetes name.")
     return None
 
 
-def binding_problem(request: model.Request, facts: model.Facts) -> model.Deny | None:
+def binding_problem(request: PodCertificateRequest, facts: model.Facts) -> model.Deny | None:
     """The NodeRestriction checks, against live state: stops anyone but the pod's own node
     (or a stale request) from obtaining the pod's identity. None when the pod, node and service
     account in `facts` are the ones the request names; else the Deny, whose reason is one of
     `model.BINDING_REASONS`. The controller trusts its watched caches exactly when this finds
     no problem in them (else it reads live): one rule for both, so they cannot drift apart."""
+    spec = request.spec
     pod = facts.pod
-    pod_ref = f"{request.namespace}/{request.pod_name}"
+    pod_ref = f"{request.namespace}/{spec.pod_name}"
     if pod is None:
         return model.Deny(model.POD_NOT_FOUND, f"Pod {pod_ref} does not exist.")
-    if pod.uid != request.pod_uid:
+    if pod.uid != spec.pod_uid:
         return model.Deny(
             model.POD_UID_MISMATCH,
-            f"Pod {pod_ref} has UID {pod.uid}, not {show(request.pod_uid)} as the request says; "
+            f"Pod {pod_ref} has UID {pod.uid}, not {show(spec.pod_uid)} as the request says; "
             "the pod was replaced, so request again for the new pod.",
         )
-    if pod.node_name != request.node_name:
+    if pod.node_name != spec.node_name:
         return model.Deny(
             model.POD_NOT_ON_NODE,
-            f"Pod {pod_ref} runs on node {pod.node_name!r}, not on {request.node_name!r} "
+            f"Pod {pod_ref} runs on node {pod.node_name!r}, not on {spec.node_name!r} "
             "where the request comes from.",
         )
     if pod.deleting or pod.phase in ("Succeeded", "Failed"):
@@ -194,30 +198,30 @@ def binding_problem(request: model.Request, facts: model.Facts) -> model.Deny | 
         )
     node = facts.node
     if node is None:
-        return model.Deny(model.NODE_NOT_FOUND, f"Node {request.node_name!r} does not exist.")
-    if node.uid != request.node_uid:
+        return model.Deny(model.NODE_NOT_FOUND, f"Node {spec.node_name!r} does not exist.")
+    if node.uid != spec.node_uid:
         return model.Deny(
             model.NODE_UID_MISMATCH,
-            f"Node {node.name!r} has UID {node.uid}, not {show(request.node_uid)} as the request "
+            f"Node {node.name!r} has UID {node.uid}, not {show(spec.node_uid)} as the request "
             "says; the node was re-registered.",
         )
-    if pod.service_account_name != request.service_account_name:
+    if pod.service_account_name != spec.service_account_name:
         return model.Deny(
             model.SERVICE_ACCOUNT_MISMATCH,
             f"Pod {pod_ref} runs as service account {pod.service_account_name!r}, not "
-            f"{show(request.service_account_name)} as the request says.",
+            f"{show(spec.service_account_name)} as the request says.",
         )
     account = facts.service_account
-    sa_ref = f"{request.namespace}/{request.service_account_name}"
+    sa_ref = f"{request.namespace}/{spec.service_account_name}"
     if account is None:
         return model.Deny(
             model.SERVICE_ACCOUNT_MISMATCH, f"Service account {sa_ref} does not exist."
         )
-    if account.uid != request.service_account_uid:
+    if account.uid != spec.service_account_uid:
         return model.Deny(
             model.SERVICE_ACCOUNT_MISMATCH,
             f"Service account {sa_ref} has UID {account.uid}, not "
-            f"{show(request.service_account_uid)} as the request says; it was re-created.",
+            f"{show(spec.service_account_uid)} as the request says; it was re-created.",
         )
     return None
 

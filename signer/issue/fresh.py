@@ -33,6 +33,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 from prometheus_client import Counter
 
+from podcert.api.requests import PodCertificateRequest
 from podcert.reconcile.cache import Cache
 from signer import model, objects
 from signer.issue.decide import binding_problem
@@ -172,23 +173,23 @@ class Bindings:
         return (self.pods, self.nodes, self.service_accounts)
 
     def read(
-        self, request: model.Request, seen_at: float, *, labels: bool = False
+        self, request: PodCertificateRequest, seen_at: float, *, labels: bool = False
     ) -> tuple[model.Pod | None, model.Node | None, model.ServiceAccount | None]:
         """The request's pod, node and ServiceAccount as they were at least at `seen_at`. When
         decide's binding checks would find a problem in them, those that came from a cache are
         read live, so that no request is denied on a cache that lags behind the API server.
         With `labels`, the pod (when it exists) comes with its labels whole: read live when
         its entry does not hold them."""
-        pod_key = (request.namespace, request.pod_name)
-        sa_key = (request.namespace, request.service_account_name)
+        pod_key = (request.namespace, request.spec.pod_name)
+        sa_key = (request.namespace, request.spec.service_account_name)
         pod, pod_cached = self.fresh_pods.get(pod_key, seen_at)
         if labels and pod is not None and pod.labels is None:
             pod, pod_cached = self.fresh_pods.read(pod_key), False
-        node, node_cached = self.fresh_nodes.get(request.node_name, seen_at)
+        node, node_cached = self.fresh_nodes.get(request.spec.node_name, seen_at)
         sa, sa_cached = self.fresh_service_accounts.get(sa_key, seen_at)
         if binding_problem(request, model.Facts(pod, node, sa)) is not None:
             pod = self.fresh_pods.read(pod_key) if pod_cached else pod
-            node = self.fresh_nodes.read(request.node_name) if node_cached else node
+            node = self.fresh_nodes.read(request.spec.node_name) if node_cached else node
             sa = self.fresh_service_accounts.read(sa_key) if sa_cached else sa
         return pod, node, sa
 

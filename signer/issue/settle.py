@@ -1,7 +1,7 @@
 """The settlement: one terminal answer for a request, turned into everything the signer writes.
 
-`settle(pcr, request, answer, now)` is a purely computational function: from the request as
-read and the answer (a signed leaf, a denial or a failure) it builds the status to PUT, the audit
+`settle(request, answer, now)` is a purely computational function: from the request as read
+and the answer (a signed leaf, a denial or a failure) it builds the status to PUT, the audit
 entry, the Event (or none) and the metric labels, and nothing else decides what they say. The
 controller applies a `Settlement` with its one writer (`Controller.apply`), which owns only the
 order and the faults of the writes: the audit entry before the status for an issuance
@@ -16,9 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, assert_never
 
-from podcert.api.requests import Outcome
+from podcert.api.requests import (
+    Metadata,
+    Outcome,
+    PodCertificateRequest,
+    Read,
+    issued_status,
+    settled_status,
+)
 from podcert.auditlog import Decision, Entry
-from signer import model, objects
+from signer import model
 
 JSON = dict[str, Any]
 
@@ -58,7 +65,8 @@ class Settlement:
     outcome: Outcome
     reason: SettledReason
     message: str
-    status: JSON = field(repr=False)  # the object to PUT to /status, with its resourceVersion
+    target: Metadata  # the request written to: its key, UID and resourceVersion (the guard)
+    status: JSON = field(repr=False)  # the status to PUT
     entry: Entry
     event: EventNote | None
     labels: Labels
@@ -72,44 +80,47 @@ class Settlement:
         return self.outcome == "Issued"
 
 
-def settle(
-    pcr: Mapping[str, Any],
-    request: model.Request | None,
-    answer: model.Answer,
-    now: dt.datetime,
-) -> Settlement:
-    """Everything the signer writes for `answer` to `pcr`. `request` is None when the object
-    could not be read as a request (the answer is then an InvalidRequest denial)."""
+def settle(request: Read, answer: model.Answer, now: dt.datetime) -> Settlement:
+    """Everything the signer writes for `answer` to `request`. An `Unreadable` request's
+    answer is an InvalidRequest denial."""
     outcome: Outcome
     reason: SettledReason
     event: EventNote | None
     plan: model.LeafPlan | None = None
     serial: str | None = None
+    generation = request.metadata.generation
     if isinstance(answer, model.Signed):
         plan, serial = answer.plan, f"{answer.serial:x}"
         outcome, reason, message = "Issued", ISSUED, f"issued for {plan.spiffe_id}"
-        status = objects.issued_status(pcr, answer.chain_pem, plan, now)
+        status = issued_status(
+            generation,
+            answer.chain_pem,
+            plan.not_before,
+            plan.not_after,
+            plan.begin_refresh_at,
+            message,
+            now,
+        )
         event = None
     elif isinstance(answer, model.Deny | model.Fail):
         outcome = "Denied" if isinstance(answer, model.Deny) else "Failed"
         reason, message = answer.reason, answer.message
-        status = objects.settled_status(pcr, outcome, reason, message, now)
+        status = settled_status(outcome, reason, message, generation, now)
         event = EventNote("Warning", reason, message)
     else:
         assert_never(answer)
-    meta, spec = _mapping(pcr.get("metadata")), _mapping(pcr.get("spec"))
-    signer_name = _text(spec, "signerName")
+    meta, spec = request.metadata, request.spec
     entry = Entry(
         time=now,
-        namespace=_text(meta, "namespace"),
-        name=_text(meta, "name"),
-        uid=_text(meta, "uid"),
-        pod=_text(spec, "podName"),
-        node=_text(spec, "nodeName"),
-        service_account=_text(spec, "serviceAccountName"),
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=meta.uid,
+        pod=spec.pod_name,
+        node=spec.node_name,
+        service_account=spec.service_account_name,
         decision=_DECISIONS[outcome],
         reason=reason,
-        signer_name=signer_name,
+        signer_name=spec.signer_name,
         spiffe_id=plan.spiffe_id if plan else None,
         serial=serial,
         not_before=plan.not_before if plan else None,
@@ -120,18 +131,11 @@ def settle(
         outcome=outcome,
         reason=reason,
         message=message,
+        target=meta,
         status=status,
         entry=entry,
         event=event,
-        labels=Labels(signer_name, outcome, reason),
-        created=request.created if request is not None else None,
+        labels=Labels(spec.signer_name, outcome, reason),
+        created=request.created if isinstance(request, PodCertificateRequest) else None,
         serial=serial,
     )
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _text(obj: Mapping[str, Any], name: str) -> str:
-    return str(obj.get(name, ""))

@@ -14,9 +14,8 @@ from devcluster import kube
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
-from podcert.api.requests import STUB_CSR, KeyForm, key_fields
+from podcert.api.requests import STUB_CSR, KeyForm, key_fields, outcome
 from podcert.client.rest import JSON, Rest, path_of
-from signer import objects
 
 PCRS = "certificates.k8s.io/v1"
 
@@ -115,7 +114,7 @@ def settled(
 
     def probe() -> JSON | None:
         current = rest.request("GET", path)
-        return current if objects.outcome(current) else None
+        return current if outcome(current) else None
 
     try:
         return eventually(probe, timeout=timeout, what=f"outcome of {meta['name']}")

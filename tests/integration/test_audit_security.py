@@ -27,9 +27,9 @@ from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
+from podcert.api.requests import outcome
 from podcert.cli import main
 from podcert.client.rest import Rest, path_of
-from signer import objects
 from signer.auditlog import writer
 from tests.integration.conftest import StartSigner
 from tests.integration.fault_helpers import fill, small_filesystem
@@ -331,7 +331,7 @@ def test_a_full_audit_log_stops_issuance_and_readiness_until_space_returns(
                 what="two refused issuances",
             )
             assert _metric(proc, "podcert_signer_audit_log_errors_total") >= 2
-            assert objects.outcome(_get(devcluster, pcr)) is None
+            assert outcome(_get(devcluster, pcr)) is None
             assert "PRIVATE KEY" not in proc.output()
 
             filler.unlink()
@@ -351,7 +351,7 @@ def test_a_full_audit_log_stops_issuance_and_readiness_until_space_returns(
 
 
 def _issued(devcluster: DevCluster, pcr: dict[str, Any]) -> str | None:
-    return "issued" if objects.outcome(_get(devcluster, pcr)) == "Issued" else None
+    return "issued" if outcome(_get(devcluster, pcr)) == "Issued" else None
 
 
 def _get(devcluster: DevCluster, pcr: dict[str, Any]) -> dict[str, Any]:

@@ -5,8 +5,8 @@ the exception types it may raise (anything else is a bug):
 
     target                                          fed by                      may raise
     signer.issue.csr.parse_public_key                     anyone who creates PCRs     CSRError
-    signer.objects.request_from, then decide        same, as the API returns it ObjectError; decide
-                                                                                nothing
+    podcert.api.requests.decode_request, then       same, as the API returns it nothing; decide
+      invalid and decide                                                        nothing
     signer.requested.parse_annotations                 same (userAnnotations)      nothing
     signer.policy.load_policy                       the operator's policy file  PolicyError
     bundles.formats.load_credential(_files),        files in a pod volume       BundleError,
@@ -57,9 +57,10 @@ from hypothesis import strategies as st
 
 from bundles import formats, spiffe
 from podcert import auditlog
-from podcert.api import fields, keys, pods
+from podcert.api import fields, keys, pods, requests
+from podcert.api.requests import issued_status, settled_status
 from podcert.api.volumes import path_problem
-from signer import certs, model, objects, policy, requested
+from signer import certs, model, policy, requested
 from signer.auditlog.writer import AuditLog
 from signer.authority import ca
 from signer.issue import csr, decide
@@ -70,8 +71,10 @@ from tests.signer_world import (
     POLICY,
     SIGNER,
     assert_api_server_accepts,
+    changed,
     make_facts,
     make_request,
+    request_of,
 )
 from tests.strategies import (
     FUZZ,
@@ -216,12 +219,10 @@ def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
     stub: bytes, pkix: bytes, proof: bytes
 ) -> None:
     for request in (
-        dataclasses.replace(BASE_REQUEST, stub_csr=stub, pkix_public_key=b""),
+        changed(BASE_REQUEST, stub_csr=stub, pkix_public_key=b""),
         # v1beta1's other form (1.35's only): no stub CSR, the key as bare SubjectPublicKeyInfo
         # with its signature over the pod UID.
-        dataclasses.replace(
-            BASE_REQUEST, stub_csr=b"", pkix_public_key=pkix, proof_of_possession=proof
-        ),
+        changed(BASE_REQUEST, stub_csr=b"", pkix_public_key=pkix, proof_of_possession=proof),
     ):
         try:
             parsed = csr.parse_public_key(request)
@@ -236,13 +237,13 @@ def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
             continue
         event(f"parsed {parsed.key_type}")
         assert csr.key_type_of(parsed.public_key) == parsed.key_type
-        if request.stub_csr:
+        if request.spec.stub_pkcs10_request:
             # Whatever parsed proved possession: the CSR verifies under the key it names.
-            loaded = x509.load_der_x509_csr(request.stub_csr)
+            loaded = x509.load_der_x509_csr(request.spec.stub_pkcs10_request)
             assert loaded.is_signature_valid
             assert _spki(loaded) == _spki_of(parsed.public_key)
         else:
-            assert keys.proof_verifies(parsed.public_key, request.pod_uid, proof)
+            assert keys.proof_verifies(parsed.public_key, request.spec.pod_uid, proof)
 
 
 def _spki_of(public_key: Any) -> bytes:
@@ -252,7 +253,7 @@ def _spki_of(public_key: Any) -> bytes:
     return der
 
 
-# === decide: request_from, then the decision, as the controller runs them ======================
+# === decide: the request off the wire, then the decision, as the controller runs them =========
 
 BASE_FACTS = make_facts()
 assert BASE_FACTS.pod is not None
@@ -323,22 +324,22 @@ SHORT_CA = ca.issuing_ca(
 
 
 @st.composite
-def facts_for(draw: st.DrawFn, request: model.Request) -> model.Facts:
+def facts_for(draw: st.DrawFn, request: requests.PodCertificateRequest) -> model.Facts:
     """Live state as the controller would read it for `request`: matching it, or disagreeing on
     one or two points (lagging caches, replaced pods, a pod on another node, no CA yet)."""
     pod = model.Pod(
         namespace=request.namespace,
-        name=request.pod_name,
-        uid=request.pod_uid,
-        node_name=request.node_name,
-        service_account_name=request.service_account_name,
+        name=request.spec.pod_name,
+        uid=request.spec.pod_uid,
+        node_name=request.spec.node_name,
+        service_account_name=request.spec.service_account_name,
         phase="Running",
     )
     facts = model.Facts(
         pod=pod,
-        node=model.Node(request.node_name, request.node_uid),
+        node=model.Node(request.spec.node_name, request.spec.node_uid),
         service_account=model.ServiceAccount(
-            request.namespace, request.service_account_name, request.service_account_uid
+            request.namespace, request.spec.service_account_name, request.spec.service_account_uid
         ),
         service_dns_names=BASE_FACTS.service_dns_names,
         ca=ISSUER,
@@ -349,14 +350,16 @@ def facts_for(draw: st.DrawFn, request: model.Request) -> model.Facts:
             st.builds(
                 msgspec.structs.replace,
                 st.just(pod),
-                uid=st.sampled_from([request.pod_uid, "other-uid"]),
-                node_name=st.sampled_from([request.node_name, "node-z"]),
+                uid=st.sampled_from([request.spec.pod_uid, "other-uid"]),
+                node_name=st.sampled_from([request.spec.node_name, "node-z"]),
                 phase=st.sampled_from(["Pending", "Running", "Succeeded", "Failed", "Unknown"]),
                 deleting=st.booleans(),
-                service_account_name=st.sampled_from([request.service_account_name, "default"]),
+                service_account_name=st.sampled_from(
+                    [request.spec.service_account_name, "default"]
+                ),
             ),
         ),
-        "node": st.sampled_from([None, model.Node(request.node_name, "re-registered")]),
+        "node": st.sampled_from([None, model.Node(request.spec.node_name, "re-registered")]),
         "service_account": st.sampled_from(
             [None, model.ServiceAccount(request.namespace, "api", "re-created")]
         ),
@@ -376,18 +379,18 @@ DENIED_REASONS: Final = frozenset(get_args(model.DenyReason))
 def test_damaged_requests_end_in_object_error_or_a_typed_decision(
     data: st.DataObject, pcr: Any, signer: policy.SignerPolicy
 ) -> None:
-    assert objects.outcome(pcr) in (None, "Issued", "Denied", "Failed")
-    try:
-        request = objects.request_from(pcr)
-    except objects.ObjectError as exc:
+    assert requests.outcome(pcr) in (None, "Issued", "Denied", "Failed")
+    read = requests.decode_request(msgspec.json.encode(pcr))
+    problem = requests.invalid(read)
+    if problem is not None:
         # The controller denies these with InvalidRequest and this message.
-        event("ObjectError")
-        assert 0 < len(str(exc)) < 200
-        if isinstance(pcr.get("metadata"), dict):  # always, for what the API server returns
-            denied = objects.settled_status(pcr, "Denied", model.INVALID_REQUEST, str(exc), NOW)
-            json.dumps(denied)
+        event(f"InvalidRequest at {problem.field.split('.')[0]}")
+        assert 0 < len(str(problem)) < 200
+        json.dumps(settled_status("Denied", model.INVALID_REQUEST, str(problem), None, NOW))
         return
-    if request.signer_name != signer.name:
+    assert isinstance(read, requests.PodCertificateRequest)
+    request = read
+    if request.spec.signer_name != signer.name:
         event("another signer's request (the controller skips it)")
         return
     facts = data.draw(facts_for(request))
@@ -397,7 +400,8 @@ def test_damaged_requests_end_in_object_error_or_a_typed_decision(
     if isinstance(decision, model.Deny):
         assert decision.reason in DENIED_REASONS
         assert 0 < len(decision.message) < 1000
-        json.dumps(objects.settled_status(pcr, "Denied", decision.reason, decision.message, now))
+        generation = request.metadata.generation
+        json.dumps(settled_status("Denied", decision.reason, decision.message, generation, now))
         return
     if isinstance(decision, model.Retry):
         assert decision.after > dt.timedelta(0)
@@ -408,7 +412,12 @@ def test_damaged_requests_end_in_object_error_or_a_typed_decision(
     chain = certs.sign_leaf(decision.plan, facts.ca, certs.random_serial())
     leaf = x509.load_pem_x509_certificates(chain.encode())[0]
     assert leaf.public_key() == decision.plan.public_key
-    json.dumps(objects.issued_status(pcr, chain, decision.plan, now))
+    plan = decision.plan
+    json.dumps(
+        issued_status(
+            None, chain, plan.not_before, plan.not_after, plan.begin_refresh_at, "issued", now
+        )
+    )
 
 
 # === the annotation parser and the policy loader ================================================
@@ -1189,9 +1198,9 @@ def test_damaged_pods_parse_into_work_items_and_field_errors_without_raising(pod
 def test_the_seeds_are_valid_so_the_mutants_start_deep() -> None:
     """Each target's seeds pass its parser, so damage is found past the first check."""
     for stub in GOOD_CSRS:
-        csr.parse_public_key(dataclasses.replace(BASE_REQUEST, stub_csr=stub))
+        csr.parse_public_key(changed(BASE_REQUEST, stub_csr=stub))
     for seed in PCR_SEEDS:
-        decision = decide.decide(objects.request_from(seed), BASE_FACTS, POLICIES[1], NOW)
+        decision = decide.decide(request_of(seed), BASE_FACTS, POLICIES[1], NOW)
         assert isinstance(decision, model.Issue), decision
     for blocks in CREDENTIAL_SEEDS:
         formats.load_credential(Pem(tuple(blocks)).build())

@@ -34,9 +34,10 @@ from podcert.client import discovery
 from podcert.client.discovery import Unserved
 from podcert.client.rest import ApiError
 from signer import build as signer_build
-from signer import model, objects
+from signer import model
 from signer.issue import csr, decide
 from signer.policy import load_policy
+from tests.signer_world import request_of
 from tests.unit.test_shim_agent import CA, SIGNER, UID, Clock, FakeKube, Rig, cert_volume, make_pod
 
 NOW = dt.datetime(2026, 11, 29, 20, 0, tzinfo=dt.UTC)
@@ -70,12 +71,16 @@ def shim_request(key: keys.PrivateKey, pod_uid: str = POD_UID, **spec: Any) -> d
         user_annotations={},
     )
     body["metadata"].update(name="web-0-x1", uid="req-uid")
-    body["spec"].update(spec)
+    for name, value in spec.items():  # None: left out, as the API server leaves empty fields
+        if value is None:
+            body["spec"].pop(name, None)
+        else:
+            body["spec"][name] = value
     return body
 
 
 def parsed(pcr: dict[str, Any]) -> csr.ParsedKey:
-    return csr.parse_public_key(objects.request_from(pcr))
+    return csr.parse_public_key(request_of(pcr))
 
 
 def denial(pcr: dict[str, Any]) -> csr.CSRError:
@@ -112,7 +117,7 @@ def test_a_proof_the_1_35_kubelet_made_verifies(key_type: keys.KeyType) -> None:
 
 @pytest.mark.parametrize("key_type", keys.KEY_TYPES)
 def test_a_v1beta1_request_with_the_shims_proof_is_issued(key_type: keys.KeyType) -> None:
-    request = objects.request_from(shim_request(KEYS[key_type]))
+    request = request_of(shim_request(KEYS[key_type]))
     facts = model.Facts(
         pod=model.Pod("web", "web-0", POD_UID, "node-a", "default", phase="Running"),
         node=model.Node("node-a", "node-uid"),
@@ -194,10 +199,10 @@ def test_a_broken_form_is_an_invalid_request_naming_the_field(
     assert error.message.startswith(field) and fragment in error.message
 
 
-def test_a_proof_that_is_not_base64_is_an_object_error_naming_the_field() -> None:
-    # The controller denies an ObjectError as InvalidRequest with this message.
-    with pytest.raises(objects.ObjectError, match=r"^spec\.proofOfPossession: not valid base64"):
-        objects.request_from(shim_request(KEYS["ED25519"], proofOfPossession="!!not base64"))
+def test_a_proof_that_is_not_base64_is_an_invalid_request_naming_the_field() -> None:
+    # The controller denies it InvalidRequest with this message.
+    with pytest.raises(requests.RequestError, match=r"^spec\.proofOfPossession: not valid base64"):
+        request_of(shim_request(KEYS["ED25519"], proofOfPossession="!!not base64"))
 
 
 # --- the scheme, as the API server checks it (pkg/apis/certificates/validation, 1.35/1.36) -------

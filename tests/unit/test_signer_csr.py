@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa, x25519
 
 from podcert.api import keys
+from podcert.api.requests import PodCertificateRequest
 from signer import model
 from signer.issue import csr
+from tests.signer_world import changed, make_request
 
 KEYS = {key_type: keys.generate(key_type) for key_type in csr.KEY_TYPES}
-BASE = model.Request(
-    namespace="web",
-    name="web-0-abcde",
-    uid="req-uid",
-    signer_name="example.com/podcert",
-    pod_name="web-0",
-    pod_uid="pod-uid",
-    service_account_name="web",
-    service_account_uid="sa-uid",
-    node_name="node-a",
-    node_uid="node-uid",
-    max_expiration_seconds=86400,
-)
+BASE = make_request(stub_csr=b"")
 
 
 def spki(public_key: object) -> bytes:
@@ -37,12 +25,12 @@ def spki(public_key: object) -> bytes:
     return der
 
 
-def with_csr(der: bytes) -> model.Request:
-    return dataclasses.replace(BASE, stub_csr=der)
+def with_csr(der: bytes) -> PodCertificateRequest:
+    return changed(BASE, stub_csr=der)
 
 
-def with_spki(der: bytes, proof: bytes = b"a proof") -> model.Request:
-    return dataclasses.replace(BASE, pkix_public_key=der, proof_of_possession=proof)
+def with_spki(der: bytes, proof: bytes = b"a proof") -> PodCertificateRequest:
+    return changed(BASE, pkix_public_key=der, proof_of_possession=proof)
 
 
 def csr_der(key: object, algorithm: hashes.HashAlgorithm | None = None) -> bytes:
@@ -73,7 +61,7 @@ def test_parses_every_api_key_type_from_the_stub_csr(key_type: keys.KeyType) -> 
 @pytest.mark.parametrize("key_type", csr.KEY_TYPES)
 def test_parses_every_api_key_type_from_a_v1beta1_pkix_key(key_type: keys.KeyType) -> None:
     key = KEYS[key_type]
-    proof = keys.sign_proof(key, BASE.pod_uid)
+    proof = keys.sign_proof(key, BASE.spec.pod_uid)
     parsed = csr.parse_public_key(with_spki(keys.public_der(key), proof))
     assert parsed.key_type == key_type
     assert spki(parsed.public_key) == keys.public_der(key)
@@ -82,10 +70,10 @@ def test_parses_every_api_key_type_from_a_v1beta1_pkix_key(key_type: keys.KeyTyp
 def test_both_forms_at_once_are_an_invalid_request() -> None:
     # The API server allows exactly one form (1.36+), so such an object bypassed admission.
     key = KEYS["ECDSAP256"]
-    request = dataclasses.replace(
+    request = changed(
         with_csr(keys.stub_csr(KEYS["ED25519"])),
         pkix_public_key=keys.public_der(key),
-        proof_of_possession=keys.sign_proof(key, BASE.pod_uid),
+        proof_of_possession=keys.sign_proof(key, BASE.spec.pod_uid),
     )
     with pytest.raises(csr.CSRError) as caught:
         csr.parse_public_key(request)
@@ -113,7 +101,7 @@ def flipped_signature() -> bytes:
             id="PKIX key without its proof",
         ),
         pytest.param(
-            dataclasses.replace(BASE, proof_of_possession=b"a proof"),
+            changed(BASE, proof_of_possession=b"a proof"),
             "spec.pkixPublicKey is required",
             id="proof without its PKIX key",
         ),
@@ -130,7 +118,9 @@ def flipped_signature() -> bytes:
         pytest.param(with_spki(valid_p256_csr()), "SubjectPublicKeyInfo", id="CSR given as SPKI"),
     ],
 )
-def test_unusable_bytes_are_an_invalid_request(request_: model.Request, fragment: str) -> None:
+def test_unusable_bytes_are_an_invalid_request(
+    request_: PodCertificateRequest, fragment: str
+) -> None:
     with pytest.raises(csr.CSRError) as caught:
         csr.parse_public_key(request_)
     assert caught.value.reason == model.INVALID_REQUEST
@@ -170,7 +160,9 @@ def test_unusable_bytes_are_an_invalid_request(request_: model.Request, fragment
         ),
     ],
 )
-def test_keys_outside_the_api_list_are_unsupported(request_: model.Request, described: str) -> None:
+def test_keys_outside_the_api_list_are_unsupported(
+    request_: PodCertificateRequest, described: str
+) -> None:
     with pytest.raises(csr.CSRError) as caught:
         csr.parse_public_key(request_)
     assert caught.value.reason == model.UNSUPPORTED_KEY_TYPE

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from podcert.api import keys
+from podcert.api.requests import PodCertificateRequest
 from signer import certs, model, policy
 from signer.authority import ca
 from signer.issue import csr, decide
@@ -26,6 +26,7 @@ from tests.signer_world import (
     RSA_2048,
     SERVICES_DNS,
     assert_api_server_accepts,
+    changed,
     make_facts,
     make_request,
     pod,
@@ -68,7 +69,7 @@ def test_trust_domain_comes_from_the_policy() -> None:
     assert plan.spiffe_id == "spiffe://prod.corp/ns/web/sa/api"
 
 
-def proven(key: keys.PrivateKey, pod_uid: str = "pod-uid-1") -> model.Request:
+def proven(key: keys.PrivateKey, pod_uid: str = "pod-uid-1") -> PodCertificateRequest:
     """A v1beta1 request in the 1.35 form: the key and its proof over `pod_uid`."""
     return make_request(
         stub_csr=b"",
@@ -103,7 +104,7 @@ DENIALS = [
         id="denied when the proof of possession is for another pod",
     ),
     pytest.param(
-        dataclasses.replace(proven(ED_KEY), pkix_public_key=keys.public_der(KEY)),
+        changed(proven(ED_KEY), pkix_public_key=keys.public_der(KEY)),
         make_facts(),
         POLICY,
         model.INVALID_PROOF_OF_POSSESSION,
@@ -111,8 +112,8 @@ DENIALS = [
         id="denied when the proof of possession was made by another key",
     ),
     pytest.param(
-        make_request(stub_csr=b"", key_not_served=True),
-        make_facts(),
+        make_request(stub_csr=b""),
+        make_facts(key_not_served=True),
         POLICY,
         model.KEY_NOT_SERVED,
         "--runtime-config=certificates.k8s.io/v1beta1/podcertificaterequests=true",
@@ -292,7 +293,7 @@ DENIALS = [
 
 @pytest.mark.parametrize(("request_", "facts", "signer", "reason", "fragment"), DENIALS)
 def test_denials(
-    request_: model.Request,
+    request_: PodCertificateRequest,
     facts: model.Facts,
     signer: policy.SignerPolicy,
     reason: str,
@@ -352,7 +353,10 @@ def test_every_denied_reason_has_a_test() -> None:
     ],
 )
 def test_order_of_checks(
-    request_: model.Request, facts: model.Facts, signer: policy.SignerPolicy, reason: str
+    request_: PodCertificateRequest,
+    facts: model.Facts,
+    signer: policy.SignerPolicy,
+    reason: str,
 ) -> None:
     decision = decide.decide(request_, facts, signer, NOW)
     assert isinstance(decision, model.Deny)

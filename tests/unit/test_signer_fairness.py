@@ -8,11 +8,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from podcert.api import requests
 from podcert.reconcile.ratelimit import Rate
 from signer import model
 from signer.authority import ca
@@ -52,27 +53,29 @@ def controller(
     )
 
 
-def pcr(namespace: str, name: str, node: str) -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"},
-        "spec": {
-            "signerName": SIGNER,
-            "podName": "web",
-            "podUID": "pod-uid",
-            "serviceAccountName": "default",
-            "serviceAccountUID": "sa-uid",
-            "nodeName": node,
-            "nodeUID": f"{node}-uid",
-            "stubPKCS10Request": "c3R1Yg==",  # not a CSR: denied InvalidRequest
-        },
-    }
+def pcr(namespace: str, name: str, node: str) -> requests.Read:
+    return requests.read_request(
+        {
+            "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}"},
+            "spec": {
+                "signerName": SIGNER,
+                "podName": "web",
+                "podUID": "pod-uid",
+                "serviceAccountName": "default",
+                "serviceAccountUID": "sa-uid",
+                "nodeName": node,
+                "nodeUID": f"{node}-uid",
+                "stubPKCS10Request": "c3R1Yg==",  # not a CSR: denied InvalidRequest
+            },
+        }
+    )
 
 
-def seen(ctrl: Controller, *objs: dict[str, Any]) -> list[Key]:
+def seen(ctrl: Controller, *objs: requests.Read) -> list[Key]:
     """Feed requests as the PCR watch would: into the store, then the queue."""
     for obj in objs:
         ctrl._on_pcr_event("ADDED", obj)
-    return [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs]
+    return [(o.namespace, o.name) for o in objs]
 
 
 def test_a_nodes_flood_does_not_queue_ahead_of_another_nodes_request() -> None:
@@ -96,18 +99,20 @@ def test_without_the_fair_queue_the_flood_goes_first() -> None:
         pytest.param(pcr("ns", "r", "node-a"), ("node-a", "ns"), id="node, then namespace"),
         pytest.param(None, ("", "ns"), id="a request not in the store shares the default node"),
         pytest.param(
-            {"metadata": {"namespace": "ns", "name": "r"}, "spec": "junk"},
+            requests.read_request({"metadata": {"namespace": "ns", "name": "r"}, "spec": "junk"}),
             ("", "ns"),
             id="a spec that is not a mapping",
         ),
         pytest.param(
-            {"metadata": {"namespace": "ns", "name": "r"}, "spec": {"nodeName": 7}},
+            requests.read_request(
+                {"metadata": {"namespace": "ns", "name": "r"}, "spec": {"nodeName": 7}}
+            ),
             ("", "ns"),
             id="a node name that is not a string",
         ),
     ],
 )
-def test_flow_of_a_request(stored: dict[str, Any] | None, flow: tuple[str, str]) -> None:
+def test_flow_of_a_request(stored: requests.Read | None, flow: tuple[str, str]) -> None:
     ctrl = controller()
     if stored is not None:
         ctrl._store[("ns", "r")] = stored
@@ -128,7 +133,7 @@ def deciding(
     """Every request gets `decision`; its settlement is recorded, not written."""
     out = Outcomes()
     monkeypatch.setattr(
-        ctrl, "facts", lambda request, seen_at: model.Facts(None, None, None, ca=ISSUER)
+        ctrl, "facts", lambda request, seen_at, **_: model.Facts(None, None, None, ca=ISSUER)
     )
     monkeypatch.setattr(controller_module, "decide", lambda *args, **kwargs: decision)
 

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import msgspec
 
+from podcert.api import requests
 from podcert.reconcile.reflector import Reflector
 from signer import model, objects
 from signer.authority.castore import CAStore
@@ -265,11 +266,13 @@ def test_a_backlog_seen_before_the_caches_listed_reads_nothing_live() -> None:
     assert facts.service_account is not None
 
 
-def pcr(name: str, signer: str) -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": "web", "name": name, "resourceVersion": "1"},
-        "spec": {"signerName": signer},
-    }
+def pcr(name: str, signer: str) -> requests.Read:
+    return requests.read_request(
+        {
+            "metadata": {"namespace": "web", "name": name, "resourceVersion": "1"},
+            "spec": {"signerName": signer},
+        }
+    )
 
 
 def test_the_caches_list_once_every_signer_name_has_listed_its_requests() -> None:

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from podcert.api import keys
+from podcert.api.requests import PodCertificateRequest
 from signer import certs, model, policy, requested
 from signer.authority import ca
 from signer.issue import csr, decide
@@ -32,6 +33,7 @@ from tests.signer_world import (
     POLICY,
     SIGNER,
     assert_api_server_accepts,
+    changed,
     make_facts,
     make_request,
 )
@@ -155,7 +157,7 @@ HOSTILE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
 
 
 @st.composite
-def requests(draw: st.DrawFn) -> model.Request:
+def requests(draw: st.DrawFn) -> PodCertificateRequest:
     """A valid request with a few fields made hostile, so every check gets reached."""
     index = draw(st.integers(0, len(GOOD_CSRS) - 1))
     if draw(st.booleans()):
@@ -172,7 +174,7 @@ def requests(draw: st.DrawFn) -> model.Request:
         **form,
     )
     hostile = draw(st.sets(st.sampled_from(sorted(HOSTILE_FIELDS)), max_size=3))
-    return dataclasses.replace(valid, **{name: draw(HOSTILE_FIELDS[name]) for name in hostile})
+    return changed(valid, **{name: draw(HOSTILE_FIELDS[name]) for name in hostile})
 
 
 BASE_FACTS = make_facts()
@@ -216,9 +218,12 @@ def facts(draw: st.DrawFn) -> model.Facts:
     ),
 )
 def test_decide_on_hostile_input_ends_in_a_typed_outcome(
-    request: model.Request, facts: model.Facts, signer: policy.SignerPolicy, now: dt.datetime
+    request: PodCertificateRequest,
+    facts: model.Facts,
+    signer: policy.SignerPolicy,
+    now: dt.datetime,
 ) -> None:
-    assert request.signer_name == SIGNER
+    assert request.spec.signer_name == SIGNER
     decision = decide.decide(request, facts, signer, now)
     event(getattr(decision, "reason", type(decision).__name__))
     if isinstance(decision, model.Deny):

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from podcert.api import keys
+from podcert.api import keys, requests
 from podcert.client.rest import Rest
 from signer import certs, model, objects
 from signer.issue.settle import settle
@@ -62,12 +62,12 @@ def pending() -> dict[str, Any]:
         },
         "spec": {
             "signerName": SIGNER,
-            "podName": request.pod_name,
-            "podUID": request.pod_uid,
-            "serviceAccountName": request.service_account_name,
-            "serviceAccountUID": request.service_account_uid,
-            "nodeName": request.node_name,
-            "nodeUID": request.node_uid,
+            "podName": request.spec.pod_name,
+            "podUID": request.spec.pod_uid,
+            "serviceAccountName": request.spec.service_account_name,
+            "serviceAccountUID": request.spec.service_account_uid,
+            "nodeName": request.spec.node_name,
+            "nodeUID": request.spec.node_uid,
             "maxExpirationSeconds": 86400,
             "stubPKCS10Request": STUB_CSR,
         },
@@ -110,20 +110,21 @@ def test_a_request_read_as_a_shape_means_what_the_whole_object_means(
     [watched, bookmark] = [e["object"] for e in kube.watch_pcrs(SIGNER, "41")]
     got = kube.get_pcr("web", "api-0-x7k2p")
     assert version == "41"
-    assert bookmark == {"metadata": {"resourceVersion": "900"}}
+    assert bookmark.metadata.resource_version == "900"
+    parsed = requests.parse_request(whole)  # the dict read whole, as a test reads it
     for shaped in (listed, watched, got):
-        assert shaped is not None
-        assert "managedFields" not in shaped["metadata"]
-        assert objects.outcome(shaped) == objects.outcome(whole)
-        assert objects.request_from(shaped) == objects.request_from(whole)
-        assert shaped["metadata"]["resourceVersion"] == whole["metadata"]["resourceVersion"]
+        assert isinstance(shaped, requests.PodCertificateRequest)
+        assert shaped == parsed
+        assert shaped.status.outcome == requests.outcome(whole)
+        assert shaped.metadata.resource_version == whole["metadata"]["resourceVersion"]
 
 
 def test_the_status_put_carries_identity_guard_and_status_only() -> None:
     kube, rest = read([pending()])
-    [shaped] = list(kube.list_pcrs(SIGNER)[0])
-    request = objects.request_from(shaped)
-    kube.write_status(settle(shaped, request, SIGNED, NOW).status)
+    [request] = list(kube.list_pcrs(SIGNER)[0])
+    assert isinstance(request, requests.PodCertificateRequest)
+    settled = settle(request, SIGNED, NOW)
+    kube.write_status(settled.target, settled.status)
     [(method, path, body)] = rest.sent
     assert (method, path) == (
         "PUT",
@@ -139,8 +140,18 @@ def test_the_status_put_carries_identity_guard_and_status_only() -> None:
         "resourceVersion": "812",
     }
     assert body["status"]["conditions"][0]["observedGeneration"] == 1
-    whole = settle(pending(), objects.request_from(pending()), SIGNED, NOW).status
-    assert body["status"] == whole["status"]
+    assert body["status"] == settled.status
+
+
+def test_an_unreadable_request_in_a_list_is_kept_to_be_denied_by_name() -> None:
+    broken = pending()
+    broken["spec"]["podUID"] = 7
+    kube, _ = read([pending(), broken])
+    good, bad = list(kube.list_pcrs(SIGNER)[0])
+    assert isinstance(good, requests.PodCertificateRequest)
+    assert isinstance(bad, requests.Unreadable)
+    assert str(bad.problem) == "spec.podUID: expected str, got int"
+    assert (bad.namespace, bad.metadata.resource_version) == ("web", "812")
 
 
 def test_lists_and_watches_ask_for_the_signer_name_only() -> None:

@@ -1,100 +1,18 @@
-"""API objects in, model out; outcomes in, status out. Broken objects name the field."""
+"""Pods, nodes, ServiceAccounts and Services in, the signer's model out. Broken objects name
+the field."""
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 from typing import Any
 
 import msgspec
 import pytest
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from signer import model, objects
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
-
-
-def pcr(**spec: Any) -> dict[str, Any]:
-    base = {
-        "signerName": "example.com/podcert",
-        "podName": "web",
-        "podUID": "pod-uid",
-        "serviceAccountName": "default",
-        "serviceAccountUID": "sa-uid",
-        "nodeName": "node-a",
-        "nodeUID": "node-uid",
-        "maxExpirationSeconds": 3600,
-        "stubPKCS10Request": base64.b64encode(b"csr").decode(),
-    }
-    base.update(spec)
-    return {
-        "metadata": {
-            "namespace": "ns",
-            "name": "req-1",
-            "uid": "u1",
-            "generation": 1,
-            "creationTimestamp": "2026-11-29T11:59:59Z",
-        },
-        "spec": base,
-    }
-
-
-def test_a_request_is_read_with_its_csr_bytes_and_creation_time() -> None:
-    request = objects.request_from(pcr())
-    assert request.stub_csr == b"csr"
-    assert request.created == dt.datetime(2026, 11, 29, 11, 59, 59, tzinfo=dt.UTC)
-    assert request.max_expiration_seconds == 3600
-
-
-@pytest.mark.parametrize(
-    ("spec", "field"),
-    [
-        pytest.param({"podUID": 7}, "podUID", id="a number where a UID belongs"),
-        pytest.param({"stubPKCS10Request": "!!!"}, "stubPKCS10Request", id="CSR not base64"),
-        pytest.param({"maxExpirationSeconds": "long"}, "maxExpirationSeconds", id="lifetime text"),
-        pytest.param(
-            {"unverifiedUserAnnotations": {"a.b/c": 1}},
-            "unverifiedUserAnnotations",
-            id="annotation value not a string",
-        ),
-    ],
-)
-def test_broken_requests_name_the_field(spec: dict[str, Any], field: str) -> None:
-    with pytest.raises(objects.ObjectError, match=field):
-        objects.request_from(pcr(**spec))
-
-
-@pytest.mark.parametrize(
-    ("status", "expected"),
-    [
-        pytest.param({}, None, id="no status: pending"),
-        pytest.param({"conditions": [{"type": "Denied", "status": "True"}]}, "Denied", id="denied"),
-        pytest.param({"conditions": [{"type": "Issued", "status": "False"}]}, None, id="false"),
-        pytest.param({"certificateChain": "pem"}, "Issued", id="chain without condition"),
-        pytest.param({"conditions": "garbage"}, None, id="garbage conditions"),
-    ],
-)
-def test_outcome(status: dict[str, Any], expected: str | None) -> None:
-    assert objects.outcome({**pcr(), "status": status}) == expected
-
-
-def test_issued_status_carries_the_leaf_times_and_one_condition() -> None:
-    plan = model.LeafPlan(
-        public_key=ec.generate_private_key(ec.SECP256R1()).public_key(),
-        spiffe_id="spiffe://td/ns/ns/sa/default",
-        dns_names=(),
-        not_before=NOW,
-        not_after=NOW + dt.timedelta(hours=2),
-        begin_refresh_at=NOW + dt.timedelta(hours=1),
-    )
-    body = objects.issued_status(pcr(), "PEM", plan, NOW)
-    status = body["status"]
-    assert status["notBefore"] == "2026-11-29T12:00:00Z"
-    assert status["beginRefreshAt"] == "2026-11-29T13:00:00Z"
-    assert [c["type"] for c in status["conditions"]] == ["Issued"]
-    assert status["conditions"][0]["observedGeneration"] == 1
 
 
 def test_service_names_come_only_from_selecting_services() -> None:

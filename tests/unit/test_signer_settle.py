@@ -9,9 +9,11 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from podcert.api import requests
 from podcert.client.rest import ApiError
 from signer import certs, model
 from signer.auditlog.trail import AuditTrail
@@ -19,11 +21,11 @@ from signer.authority import ca
 from signer.authority.castore import CAStore
 from signer.issue import controller as controller_module
 from signer.issue.controller import Controller, utcnow
-from signer.issue.settle import Settlement, settle
+from signer.issue.settle import Labels, Settlement, settle
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import default_policy
-from tests.signer_world import SIGNER, make_request
+from tests.signer_world import SIGNER, changed, make_request
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 CREATED = NOW - dt.timedelta(seconds=2)
@@ -42,25 +44,6 @@ DENY = model.Deny(model.POD_NOT_ON_NODE, "Pod web/web runs on node 'b', not on '
 FAIL = model.Fail(model.SIGNER_MISCONFIGURED, "The signer cannot sign for this name.")
 
 
-def pcr() -> dict[str, Any]:
-    return {
-        "metadata": {
-            "namespace": "web",
-            "name": "req-1",
-            "uid": "u1",
-            "generation": 1,
-            "resourceVersion": "41",
-        },
-        "spec": {
-            "signerName": SIGNER,
-            "podName": "frontend-0",
-            "nodeName": "node-a",
-            "serviceAccountName": "frontend",
-            "stubPKCS10Request": "c3R1Yg==",  # a key's field: read as is, not looked for
-        },
-    }
-
-
 REQUEST = make_request(
     name="req-1",
     uid="u1",
@@ -70,6 +53,8 @@ REQUEST = make_request(
     service_account_uid="sa-uid",
     node_uid="node-uid",
     created=CREATED,
+    resource_version="41",
+    generation=1,
 )
 
 
@@ -77,8 +62,8 @@ REQUEST = make_request(
 
 
 def test_an_issuance_settles_to_the_chain_an_entry_written_ahead_and_no_event() -> None:
-    done = settle(pcr(), REQUEST, SIGNED, NOW)
-    status = done.status["status"]
+    done = settle(REQUEST, SIGNED, NOW)
+    status = done.status
     assert status["certificateChain"] == SIGNED.chain_pem
     assert (status["notBefore"], status["notAfter"], status["beginRefreshAt"]) == (
         "2026-11-29T11:59:00Z",
@@ -91,7 +76,8 @@ def test_an_issuance_settles_to_the_chain_an_entry_written_ahead_and_no_event() 
         "Issued",
         "True",
     )
-    assert done.status["metadata"]["resourceVersion"] == "41", "the write is guarded by it"
+    assert done.target.resource_version == "41", "the write is guarded by it"
+    assert condition["observedGeneration"] == 1
     assert done.write_ahead
     assert done.event is None
     assert (done.labels.signer, done.labels.outcome, done.labels.reason) == (
@@ -126,14 +112,14 @@ def test_an_issuance_settles_to_the_chain_an_entry_written_ahead_and_no_event() 
 def test_a_refusal_settles_to_its_condition_an_entry_after_the_write_and_a_warning_event(
     answer: model.Deny | model.Fail, outcome: str, decision: str
 ) -> None:
-    done = settle(pcr(), REQUEST, answer, NOW)
-    [condition] = done.status["status"]["conditions"]
+    done = settle(REQUEST, answer, NOW)
+    [condition] = done.status["conditions"]
     assert (condition["type"], condition["reason"], condition["message"]) == (
         outcome,
         answer.reason,
         answer.message,
     )
-    assert "certificateChain" not in done.status["status"]
+    assert "certificateChain" not in done.status
     assert not done.write_ahead
     assert done.event is not None
     assert (done.event.type, done.event.reason, done.event.message) == (
@@ -147,18 +133,24 @@ def test_a_refusal_settles_to_its_condition_an_entry_after_the_write_and_a_warni
     assert done.serial is None
 
 
-def test_an_object_that_is_no_request_settles_from_the_object_alone() -> None:
-    broken = pcr()
-    broken["spec"]["podName"] = 7
-    done = settle(broken, None, model.Deny(model.INVALID_REQUEST, "spec.podName: ..."), NOW)
+def test_an_object_that_is_no_request_settles_from_what_of_it_reads() -> None:
+    broken = {
+        "metadata": {"namespace": "web", "name": "req-1", "uid": "u1", "resourceVersion": "41"},
+        "spec": {"signerName": SIGNER, "podName": 7, "nodeName": "node-a"},
+    }
+    read = requests.read_request(broken)
+    assert isinstance(read, requests.Unreadable)
+    done = settle(read, model.Deny(model.INVALID_REQUEST, str(read.problem)), NOW)
     assert done.created is None
-    assert done.entry.pod == "7"
-    assert done.labels.reason == "InvalidRequest"
+    assert (done.entry.pod, done.entry.node) == ("", "node-a")
+    assert done.target.resource_version == "41"
+    assert done.labels == Labels(SIGNER, "Denied", "InvalidRequest")
+    assert done.message == "spec.podName: expected str, got int"
 
 
 @pytest.mark.parametrize("answer", [SIGNED, DENY, FAIL], ids=["issued", "denied", "failed"])
 def test_no_settlement_shows_key_material(answer: model.Answer) -> None:
-    done = settle(pcr(), REQUEST, answer, NOW)
+    done = settle(REQUEST, answer, NOW)
     assert "PRIVATE KEY" not in repr(done)
     assert "BEGIN CERTIFICATE" not in repr(done), "the chain is written, not logged"
 
@@ -172,22 +164,21 @@ class Fakes:
 
     writes: list[Any] = field(default_factory=list)
     write_errors: list[ApiError] = field(default_factory=list)
-    fresh: dict[str, Any] | None = None  # what a re-read after a 409 finds
+    fresh: requests.Read | None = None  # what a re-read after a 409 finds
     audit_ok: bool = True
 
-    def write_status(self, body: dict[str, Any]) -> dict[str, Any]:
+    def write_status(self, target: requests.Metadata, status: dict[str, Any]) -> None:
         if self.write_errors:
             self.writes.append(("refused", self.write_errors[0].status))
             raise self.write_errors.pop(0)
-        self.writes.append(("status", body["status"]["conditions"][0]["type"]))
-        return body
+        self.writes.append(("status", status["conditions"][0]["type"]))
 
-    def get_pcr(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def get_pcr(self, namespace: str, name: str) -> requests.Read | None:
         self.writes.append(("get", name))
         return self.fresh
 
     def record_event(
-        self, obj: dict[str, Any], reason: str, message: str, now: dt.datetime, kind: str
+        self, target: requests.Metadata, reason: str, message: str, now: dt.datetime, kind: str
     ) -> None:
         self.writes.append(("event", kind, reason))
 
@@ -208,7 +199,7 @@ def writer(fakes: Fakes, *, leader: bool = True) -> Controller:
         clock=lambda: NOW,
         is_leader=lambda: leader,
     )
-    ctrl._store[("web", "req-1")] = pcr()
+    ctrl._store[("web", "req-1")] = REQUEST
     return ctrl
 
 
@@ -219,7 +210,7 @@ def count(ctrl: Controller, metric: str, **labels: str) -> float:
 def test_an_issuance_is_in_the_audit_log_before_its_status_is_written() -> None:
     fakes = Fakes()
     ctrl = writer(fakes)
-    assert ctrl.apply(settle(pcr(), REQUEST, SIGNED, NOW)) is None
+    assert ctrl.apply(settle(REQUEST, SIGNED, NOW)) is None
     assert fakes.writes == [("audit", "issued"), ("status", "Issued")]
     assert ("web", "req-1") not in ctrl._store
     labels = {"signer": SIGNER, "outcome": "Issued", "reason": "Issued"}
@@ -232,7 +223,7 @@ def test_an_issuance_is_in_the_audit_log_before_its_status_is_written() -> None:
 def test_a_log_that_refuses_the_entry_stops_the_issuance_and_retries() -> None:
     fakes = Fakes(audit_ok=False)
     ctrl = writer(fakes)
-    after = ctrl.apply(settle(pcr(), REQUEST, SIGNED, NOW))
+    after = ctrl.apply(settle(REQUEST, SIGNED, NOW))
     assert after is not None and 0 < after <= 30
     assert fakes.writes == [("audit refused",)], "no entry, no certificate"
     assert count(ctrl, "podcert_signer_retries_total", reason="AuditLogUnwritable") == 1
@@ -243,7 +234,7 @@ def test_a_log_that_refuses_the_entry_stops_the_issuance_and_retries() -> None:
 def test_a_refusal_is_written_then_announced_then_logged(answer: model.Deny | model.Fail) -> None:
     fakes = Fakes()
     ctrl = writer(fakes)
-    assert ctrl.apply(settle(pcr(), REQUEST, answer, NOW)) is None
+    assert ctrl.apply(settle(REQUEST, answer, NOW)) is None
     outcome = "Denied" if isinstance(answer, model.Deny) else "Failed"
     assert fakes.writes == [
         ("status", outcome),
@@ -257,31 +248,32 @@ def test_a_refusal_is_written_then_announced_then_logged(answer: model.Deny | mo
 def test_a_request_deleted_meanwhile_is_forgotten() -> None:
     fakes = Fakes(write_errors=[ApiError(404, "NotFound", "gone")])
     ctrl = writer(fakes)
-    assert ctrl.apply(settle(pcr(), REQUEST, DENY, NOW)) is None
+    assert ctrl.apply(settle(REQUEST, DENY, NOW)) is None
     assert fakes.writes == [("refused", 404)], "no Event, no entry for a request that is gone"
     assert ("web", "req-1") not in ctrl._store
 
 
 def test_a_conflict_rereads_and_tries_again_with_the_fresh_object() -> None:
-    fresh = {**pcr(), "metadata": {**pcr()["metadata"], "resourceVersion": "42"}}
+    fresh = changed(REQUEST, resource_version="42")
     fakes = Fakes(write_errors=[ApiError(409, "Conflict", "changed")], fresh=fresh)
     ctrl = writer(fakes)
-    assert ctrl.apply(settle(pcr(), REQUEST, SIGNED, NOW)) == 0.0
-    assert ctrl._store[("web", "req-1")]["metadata"]["resourceVersion"] == "42"
+    assert ctrl.apply(settle(REQUEST, SIGNED, NOW)) == 0.0
+    assert ctrl._store[("web", "req-1")].metadata.resource_version == "42"
 
 
 def test_a_conflict_with_an_outcome_written_by_someone_else_lets_it_stand() -> None:
-    fresh = {**pcr(), "status": {"conditions": [{"type": "Denied", "status": "True"}]}}
+    denied = requests.parse_status({"conditions": [{"type": "Denied", "status": "True"}]})
+    fresh = msgspec.structs.replace(REQUEST, status=denied)
     fakes = Fakes(write_errors=[ApiError(409, "Conflict", "changed")], fresh=fresh)
     ctrl = writer(fakes)
-    assert ctrl.apply(settle(pcr(), REQUEST, SIGNED, NOW)) is None
+    assert ctrl.apply(settle(REQUEST, SIGNED, NOW)) is None
     assert ("web", "req-1") not in ctrl._store
 
 
 def test_a_status_the_api_server_rejects_is_retried_never_failed() -> None:
     fakes = Fakes(write_errors=[ApiError(422, "Invalid", "notBefore is in the future")])
     ctrl = writer(fakes)
-    after = ctrl.apply(settle(pcr(), REQUEST, SIGNED, NOW))
+    after = ctrl.apply(settle(REQUEST, SIGNED, NOW))
     assert after is not None and 0 < after <= 60
     assert count(ctrl, "podcert_signer_retries_total", reason="StatusRejected") == 1
     assert ("web", "req-1") in ctrl._store
@@ -291,13 +283,13 @@ def test_other_api_errors_go_to_the_runtime_for_a_retry() -> None:
     fakes = Fakes(write_errors=[ApiError(503, "Unavailable", "etcd paused")])
     ctrl = writer(fakes)
     with pytest.raises(ApiError):
-        ctrl.apply(settle(pcr(), REQUEST, DENY, NOW))
+        ctrl.apply(settle(REQUEST, DENY, NOW))
 
 
 def test_a_replica_that_lost_the_lease_writes_nothing() -> None:
     fakes = Fakes()
     ctrl = writer(fakes, leader=False)
-    assert ctrl.apply(settle(pcr(), REQUEST, SIGNED, NOW)) is None
+    assert ctrl.apply(settle(REQUEST, SIGNED, NOW)) is None
     assert fakes.writes == []
 
 
@@ -321,10 +313,9 @@ def test_every_decision_kind_is_settled_once_or_put_off(
     ctrl = writer(Fakes())
     applied: list[Settlement] = []
     monkeypatch.setattr(
-        ctrl, "facts", lambda request, seen_at: model.Facts(None, None, None, ca=ISSUER)
+        ctrl, "facts", lambda request, seen_at, **_: model.Facts(None, None, None, ca=ISSUER)
     )
     monkeypatch.setattr(controller_module, "decide", lambda *args, **kwargs: decision)
-    monkeypatch.setattr(controller_module.objects, "request_from", lambda obj, **_: REQUEST)
     monkeypatch.setattr(ctrl, "apply", lambda settlement: applied.append(settlement))
     after = ctrl.reconcile(("web", "req-1"))
     assert [s.outcome for s in applied] == ([written] if written else [])
@@ -334,6 +325,6 @@ def test_every_decision_kind_is_settled_once_or_put_off(
         assert count(ctrl, "podcert_signer_retries_total", reason="CATooShort") == 1
     if written == "Issued":
         [issued] = applied
-        chain = issued.status["status"]["certificateChain"]
+        chain = issued.status["certificateChain"]
         assert chain.startswith("-----BEGIN CERTIFICATE-----")
         assert issued.serial is not None

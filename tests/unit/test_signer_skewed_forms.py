@@ -12,11 +12,12 @@ import base64
 import json
 from typing import Any, cast
 
+import msgspec
 import pytest
 from cryptography import x509
 
 from podcert.api import keys, requests, versions
-from podcert.client import discovery
+from podcert.client import discovery, pages
 from podcert.client.rest import ApiError, Rest
 from signer import model
 from signer.admission import review
@@ -49,12 +50,12 @@ def view(**key: str) -> dict[str, Any]:
         },
         "spec": {
             "signerName": SIGNER,
-            "podName": REQUEST.pod_name,
-            "podUID": REQUEST.pod_uid,
-            "serviceAccountName": REQUEST.service_account_name,
-            "serviceAccountUID": REQUEST.service_account_uid,
-            "nodeName": REQUEST.node_name,
-            "nodeUID": REQUEST.node_uid,
+            "podName": REQUEST.spec.pod_name,
+            "podUID": REQUEST.spec.pod_uid,
+            "serviceAccountName": REQUEST.spec.service_account_name,
+            "serviceAccountUID": REQUEST.spec.service_account_uid,
+            "nodeName": REQUEST.spec.node_name,
+            "nodeUID": REQUEST.spec.node_uid,
             "maxExpirationSeconds": 86400,
             **key,
         },
@@ -63,9 +64,10 @@ def view(**key: str) -> dict[str, Any]:
 
 V1_VIEW = view()  # what v1 shows of a 1.35 node's request: no key
 STUB_VIEW = view(stubPKCS10Request=b64(keys.stub_csr(KEY)))
+V1 = requests.parse_request(V1_VIEW)
 
 
-def proven(pod_uid: str = REQUEST.pod_uid) -> dict[str, Any]:
+def proven(pod_uid: str = REQUEST.spec.pod_uid) -> dict[str, Any]:
     """The v1beta1 view of the same request: the key and its proof over `pod_uid`."""
     return view(
         pkixPublicKey=b64(keys.public_der(ED_KEY)),
@@ -93,6 +95,10 @@ class Served:
             return self.beta_view if self.beta else None
         raise AssertionError(f"unexpected GET {path}")
 
+    def get_as(self, path: str, shape: pages.Shape[Any]) -> Any:
+        found = self.get(path)
+        return None if found is None else shape.element(msgspec.json.encode(found), "object")
+
 
 def kube_over(served: Served) -> SignerKube:
     kube = SignerKube(cast(Rest, served))
@@ -115,7 +121,7 @@ def kube_over(served: Served) -> SignerKube:
     ],
 )
 def test_holds_key_tells_a_view_without_key(obj: dict[str, Any], holds: bool) -> None:
-    assert requests.holds_key(obj) is holds
+    assert requests.read_request(obj).spec.holds_key is holds
 
 
 def test_only_v1_hides_a_key_and_v1beta1_shows_it() -> None:
@@ -135,10 +141,10 @@ def test_a_view_without_key_is_read_through_v1beta1_once() -> None:
     served = Served(beta=True)
     kube = kube_over(served)
     assert kube.fallback_served
-    found = kube.keyed_pcr(V1_VIEW)
+    found = kube.keyed_pcr(V1)
     assert served.gets == [BETA + NAME], "one GET of the request, no discovery on the way"
-    assert found is not None and requests.holds_key(found)
-    assert found["spec"]["pkixPublicKey"] == proven()["spec"]["pkixPublicKey"]
+    assert found is not None and found.spec.holds_key
+    assert found.spec.pkix_public_key == keys.public_der(ED_KEY)
 
 
 def test_without_v1beta1_the_key_is_not_served_after_asking_discovery_again() -> None:
@@ -146,7 +152,7 @@ def test_without_v1beta1_the_key_is_not_served_after_asking_discovery_again() ->
     kube = kube_over(served)
     assert not kube.fallback_served
     with pytest.raises(KeyNotServed):
-        kube.keyed_pcr(V1_VIEW)
+        kube.keyed_pcr(V1)
     assert served.gets == [BETA], "asked again before an answer that ends in a denial"
 
 
@@ -154,8 +160,8 @@ def test_a_server_that_starts_serving_v1beta1_is_noticed() -> None:
     served = Served(beta=False)
     kube = kube_over(served)
     served.beta = True
-    found = kube.keyed_pcr(V1_VIEW)
-    assert found is not None and requests.holds_key(found)
+    found = kube.keyed_pcr(V1)
+    assert found is not None and found.spec.holds_key
     assert served.gets == [BETA, BETA + NAME]
 
 
@@ -164,7 +170,7 @@ def test_a_404_from_a_server_that_stopped_serving_v1beta1_is_not_served() -> Non
     kube = kube_over(served)
     served.beta = False
     with pytest.raises(KeyNotServed):
-        kube.keyed_pcr(V1_VIEW)
+        kube.keyed_pcr(V1)
     assert served.gets == [BETA + NAME, BETA]
     assert not kube.fallback_served
 
@@ -176,7 +182,7 @@ def test_a_404_while_v1beta1_still_serves_is_a_request_gone() -> None:
 
     served = Gone(beta=True)
     kube = kube_over(served)
-    assert kube.keyed_pcr(V1_VIEW) is None
+    assert kube.keyed_pcr(V1) is None
     assert kube.fallback_served
 
 
@@ -184,7 +190,7 @@ def test_a_v1beta1_server_shows_every_form_and_reads_nothing_more() -> None:
     served = Served(beta=True)
     kube = SignerKube(cast(Rest, served))
     kube.pcr_version = "v1beta1"
-    assert kube.keyed_pcr(V1_VIEW) is V1_VIEW
+    assert kube.keyed_pcr(V1) is V1
     assert served.gets == []
 
 
@@ -198,7 +204,7 @@ def test_a_discovery_that_fails_is_an_api_error_to_retry() -> None:
     kube = SignerKube(cast(Rest, Unwell(beta=True)))
     kube.pcr_version = "v1"
     with pytest.raises(ApiError):
-        kube.keyed_pcr(V1_VIEW)
+        kube.keyed_pcr(V1)
 
 
 # --- the controller: decides on the view that shows the key ---------------------------------
@@ -214,16 +220,16 @@ def reconcile(kube: SignerKube, obj: dict[str, Any], monkeypatch: pytest.MonkeyP
         clock=lambda: NOW,
     )
     applied: list[Settlement] = []
-    monkeypatch.setattr(ctrl, "facts", lambda request, seen_at: make_facts())
+    monkeypatch.setattr(ctrl, "facts", lambda request, seen_at, **_: make_facts(**_))
     monkeypatch.setattr(ctrl, "apply", lambda settlement: applied.append(settlement))
-    ctrl._store[(REQUEST.namespace, REQUEST.name)] = obj
+    ctrl._store[(REQUEST.namespace, REQUEST.name)] = requests.parse_request(obj)
     assert ctrl.reconcile((REQUEST.namespace, REQUEST.name)) is None
     [settled] = applied
     return settled
 
 
 def leaf_key(settled: Settlement) -> bytes:
-    chain = settled.status["status"]["certificateChain"]
+    chain = settled.status["certificateChain"]
     leaf = x509.load_pem_x509_certificates(chain.encode())[0]
     return keys.spki_der(leaf.public_key())
 
@@ -235,7 +241,7 @@ def test_a_1_35_request_seen_at_v1_is_issued_to_the_key_v1beta1_shows(
     settled = reconcile(kube_over(served), V1_VIEW, monkeypatch)
     assert (settled.outcome, settled.reason) == ("Issued", "Issued")
     assert leaf_key(settled) == keys.public_der(ED_KEY)
-    assert settled.status["metadata"]["resourceVersion"] == "812"
+    assert settled.target.resource_version == "812"
 
 
 def test_its_proof_is_checked_as_on_1_35(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,7 +283,7 @@ def test_a_request_gone_from_v1beta1_is_forgotten_unsettled(
         Metrics(),
         clock=lambda: NOW,
     )
-    ctrl._store[(REQUEST.namespace, REQUEST.name)] = V1_VIEW
+    ctrl._store[(REQUEST.namespace, REQUEST.name)] = V1
     monkeypatch.setattr(ctrl, "apply", lambda settlement: pytest.fail("nothing to write"))
     assert ctrl.reconcile((REQUEST.namespace, REQUEST.name)) is None
     assert (REQUEST.namespace, REQUEST.name) not in ctrl._store
@@ -285,7 +291,7 @@ def test_a_request_gone_from_v1beta1_is_forgotten_unsettled(
 
 # --- the webhook: the 1.35 form judged as the v1 form is ------------------------------------
 
-NODE_USER = f"system:node:{REQUEST.node_name}"
+NODE_USER = f"system:node:{REQUEST.spec.node_name}"
 KIND_V1 = {"group": "certificates.k8s.io", "version": "v1", "kind": "PodCertificateRequest"}
 KIND_BETA = {**KIND_V1, "version": "v1beta1"}
 

@@ -21,6 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from podcert.api import keys
+from podcert.api.requests import PodCertificateRequest
 from signer import model, policy
 from signer.admission import review, webhook
 from signer.admission.review import admit, review_response
@@ -50,7 +51,7 @@ def pcr(signer: str = SIGNER, **spec: Any) -> dict[str, Any]:
     }
 
 
-def facts(_request: model.Request) -> model.Facts:
+def facts(_request: PodCertificateRequest) -> model.Facts:
     return model.Facts(
         pod=model.Pod("shop", "web", "pod-uid", "node-a", "web"),
         node=model.Node("node-a", "node-uid"),
@@ -58,7 +59,7 @@ def facts(_request: model.Request) -> model.Facts:
     )
 
 
-def no_facts(_request: model.Request) -> model.Facts:
+def no_facts(_request: PodCertificateRequest) -> model.Facts:
     raise AssertionError("facts must not be read for this request")
 
 
@@ -124,7 +125,7 @@ def live(
 ) -> Any:
     """Facts as the cluster holds them now (real-looking UIDs the caller must not learn)."""
 
-    def read(_request: model.Request) -> model.Facts:
+    def read(_request: PodCertificateRequest) -> model.Facts:
         return model.Facts(pod=pod, node=node, service_account=account)
 
     return read
