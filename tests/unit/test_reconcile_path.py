@@ -1,0 +1,82 @@
+"""One request followed through the signer's reconcile, from the stored request to its status
+write: the product files it visits, counted by tracing an issuance (podcert's own modules
+only; the API adapter is the test's, so `signer/kube.py` and `podcert/client/` are not among
+them). A ratchet: the count may fall, never grow. It is 21 today, against a goal of 12: the
+request checks still reach into five small `podcert/api` modules (keys, lifetimes, names,
+times, requests), the CA into three (`signer/authority/`), and the audit entry into two."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any, cast
+
+from podcert.api import requests
+from signer.authority import ca, schedule
+from signer.authority.castore import CAStore
+from signer.issue.controller import Controller
+from signer.kube import SignerKube
+from signer.metrics import Metrics
+from signer.policy import Policy
+from tests.signer_world import NOW, POLICY, SIGNER, LiveKube, make_request
+
+REPO = Path(__file__).resolve().parents[2]
+PRODUCT = ("podcert", "signer", "kubelet_shim", "bundles", "audit")
+MOST_FILES = 21
+
+
+class PathKube(LiveKube):
+    """The live reads of `LiveKube`, and the status write recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[dict[str, Any]] = []
+
+    def write_status(self, target: requests.Metadata, status: dict[str, Any]) -> None:
+        self.written.append(status)
+
+
+def visited(run: Any) -> set[str]:
+    """The product files (relative to the checkout) whose code runs in `run()`."""
+    files: set[str] = set()
+    roots = tuple(str(REPO / package) + "/" for package in PRODUCT)
+
+    def trace(frame: FrameType, event: str, arg: object) -> None:
+        name = frame.f_code.co_filename
+        if name.startswith(roots):
+            files.add(str(Path(name).relative_to(REPO)))
+
+    sys.setprofile(trace)
+    threading.setprofile(trace)  # type: ignore[arg-type]
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    return files
+
+
+def test_an_issuance_visits_no_more_product_files_than_it_did() -> None:
+    kube = PathKube()
+    signer_kube = cast(SignerKube, kube)
+    cas = CAStore(signer_kube, "podcert-system", "podcert-ca", lambda: NOW)
+    bundle = ca.new_ca("path", NOW - dt.timedelta(days=1))
+    cas._generations = [schedule.Generation("g1", bundle, "active", NOW - dt.timedelta(days=1))]
+    ctrl = Controller(
+        signer_kube,
+        [SIGNER],
+        Policy({SIGNER: POLICY}),
+        cas,
+        Metrics(),
+        clock=lambda: NOW,
+    )
+    request = make_request(created=NOW - dt.timedelta(seconds=1))
+    key = (request.namespace, request.name)
+    ctrl._store[key] = request
+    files = visited(lambda: ctrl.reconcile(key))
+    [status] = kube.written
+    assert requests.parse_status(status).outcome == "Issued", "the path is an issuance"
+    assert len(files) <= MOST_FILES, sorted(files)
