@@ -189,8 +189,9 @@ class PodCertificateRequest(msgspec.Struct, frozen=True, gc=False):
 class Unreadable:
     """An object read where a request was expected that does not decode as one. `metadata`
     and `spec` hold what of them reads as strings (for its key, its status write and its audit
-    entry); `problem` names the first field that broke. Never settled, never cached as valid:
-    the signer denies it InvalidRequest with `problem` as the message."""
+    entry), `status` only whether it is settled (read as tolerantly as `outcome` reads a dict);
+    `problem` names the first field that broke. Never decided on: the signer denies a pending
+    one InvalidRequest with `problem` as the message."""
 
     metadata: Metadata
     spec: Spec
@@ -256,13 +257,15 @@ def unreadable(obj: object, problem: RequestError) -> Unreadable:
     """What of `obj` reads as strings, kept with the problem that made it unreadable."""
     meta = _loose(obj, "metadata")
     spec = _loose(obj, "spec")
+    settled = outcome(obj) if isinstance(obj, Mapping) else None
+    generation = meta.get("generation")
     return Unreadable(
         metadata=Metadata(
             name=_text(meta, "name"),
             namespace=_text(meta, "namespace"),
             uid=_text(meta, "uid"),
             resource_version=_text(meta, "resourceVersion"),
-            generation=g if isinstance(g := meta.get("generation"), int) else None,
+            generation=generation if type(generation) is int else None,
         ),
         spec=Spec(
             signer_name=_text(spec, "signerName"),
@@ -271,6 +274,7 @@ def unreadable(obj: object, problem: RequestError) -> Unreadable:
             node_name=_text(spec, "nodeName"),
         ),
         problem=problem,
+        status=Status(conditions=(Condition(settled, "True"),)) if settled else Status(),
     )
 
 

@@ -124,6 +124,16 @@ def test_broken_statuses_name_the_field(status: dict[str, Any], field: str) -> N
     assert isinstance(read, requests.Unreadable) and read.problem.field == field
 
 
+def test_an_unreadable_request_that_is_settled_stays_settled() -> None:
+    """Its outcome read as tolerantly as `outcome` reads a dict: a settled one is never
+    denied again over the terminal status (the API server would refuse the write forever)."""
+    obj = {**pcr(podUID=7), "status": {"conditions": [{"type": "Denied", "status": "True"}]}}
+    read = requests.decode_request(msgspec.json.encode(obj))
+    assert isinstance(read, requests.Unreadable)
+    assert read.status.outcome == "Denied"
+    assert requests.read_request(pcr(podUID=7)).status.outcome is None
+
+
 def test_a_missing_field_the_api_server_always_sets_is_invalid() -> None:
     request = requests.parse_request(pcr(nodeUID=""))
     assert str(requests.invalid(request)) == "spec.nodeUID: expected a non-empty string"
