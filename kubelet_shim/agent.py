@@ -28,11 +28,11 @@ from kubelet_shim import projection, trust
 from kubelet_shim.kube import ShimApi
 from kubelet_shim.metrics import Metrics
 from kubelet_shim.projection import ProjectionState
-from kubelet_shim.state import Caches, Requeue, object_key, pod_from, pod_uid
+from kubelet_shim.state import Caches, Requeue, pod_from, request_key
 from kubelet_shim.storage import Storage, StorageError
 from kubelet_shim.sync import PodSync
 from podcert.api.pods import WorkKey
-from podcert.api.requests import outcome as settled
+from podcert.api.requests import Read
 from podcert.client.rest import JSON
 from podcert.reconcile.reflector import Reflector
 from podcert.reconcile.runtime import Synced, WorkerPool
@@ -141,9 +141,9 @@ class Agent:
         with self.caches.lock:
             known = set(self.caches.pods)
             pending_of_gone = {
-                pod_uid(pcr)
+                pcr.spec.pod_uid
                 for pcr in self.caches.pcrs.values()
-                if pod_uid(pcr) not in known and settled(pcr) is None
+                if pcr.spec.pod_uid not in known and pcr.status.outcome is None
             }
         try:
             on_disk = set(self.storage.list_pods())
@@ -176,34 +176,34 @@ class Agent:
                 self.caches.pods[uid] = pod
         self.queue.add(uid)
 
-    def on_pcr_list(self, items: list[JSON]) -> None:
+    def on_pcr_list(self, items: list[Read]) -> None:
         with self.caches.lock:
             self.caches.pcrs, self.caches.pcrs_by_pod = {}, {}
             for obj in items:
                 self._index_pcr(obj, present=True)
             # Requests of pods we serve, and pending ones whose pod is gone (to clean up).
             uids = {
-                pod_uid(obj)
+                obj.spec.pod_uid
                 for obj in items
-                if pod_uid(obj) in self.caches.pods or settled(obj) is None
+                if obj.spec.pod_uid in self.caches.pods or obj.status.outcome is None
             }
         for uid in sorted(uids):
             if uid:
                 self.queue.add(uid)
 
-    def on_pcr_event(self, kind: str, obj: JSON) -> None:
-        uid = pod_uid(obj)
+    def on_pcr_event(self, kind: str, obj: Read) -> None:
+        uid = obj.spec.pod_uid
         with self.caches.lock:
             self._index_pcr(obj, present=kind != "DELETED")
-            wanted = uid in self.caches.pods or (kind != "DELETED" and settled(obj) is None)
+            wanted = uid in self.caches.pods or (kind != "DELETED" and obj.status.outcome is None)
         if uid and wanted:
             self.queue.add(uid)
 
-    def _index_pcr(self, obj: JSON, *, present: bool) -> None:
-        key = object_key(obj)
+    def _index_pcr(self, obj: Read, *, present: bool) -> None:
+        key = request_key(obj)
         if key is None:
             return
-        uid = pod_uid(obj)
+        uid = obj.spec.pod_uid
         if present:
             self.caches.pcrs[key] = obj
             self.caches.pcrs_by_pod.setdefault(uid, set()).add(key)

@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 import random
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Final
 
 from cryptography import x509
 
@@ -26,7 +26,7 @@ from kubelet_shim.projection import ProjectionState
 from kubelet_shim.state import Caches, Memory, Pod, Requeue, Tracked, VolumePlan, log_context
 from podcert.api import keys
 from podcert.api.pods import CertificateSource, ProjectedVolume, WorkKey
-from podcert.api.requests import RequestError, certificates, key_fields, parse_status
+from podcert.api.requests import Read, RequestError, Unreadable, certificates, key_fields
 from podcert.api.times import format_time
 from podcert.client.rest import ApiError
 
@@ -308,8 +308,8 @@ class CertificateSources:
         with self.caches.lock:
             candidates = [self.caches.pcrs[k] for k in self.caches.pcrs_by_pod.get(uid, ())]
         for pcr in candidates:
+            status = pcr.status
             try:
-                status = parse_status(pcr.get("status"))
                 if status.outcome == "Issued" and certificates(status)[0] == leaf:
                     return status.begin_refresh_at
             except RequestError:
@@ -321,19 +321,20 @@ class CertificateSources:
 
 
 def request_event(
-    name: str, pcr: Mapping[str, Any] | None, key: keys.PrivateKey | None = None
+    name: str, pcr: Read | None, key: keys.PrivateKey | None = None
 ) -> projection.Event:
     """What a request's current object means to its projection.
 
-    An Issued status whose chain does not parse, or whose leaf does not hold `key`, is a
-    failure: writing it would give the pod a key that does not match its certificate.
+    An object that does not read as a request (a status of the wrong shape), an Issued status
+    whose chain does not parse, or whose leaf does not hold `key`, is a failure: writing it
+    would give the pod a key that does not match its certificate.
     """
     if pcr is None:
         return projection.RequestVanished(name)
-    try:
-        status = parse_status(pcr.get("status"))
-    except RequestError as err:
-        return projection.RequestFailed(name, "InvalidStatus", str(err))
+    if isinstance(pcr, Unreadable):
+        broken = "InvalidStatus" if pcr.problem.field.startswith("status") else "InvalidRequest"
+        return projection.RequestFailed(name, broken, str(pcr.problem))
+    status = pcr.status
     if status.condition is None:
         return projection.RequestPending(name)
     if status.condition == "Denied":

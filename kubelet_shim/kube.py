@@ -29,11 +29,11 @@ from cryptography import x509
 from podcert.api import keys
 from podcert.api.events import ObjectRef, event_body
 from podcert.api.pods import WorkKey
-from podcert.api.requests import STUB_CSR, KeyForm, RequestError, Spec, parse_request
+from podcert.api.requests import STUB_CSR, KeyForm, Read, RequestError, Spec, parse_request
 from podcert.api.times import format_micro_time
 from podcert.api.versions import group_version
 from podcert.client.discovery import certificates_versions, key_form
-from podcert.client.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, REQUESTS, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.shim")
 
@@ -86,21 +86,6 @@ class PodShape(msgspec.Struct, frozen=True):
     status: _PodStatus = _PodStatus()
 
 
-class _RequestSpec(msgspec.Struct, frozen=True):
-    podUID: str = ""
-    signerName: str = ""
-
-
-class RequestShape(msgspec.Struct, frozen=True):
-    """What the agent reads of a PodCertificateRequest: its name and UID, its pod, its status;
-    a third of an issued request decoded whole. A relist decodes every request of the node
-    while the old cache is still held, so this is also what a relist costs."""
-
-    metadata: _Meta = _Meta()
-    spec: _RequestSpec = _RequestSpec()
-    status: dict[str, Any] | None = None
-
-
 def _meta(meta: _Meta) -> JSON:
     out: JSON = {
         "namespace": meta.namespace,
@@ -126,15 +111,6 @@ def pod_object(shape: PodShape) -> JSON:
     }
 
 
-def request_object(shape: RequestShape) -> JSON:
-    spec = shape.spec
-    return {
-        "metadata": _meta(shape.metadata),
-        "spec": {"podUID": spec.podUID, "signerName": spec.signerName},
-        "status": shape.status or {},
-    }
-
-
 @dataclass(frozen=True)
 class PodRef:
     """Enough of a pod to name it in a request, an ownerReference and an Event."""
@@ -152,8 +128,8 @@ class ShimApi(Protocol):
 
     def list_pods(self) -> tuple[list[JSON], str]: ...
     def watch_pods(self, resource_version: str) -> Iterator[JSON]: ...
-    def list_pcrs(self) -> tuple[list[JSON], str]: ...
-    def watch_pcrs(self, resource_version: str) -> Iterator[JSON]: ...
+    def list_pcrs(self) -> tuple[list[Read], str]: ...
+    def watch_pcrs(self, resource_version: str) -> Iterator[JSON]: ...  # objects: Read
     def list_trust_bundles(self) -> tuple[list[JSON], str]: ...
     def watch_trust_bundles(self, resource_version: str) -> Iterator[JSON]: ...
     def node_uid(self) -> str: ...
@@ -203,11 +179,19 @@ class ShimKube:
     def watch_pods(self, resource_version: str) -> Iterator[JSON]:
         return self._shaped_watch(path_of("v1", "pods"), resource_version, PodShape, pod_object)
 
-    def list_pcrs(self) -> tuple[list[JSON], str]:
-        return self._shaped_list(self._pcrs(), RequestShape, request_object)
+    def list_pcrs(self) -> tuple[list[Read], str]:
+        """The node's requests, typed (`podcert.client.rest.REQUESTS`). A relist decodes every
+        request of the node while the old cache is still held: a few hundred at most."""
+        items, version = self.rest.list(
+            self._pcrs(), REQUESTS, query={"fieldSelector": self._on_node}
+        )
+        return list(items), version
 
     def watch_pcrs(self, resource_version: str) -> Iterator[JSON]:
-        return self._shaped_watch(self._pcrs(), resource_version, RequestShape, request_object)
+        """Events whose objects are typed requests, as `list_pcrs` gives them."""
+        return self.rest.watch(
+            self._pcrs(), resource_version, shape=REQUESTS, fieldSelector=self._on_node
+        )
 
     def list_trust_bundles(self) -> tuple[list[JSON], str]:
         return self._list(path_of(group_version(self.ctb_version), "clustertrustbundles"))

@@ -21,8 +21,8 @@ from kubelet_shim.kube import ROTATE_ANNOTATION, PodRef
 from kubelet_shim.projection import ProjectionState
 from podcert.api.keys import PrivateKey
 from podcert.api.pods import PodVolumes, TrustBundleSource, WorkKey, parse_pod
+from podcert.api.requests import Read
 from podcert.api.times import parse_time
-from podcert.client.rest import JSON
 
 log = logging.getLogger("podcert.shim")
 
@@ -56,7 +56,7 @@ class Caches:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.pods: dict[str, Pod] = {}
-        self.pcrs: dict[tuple[str, str], JSON] = {}
+        self.pcrs: dict[tuple[str, str], Read] = {}
         self.pcrs_by_pod: dict[str, set[tuple[str, str]]] = {}
         self.bundles: dict[str, trust.Bundle] = {}
         self.tracked: dict[WorkKey, Tracked] = {}
@@ -137,16 +137,8 @@ def pod_from(obj: Mapping[str, Any]) -> Pod | None:
     )
 
 
-def object_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    meta = obj.get("metadata") or {}
-    namespace, name = meta.get("namespace"), meta.get("name")
-    if isinstance(namespace, str) and isinstance(name, str):
-        return namespace, name
-    return None
-
-
-def pod_uid(pcr: Mapping[str, Any]) -> str:
-    return str((pcr.get("spec") or {}).get("podUID") or "")
+def request_key(pcr: Read) -> tuple[str, str] | None:
+    return (pcr.namespace, pcr.name) if pcr.namespace and pcr.name else None
 
 
 def log_context(pod: Pod, volume: str | None) -> dict[str, str]:

@@ -21,7 +21,6 @@ from kubelet_shim.metrics import Metrics
 from kubelet_shim.state import Caches, Memory, Pod, Requeue, VolumePlan, log_context
 from kubelet_shim.storage import FileSpec, Storage, StorageError, UnsafeDirectoryError
 from podcert.api.pods import CertificateSource, ProjectedVolume, TrustBundleSource
-from podcert.api.requests import outcome as settled
 from podcert.client.rest import ApiError
 
 log = logging.getLogger("podcert.shim")
@@ -220,18 +219,17 @@ class PodSync:
             pending = [
                 self.caches.pcrs[k]
                 for k in self.caches.pcrs_by_pod.get(uid, ())
-                if settled(self.caches.pcrs[k]) is None
+                if self.caches.pcrs[k].status.outcome is None
             ]
         for pcr in pending:
-            meta = pcr["metadata"]
             try:
-                deleted = self.kube.delete_pcr(meta["namespace"], meta["name"], meta["uid"])
+                deleted = self.kube.delete_pcr(pcr.namespace, pcr.name, pcr.metadata.uid)
             except ApiError as err:
                 self.metrics.errors.labels(operation="delete_request").inc()
-                log.warning("cannot delete request: %s", err, extra={"request": meta["name"]})
+                log.warning("cannot delete request: %s", err, extra={"request": pcr.name})
                 requeue.retry = True
                 continue
-            extra = {"namespace": meta["namespace"], "request": meta["name"]}
+            extra = {"namespace": pcr.namespace, "request": pcr.name}
             if deleted:
                 log.info("deleted the pending request of a deleted pod", extra=extra)
             else:

@@ -17,23 +17,18 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from podcert.api import requests
 from podcert.api.events import ObjectRef, event_body
 from podcert.api.versions import group_version, key_fallback
-from podcert.client import pages
 from podcert.client.discovery import certificates_versions, serves
-from podcert.client.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import JSON, REQUESTS, ApiError, Rest, path_of
 from signer.objects import NodeShape, PodShape, ServiceAccountShape, ServiceShape
 
 log = logging.getLogger("podcert.signer")
 
 T = TypeVar("T")
-
-
-REQUESTS: Final = pages.Lenient(requests.PodCertificateRequest, requests.decode_request)
-"""How the signer decodes requests: typed, the unreadable ones kept to be denied by name."""
 
 
 class KeyNotServed(Exception):

@@ -29,6 +29,7 @@ from urllib.parse import quote, urlencode
 import msgspec
 
 from podcert import __version__
+from podcert.api import requests
 from podcert.client import pages, transport
 from podcert.client.kubeconfig import ClientConfigError, ClientSettings, load
 from podcert.client.refusals import Refusals
@@ -48,6 +49,11 @@ class _Event(msgspec.Struct, frozen=True):
     type: str
     object: msgspec.Raw = msgspec.Raw(b"{}")
 
+
+REQUESTS: Final = pages.Lenient(requests.PodCertificateRequest, requests.decode_request)
+"""How the signer and the shim read PodCertificateRequests: typed, straight from each page,
+event and GET; an object that is not one becomes `Unreadable`, never an error for the rest of
+the page."""
 
 _DICT: Final = msgspec.json.Decoder(dict[str, Any])
 _EVENT: Final = msgspec.json.Decoder(_Event)

@@ -26,6 +26,9 @@ from tests.signer_world import NOW, POLICY, SIGNER, LiveKube, make_request
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("podcert", "signer", "kubelet_shim", "bundles", "audit")
 MOST_FILES = 21
+# The process's log handler runs for the INFO line of an issuance only where some test (or the
+# process) installed it: not part of the request's path, and not counted either way.
+LOG_HANDLER = str(REPO / "podcert" / "logs.py")
 
 
 class PathKube(LiveKube):
@@ -46,7 +49,7 @@ def visited(run: Any) -> set[str]:
 
     def trace(frame: FrameType, event: str, arg: object) -> None:
         name = frame.f_code.co_filename
-        if name.startswith(roots):
+        if name.startswith(roots) and name != LOG_HANDLER:
             files.add(str(Path(name).relative_to(REPO)))
 
     sys.setprofile(trace)
@@ -75,8 +78,12 @@ def test_an_issuance_visits_no_more_product_files_than_it_did() -> None:
     )
     request = make_request(created=NOW - dt.timedelta(seconds=1))
     key = (request.namespace, request.name)
+    # Once untraced, so that neither a first import nor a first-use cache counts: the path
+    # traced is the steady one, whichever tests ran before in this process.
+    ctrl._store[key] = request
+    ctrl.reconcile(key)
     ctrl._store[key] = request
     files = visited(lambda: ctrl.reconcile(key))
-    [status] = kube.written
+    [_, status] = kube.written
     assert requests.parse_status(status).outcome == "Issued", "the path is an issuance"
-    assert len(files) <= MOST_FILES, sorted(files)
+    assert len(files) <= MOST_FILES, " ".join(sorted(files))

@@ -37,7 +37,7 @@ from kubelet_shim.projection import ProjectionState
 from kubelet_shim.storage import FileSpec, MemoryStorage
 from podcert.api import keys
 from podcert.api.pods import WorkKey
-from podcert.api.requests import STUB_CSR, KeyForm
+from podcert.api.requests import STUB_CSR, KeyForm, read_request
 from podcert.client.rest import JSON, ApiError
 from podcert.reconcile.runtime import Runtime
 
@@ -228,7 +228,7 @@ class Rig:
         return self.agent.state_of(WorkKey(pod["metadata"]["uid"], volume, index))
 
     def answer(self, pcr: JSON, status: JSON) -> None:
-        self.agent.on_pcr_event("MODIFIED", {**pcr, "status": status})
+        self.agent.on_pcr_event("MODIFIED", read_request({**pcr, "status": status}))
         self.agent.reconcile(pcr["spec"]["podUID"])
 
     def issue(
@@ -384,7 +384,7 @@ def test_a_chain_that_does_not_hold_the_requested_key_is_never_written(rig: Rig)
 )
 def test_request_objects_read_as_projection_events(status: JSON | None, expected: type) -> None:
     pcr = None if status is None else {"metadata": {"name": "r"}, "status": status}
-    assert isinstance(request_event("r", pcr), expected)
+    assert isinstance(request_event("r", None if pcr is None else read_request(pcr)), expected)
 
 
 # --- refresh and rotation -------------------------------------------------------------------------
@@ -442,8 +442,8 @@ def test_a_vanished_request_is_replaced_after_the_abandon_delay(rig: Rig) -> Non
     pod = make_pod([cert_volume()])
     rig.apply(pod)
     pcr = rig.kube.created[-1]
-    rig.agent.on_pcr_event("ADDED", pcr)
-    rig.agent.on_pcr_event("DELETED", pcr)  # the 15-minute cleaner, or a person
+    rig.agent.on_pcr_event("ADDED", read_request(pcr))
+    rig.agent.on_pcr_event("DELETED", read_request(pcr))  # the 15-minute cleaner, or a person
     rig.agent.reconcile(UID)
     rig.clock.now = T0 + 9 * MIN
     rig.agent.reconcile(UID)
@@ -458,7 +458,7 @@ def test_a_request_not_yet_seen_by_the_watch_is_not_abandoned(rig: Rig) -> None:
     pod = make_pod([cert_volume()])
     rig.apply(pod)  # created; the watch has not delivered it yet
     rig.agent.reconcile(UID)  # looks vanished for a moment
-    rig.agent.on_pcr_event("ADDED", rig.kube.created[-1])
+    rig.agent.on_pcr_event("ADDED", read_request(rig.kube.created[-1]))
     rig.agent.reconcile(UID)
     rig.clock.now = T0 + 11 * MIN
     rig.agent.reconcile(UID)
@@ -581,7 +581,7 @@ def test_a_restart_adopts_fresh_credentials_from_disk_without_new_requests(rig: 
 
     rig.clock.now = T0 + HOUR
     rig.agent = rig.fresh_agent()
-    rig.agent.on_pcr_list([{**p, "status": _status_of(rig, p)} for p in issued])
+    rig.agent.on_pcr_list([read_request({**p, "status": _status_of(rig, p)}) for p in issued])
     rig.agent.on_pod_list(pods)
     for pod in pods:
         rig.agent.reconcile(pod["metadata"]["uid"])
@@ -626,7 +626,7 @@ def test_a_deleted_pod_loses_its_files_and_pending_requests(rig: Rig) -> None:
     pod = make_pod([cert_volume(), cert_volume("waiting", signerName="other.example/none")])
     rig.apply(pod)
     issued, waiting = rig.kube.created
-    rig.agent.on_pcr_event("ADDED", waiting)
+    rig.agent.on_pcr_event("ADDED", read_request(waiting))
     rig.issue(issued)
     assert rig.storage.list_pods() == [UID]
     rig.agent.on_pod_event("DELETED", pod)

@@ -17,15 +17,13 @@ from kubelet_shim.kube import (
     ForeignRequest,
     PodRef,
     PodShape,
-    RequestShape,
     ShimKube,
     pcr_body,
     pod_object,
     request_name,
-    request_object,
 )
-from kubelet_shim.state import object_key, pod_from, pod_uid
-from podcert.api import keys
+from kubelet_shim.state import pod_from
+from podcert.api import keys, requests
 from podcert.api.pods import WorkKey
 from podcert.api.requests import PROOF_OF_POSSESSION, STUB_CSR, KeyForm, key_fields, outcome
 from podcert.client.rest import ApiError, Rest
@@ -160,10 +158,6 @@ def issued_request() -> dict[str, Any]:
     }
 
 
-def shaped_request(pcr: Mapping[str, Any]) -> dict[str, Any]:
-    return request_object(msgspec.json.decode(json.dumps(pcr).encode(), type=RequestShape))
-
-
 @pytest.mark.parametrize(
     "pcr",
     [
@@ -172,15 +166,13 @@ def shaped_request(pcr: Mapping[str, Any]) -> dict[str, Any]:
         pytest.param({k: v for k, v in issued_request().items() if k != "status"}, id="no status"),
     ],
 )
-def test_a_shaped_request_keeps_what_the_agent_reads(pcr: dict[str, Any]) -> None:
-    shaped = shaped_request(pcr)
-    assert object_key(shaped) == object_key(pcr)
-    assert pod_uid(shaped) == pod_uid(pcr)
-    assert outcome(shaped) == outcome(pcr)
-    assert shaped["status"] == (pcr.get("status") or {})
-    assert shaped["metadata"]["uid"] == pcr["metadata"]["uid"]
-    assert "managedFields" not in shaped["metadata"]
-    assert "stubPKCS10Request" not in shaped["spec"]
+def test_a_request_the_shim_reads_means_what_the_whole_object_means(pcr: dict[str, Any]) -> None:
+    [read] = ShimKube(cast(Rest, CannedRest([pcr])), "node-a").list_pcrs()[0]
+    assert isinstance(read, requests.PodCertificateRequest)
+    assert read == requests.parse_request(pcr)
+    assert (read.namespace, read.name) == (pcr["metadata"]["namespace"], pcr["metadata"]["name"])
+    assert read.spec.pod_uid == pcr["spec"]["podUID"]
+    assert read.status.outcome == outcome(pcr)
 
 
 def test_the_node_lists_and_watches_only_its_own_objects_as_shapes() -> None:
@@ -195,8 +187,8 @@ def test_the_node_lists_and_watches_only_its_own_objects_as_shapes() -> None:
     ]
     rest = CannedRest([issued_request()])
     kube = ShimKube(cast(Rest, rest), "node-a")
-    assert [outcome(r) for r in kube.list_pcrs()[0]] == ["Issued"]
-    assert [e["object"]["metadata"]["name"] for e in kube.watch_pcrs("41")] == ["web-x7k2p"]
+    assert [r.status.outcome for r in kube.list_pcrs()[0]] == ["Issued"]
+    assert [e["object"].name for e in kube.watch_pcrs("41")] == ["web-x7k2p"]
     assert rest.queries == [
         {"fieldSelector": "spec.nodeName=node-a"},
         {"fieldSelector": "spec.nodeName=node-a"},
