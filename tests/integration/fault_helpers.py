@@ -29,9 +29,9 @@ from podcert.api.requests import certificates, parse_status
 from podcert.api.requests import outcome as outcome
 from podcert.api.volumes import DATA_DIR, DATA_TMP
 from podcert.client.rest import JSON, ApiError, Rest, path_of
+from tests.objects import pod_object
 
 PCRS = "certificates.k8s.io/v1"
-
 
 # --- etcd ----------------------------------------------------------------------------------
 
@@ -72,21 +72,7 @@ def compacted(state: State, revision: int) -> bool:
 
 def pod_body(namespace: str, name: str, node: str, volumes: list[dict[str, Any]]) -> JSON:
     """A pod bound to `node` with the `default` ServiceAccount (create it first)."""
-    mounts = [{"name": v["name"], "mountPath": f"/var/run/{v['name']}"} for v in volumes]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": "default",
-            "automountServiceAccountToken": False,
-            "containers": [
-                {"name": "app", "image": "registry.invalid/app:1", "volumeMounts": mounts}
-            ],
-            "volumes": volumes,
-        },
-    }
+    return pod_object(name, volumes, namespace=namespace, node=node)
 
 
 def create_through_outage(rest: Rest, body: JSON, deadline: float) -> int:

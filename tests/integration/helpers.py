@@ -14,7 +14,7 @@ from devcluster import kube
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, eventually
 from podcert.api import keys
-from podcert.api.requests import STUB_CSR, KeyForm, key_fields, outcome
+from podcert.api.requests import STUB_CSR, Condition, KeyForm, key_fields, outcome, parse_request
 from podcert.client.rest import JSON, Rest, path_of
 
 PCRS = "certificates.k8s.io/v1"
@@ -124,17 +124,17 @@ def settled(
         raise AssertionError(f"{err}\n{explain()}") from None
 
 
-def condition(pcr: JSON) -> JSON:
-    conditions = pcr["status"]["conditions"]
+def condition(pcr: JSON) -> Condition:
+    """A settled request's one condition, typed (`podcert.api.requests.Condition`)."""
+    conditions = parse_request(pcr).status.conditions
     assert len(conditions) == 1, conditions
-    found: JSON = conditions[0]
-    return found
+    return conditions[0]
 
 
 def terminal(pcr: JSON) -> tuple[str, str, str]:
     """(type, reason, message) of a settled request's one condition."""
     found = condition(pcr)
-    return found["type"], found["reason"], found.get("message", "")
+    return found.type, found.reason, found.message
 
 
 def events_for(devcluster: DevCluster, pcr: JSON, timeout: float = 5.0) -> list[JSON]:

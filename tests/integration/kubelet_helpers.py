@@ -63,12 +63,6 @@ def requests_for(devcluster: DevCluster, namespace: str, pod_uid: str) -> list[J
     return sorted(mine, key=lambda i: (i["metadata"]["creationTimestamp"], i["metadata"]["name"]))
 
 
-def condition(pcr: JSON) -> JSON | None:
-    """The request's terminal condition (Issued, Denied or Failed), None while pending."""
-    conditions = pcr.get("status", {}).get("conditions", [])
-    return conditions[0] if conditions else None
-
-
 def pod_events(devcluster: DevCluster, namespace: str, pod_uid: str) -> list[JSON]:
     items: list[JSON] = Rest(devcluster.admin).request(
         "GET",

@@ -54,7 +54,7 @@ def healthy(devcluster: DevCluster, signer: Any, work: Path) -> str:
         pod = make_pod(devcluster, ns, name, SIGNER)
         key, pcr = request_as_node(devcluster, pod, SIGNER)
         done = settled(devcluster, pcr)
-        assert condition(done)["type"] == "Issued"
+        assert condition(done).type == "Issued"
         bundle = key.private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,

@@ -67,7 +67,7 @@ def pods(devcluster: DevCluster, signer: processes.Signer, work: Path) -> dict[s
         pod = make_pod(devcluster, ns, name, SIGNER)
         key, pcr = request_as_node(devcluster, pod, SIGNER)
         done = settled(devcluster, pcr)
-        assert condition(done)["type"] == "Issued"
+        assert condition(done).type == "Issued"
         storage.write_volume(pod.metadata.uid, "identity", _files(key, done), None)
         out[name] = (pod, key, done)
     rest = Rest(devcluster.admin)
@@ -336,7 +336,7 @@ def test_a_full_audit_log_stops_issuance_and_readiness_until_space_returns(
 
             filler.unlink()
             done = settled(devcluster, pcr, timeout=60)
-            assert condition(done)["type"] == "Issued"
+            assert condition(done).type == "Issued"
             eventually(proc.ready, timeout=15, what="the signer to be ready again")
             assert _metric(proc, "podcert_signer_audit_log_writable") == 1
         finally:

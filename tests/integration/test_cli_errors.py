@@ -177,7 +177,7 @@ def test_a_signer_that_loses_its_api_server_after_start_says_so_and_recovers(
     ns = devcluster.namespace("lost")
     pod = make_pod(devcluster, ns, "app", signer_name, node="lost-node")
     assert (
-        condition(settled(devcluster, request_as_node(devcluster, pod, signer_name)[1]))["type"]
+        condition(settled(devcluster, request_as_node(devcluster, pod, signer_name)[1])).type
         == "Issued"
     )
 
@@ -191,6 +191,6 @@ def test_a_signer_that_loses_its_api_server_after_start_says_so_and_recovers(
     _, waiting = request_as_node(devcluster, pod, signer_name)
     proxy.start()  # the same port again
 
-    assert condition(settled(devcluster, waiting, timeout=120))["type"] == "Issued"
+    assert condition(settled(devcluster, waiting, timeout=120)).type == "Issued"
     assert signer.running
     assert "Traceback" not in signer.output()

@@ -293,8 +293,8 @@ def test_a_request_holds_at_most_256_kib_of_unverified_user_annotations_too(
     assert status == 422 and "spec.unverifiedUserAnnotations: Too long" in message, message
     # The one at the limit asks for one DNS name 262 121 characters long: a typed denial.
     denied = settled(devcluster, pcr, timeout=OUTCOME_DEADLINE)
-    assert condition(denied)["reason"] == "InvalidAnnotation"
-    assert DNS_KEY in condition(denied)["message"]
+    assert condition(denied).reason == "InvalidAnnotation"
+    assert DNS_KEY in condition(denied).message
 
 
 # --- hostile objects, through the shim and made by hand ----------------------------------------
@@ -333,8 +333,8 @@ def test_the_largest_allowed_annotations_on_a_projection_end_in_a_denial_naming_
     # The shim copied all of it into the request; the signer denied it, naming the field.
     assert pcr["spec"]["unverifiedUserAnnotations"] == annotations
     found = condition(pcr)
-    assert (found["type"], found["reason"]) == ("Denied", reason), found
-    assert named in found["message"] and len(found["message"]) < 1000, found["message"]
+    assert (found.type, found.reason) == ("Denied", reason), found
+    assert named in found.message and len(found.message) < 1000, found.message
     assert elapsed < OUTCOME_DEADLINE
     # No credential is written for a denied request.
     assert read(node_shim.volume_dir(pod.metadata.uid) / "credentialbundle.pem") is None
@@ -357,8 +357,8 @@ def test_a_burst_of_requests_at_the_size_limit_is_denied_in_bounded_time(
         created.append((create_pcr(node, ns, spec), reason, named))
     for pcr, reason, named in created:
         found = condition(settled(devcluster, pcr, timeout=OUTCOME_DEADLINE))
-        assert (found["type"], found["reason"]) == ("Denied", reason), found
-        assert named in found["message"]
+        assert (found.type, found.reason) == ("Denied", reason), found
+        assert named in found.message
     elapsed = time.monotonic() - started
     print(
         f"\n32 requests of 256 KiB each settled in {elapsed:.2f}s; "

@@ -18,6 +18,7 @@ import yaml
 from devcluster import kube
 from devcluster.testing import DevCluster, eventually
 from podcert.client.rest import Rest, path_of
+from tests.objects import pod_object
 
 POLICY_FILE = (
     Path(__file__).resolve().parents[2] / "manifests" / "signer" / "key-permissions-policy.yaml"
@@ -73,25 +74,8 @@ def pod(
     }
     if default_mode is not None:
         projected["defaultMode"] = default_mode
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": NODE,
-            "automountServiceAccountToken": False,
-            "securityContext": security or {},
-            "containers": containers
-            or [
-                {
-                    "name": "app",
-                    "image": "registry.invalid/app:1",
-                    "volumeMounts": [{"name": "identity", "mountPath": "/var/run/identity"}],
-                }
-            ],
-            "volumes": [{"name": "identity", "projected": projected}],
-        },
-    }
+    volumes = [{"name": "identity", "projected": projected}]
+    return pod_object(name, volumes, node=NODE, containers=containers, security=security or {})
 
 
 def create(

@@ -22,14 +22,15 @@ from bundles import formats
 from devcluster import images, processes
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, Kubelet, eventually
+from podcert.api.requests import parse_request
 from podcert.client.rest import JSON
 from signer.model import POLICY_DENIED, UNSUPPORTED_KEY_TYPE
+from tests.integration.helpers import condition
 from tests.integration.kubelet_helpers import (
     BUNDLE,
     KEEP_RUNNING,
     TRUST,
     certificates_in,
-    condition,
     first_seen,
     pod_events,
     read,
@@ -207,12 +208,11 @@ def _kubelet_denied_message(pcr: JSON) -> str:
     becomes an unused argument, which Go's fmt renders as `%!(EXTRA string=...)`. The message
     inside is formatted with %q (Go quoting: JSON's escapes for the ASCII text we write)."""
     meta, cond = pcr["metadata"], condition(pcr)
-    assert cond is not None
     inner = (
         f"PodCertificateRequest {meta['namespace']}/{meta['name']} was denied, "
-        f"reason={json.dumps(cond['reason'])}, message={json.dumps(cond['message'])}"
+        f"reason={json.dumps(cond.reason)}, message={json.dumps(cond.message)}"
     )
-    return f"{cond['reason']}%!(EXTRA string={inner})"
+    return f"{cond.reason}%!(EXTRA string={inner})"
 
 
 DENIALS = [
@@ -247,12 +247,12 @@ def test_a_denied_request_is_an_event_on_the_pod_and_the_pod_never_starts(
 
     def denied() -> JSON | None:
         found = requests_for(devcluster, ns, uid)
-        cond = condition(found[0]) if found else None
-        return found[0] if cond and cond["type"] == "Denied" else None
+        settled = parse_request(found[0]).status if found else None
+        return found[0] if settled is not None and settled.outcome == "Denied" else None
 
     pcr = eventually(denied, timeout=30, what="the request to be Denied")
     cond = condition(pcr)
-    assert cond is not None and cond["reason"] == reason
+    assert cond.reason == reason
 
     def kubelet_event(event_reason: str, count: int = 1) -> JSON | None:
         return next(
@@ -277,8 +277,8 @@ def test_a_denied_request_is_an_event_on_the_pod_and_the_pod_never_starts(
     )
     assert mount["message"] == (
         'MountVolume.SetUp failed for volume "identity" : PodCertificateRequest was '
-        f"permanently denied: reason={json.dumps(cond['reason'])} "
-        f"message={json.dumps(cond['message'])}"
+        f"permanently denied: reason={json.dumps(cond.reason)} "
+        f"message={json.dumps(cond.message)}"
     )
 
     # The kubelet's status manager posts the pod's status on its own schedule, after the mount

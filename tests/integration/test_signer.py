@@ -84,7 +84,7 @@ def test_a_node_gets_a_certificate_for_its_own_pod(
     key, pcr = request_as_node(devcluster, pod, SIGNER)
     done = settled(devcluster, pcr, timeout=10)
     elapsed = time.monotonic() - started
-    assert condition(done)["type"] == "Issued"
+    assert condition(done).type == "Issued"
     assert elapsed < 2.0, f"issued after {elapsed:.2f}s"
 
     chain = x509.load_pem_x509_certificates(done["status"]["certificateChain"].encode())
@@ -203,8 +203,8 @@ def test_each_denial_is_a_condition_and_an_event(
         _, pcr = request_as_node(devcluster, pod, SIGNER, key_type=key_type)
     done = settled(devcluster, pcr)
     cond = condition(done)
-    assert (cond["type"], cond["reason"]) == ("Denied", reason)
-    assert named in cond["message"]
+    assert (cond.type, cond.reason) == ("Denied", reason)
+    assert named in cond.message
     assert "certificateChain" not in done["status"]
     events = events_for(devcluster, done)
     assert [e["reason"] for e in events] == [reason]
@@ -252,7 +252,7 @@ def test_service_dns_names_follow_the_services_that_select_the_pod(
             unverifiedUserAnnotations={"podcert.dev/dns-names": f"api.{ns}.svc"},
         ),
     )
-    assert condition(settled(devcluster, ok))["type"] == "Issued"
+    assert condition(settled(devcluster, ok)).type == "Issued"
     bad = create_pcr(
         devcluster.admin,
         ns,
@@ -264,7 +264,7 @@ def test_service_dns_names_follow_the_services_that_select_the_pod(
             unverifiedUserAnnotations={"podcert.dev/dns-names": f"api.{ns}.svc"},
         ),
     )
-    assert condition(settled(devcluster, bad))["reason"] == model.DNS_NAME_NOT_ALLOWED
+    assert condition(settled(devcluster, bad)).reason == model.DNS_NAME_NOT_ALLOWED
 
 
 def test_requests_for_other_signers_are_left_alone(
@@ -287,7 +287,7 @@ def test_requests_for_other_signers_are_left_alone(
 def test_metrics_count_outcomes(devcluster: DevCluster, signer: Any, ns: str) -> None:
     pod = make_pod(devcluster, ns, "counted", SIGNER)
     _, pcr = request_as_node(devcluster, pod, SIGNER)
-    assert condition(settled(devcluster, pcr, timeout=10))["type"] == "Issued"
+    assert condition(settled(devcluster, pcr, timeout=10)).type == "Issued"
     text = signer.metrics()
     assert "podcert_signer_requests_total" in text
     assert 'outcome="Issued"' in text
@@ -333,7 +333,7 @@ def test_survives_sigkill_halfway_through_500_requests(
         second.stop()
     items = rest.request("GET", listing)["items"]
     assert {i["metadata"]["name"] for i in items} == names
-    assert all(condition(i)["type"] == "Issued" for i in items), "some request was not issued"
+    assert all(condition(i).type == "Issued" for i in items), "some request was not issued"
 
     lines = audit_path.read_bytes().splitlines()
     result = writer.verify(lines, _roots_of(devcluster, "podcert-crash"), dt.datetime.now(dt.UTC))

@@ -125,8 +125,8 @@ def assert_denied(devcluster: DevCluster, pcr: JSON, case: str) -> None:
     reason, says = CASES[case]
     done = settled(devcluster, pcr, timeout=30)
     cond = condition(done)
-    assert (cond["type"], cond["reason"]) == ("Denied", reason), cond
-    assert says in cond["message"]
+    assert (cond.type, cond.reason) == ("Denied", reason), cond
+    assert says in cond.message
     assert "certificateChain" not in done["status"]
     assert [e["reason"] for e in events_for(devcluster, done)] == [reason]
 
@@ -163,7 +163,7 @@ def test_a_request_after_the_change_is_denied_by_a_signer_that_ran_through_it(
     pod, spec = prepare(devcluster, held, case, RUNNING)
     # Before the change the same facts are good: the signer issues for them.
     _, before = request_as_node(devcluster, pod, RUNNING)
-    assert condition(settled(devcluster, before))["type"] == "Issued"
+    assert condition(settled(devcluster, before)).type == "Issued"
 
     change(devcluster, case, pod)
 
@@ -182,7 +182,7 @@ def test_a_request_for_a_re_created_service_account_is_issued_even_if_the_cache_
     _, pcr = request_as_node(devcluster, pod, RUNNING)
 
     done = settled(devcluster, pcr, timeout=30)
-    assert condition(done)["type"] == "Issued", condition(done)
+    assert condition(done).type == "Issued", condition(done)
     assert done["spec"]["serviceAccountUID"] == pcr["spec"]["serviceAccountUID"]
 
 
@@ -203,4 +203,4 @@ def test_a_request_for_a_pod_re_created_under_its_name_is_issued_even_if_the_cac
     _, pcr = request_as_node(devcluster, again, RUNNING)
 
     done = settled(devcluster, pcr, timeout=30)
-    assert condition(done)["type"] == "Issued", condition(done)
+    assert condition(done).type == "Issued", condition(done)

@@ -145,7 +145,7 @@ def handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> None:
 def credential(devcluster: DevCluster, pod: Any, signer: str) -> Credential:
     key, pcr = request_as_node(devcluster, pod, signer)
     done = settled(devcluster, pcr)
-    assert condition(done)["type"] == "Issued"
+    assert condition(done).type == "Issued"
     chain = tuple(x509.load_pem_x509_certificates(done["status"]["certificateChain"].encode()))
     return Credential(key=key, chain=chain)
 
@@ -257,7 +257,7 @@ def test_a_standby_takes_over_when_the_leader_is_killed(
         took_over = time.monotonic() - killed_at
         assert new_holder == standby.args[-1].split("=", 1)[1]
         assert took_over < 6 + 5, f"standby took {took_over:.1f}s"
-        outcomes = [condition(settled(devcluster, p, timeout=20))["type"] for p in pcrs]
+        outcomes = [condition(settled(devcluster, p, timeout=20)).type for p in pcrs]
         assert outcomes == ["Issued"] * 60
     finally:
         for replica in replicas:

@@ -130,7 +130,7 @@ def test_the_log_and_events_hold_no_key_material_through_issuance_denial_and_rot
     ns = devcluster.namespace("keys")
     pod = make_pod(devcluster, ns, "app", SIGNER, node=NODE)
     first = settled(devcluster, request_as_node(devcluster, pod, SIGNER)[1])
-    assert condition(first)["type"] == "Issued"
+    assert condition(first).type == "Issued"
     hostile = pcr_spec(
         devcluster,
         pod,
@@ -139,7 +139,7 @@ def test_the_log_and_events_hold_no_key_material_through_issuance_denial_and_rot
         unverifiedUserAnnotations={"evil.example/escalate": "yes"},
     )
     denied = settled(devcluster, create_pcr(devcluster.admin, ns, hostile))
-    assert condition(denied)["type"] == "Denied"
+    assert condition(denied).type == "Denied"
     events_for(devcluster, denied)
 
     # A whole rotation: the signer makes, publishes and switches to a second CA key, and

@@ -146,13 +146,13 @@ def test_pods_with_thousands_of_labels_cost_the_signer_no_memory_and_keep_their_
         f"({baseline:.1f} MiB before them)"
     )
     done = settled(devcluster, waiting, timeout=20)
-    assert condition(done)["type"] == "Issued", condition(done)
+    assert condition(done).type == "Issued", condition(done)
     assert dns_names(done) == entitled
 
     # A request made now: its pod is read live.
     _, live = request_as_node(devcluster, pods[-1], SIGNER)
     done = settled(devcluster, live, timeout=20)
-    assert condition(done)["type"] == "Issued", condition(done)
+    assert condition(done).type == "Issued", condition(done)
     assert dns_names(done) == entitled
     grown = rss_mib(after) - baseline
     assert grown < GROWTH_MIB, f"grew by {grown:.1f} MiB once the pods were read live"

@@ -236,7 +236,7 @@ def test_a_rolling_update_from_0_1_0_issues_every_request_once_and_keeps_ca_and_
     assert traffic.errors == []
 
     outcomes = [settled(devcluster, pcr, timeout=30) for pcr in traffic.requests]
-    assert Counter(condition(p)["type"] for p in outcomes) == {"Issued": len(outcomes)}
+    assert Counter(condition(p).type for p in outcomes) == {"Issued": len(outcomes)}
     replicas.stop("replica-b")  # a last checkpoint
 
     issued: Counter[str] = Counter()

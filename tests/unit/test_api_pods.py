@@ -21,6 +21,7 @@ from podcert.api.pods import (
 )
 from podcert.api.selectors import LabelSelector, Requirement, matches_selector
 from tests import strategies
+from tests.objects import pod_object
 
 UID = "5d1b7a52-3c1e-4a8e-9a0c-6b0f7a0e2c11"
 SIGNER = "example.com/podcert"
@@ -29,19 +30,11 @@ SIGNER = "example.com/podcert"
 def pod(*sources: Any, volume: dict[str, Any] | None = None) -> dict[str, Any]:
     projected: dict[str, Any] = {"sources": list(sources)}
     projected.update(volume or {})
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"namespace": "shop", "name": "cart-0", "uid": UID},
-        "spec": {
-            "nodeName": "node-a",
-            "serviceAccountName": "cart",
-            "volumes": [
-                {"name": "config", "configMap": {"name": "cart"}},
-                {"name": "identity", "projected": projected},
-            ],
-        },
-    }
+    volumes = [
+        {"name": "config", "configMap": {"name": "cart"}},
+        {"name": "identity", "projected": projected},
+    ]
+    return pod_object("cart-0", volumes, namespace="shop", uid=UID, service_account="cart")
 
 
 def cert(**fields: Any) -> dict[str, Any]:

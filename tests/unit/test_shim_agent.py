@@ -40,6 +40,7 @@ from podcert.api.pods import WorkKey
 from podcert.api.requests import STUB_CSR, KeyForm, read_request
 from podcert.client.rest import JSON, ApiError
 from podcert.reconcile.runtime import Runtime
+from tests.objects import pod_object
 
 T0 = dt.datetime(2026, 11, 29, 20, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -189,11 +190,15 @@ def make_pod(
     annotations: dict[str, str] | None = None,
     phase: str = "Pending",
 ) -> JSON:
-    return {
-        "metadata": {"namespace": NS, "name": name, "uid": uid, "annotations": annotations or {}},
-        "spec": {"nodeName": "node-a", "serviceAccountName": "api", "volumes": volumes},
-        "status": {"phase": phase},
-    }
+    return pod_object(
+        name,
+        volumes,
+        namespace=NS,
+        uid=uid,
+        service_account="api",
+        annotations=annotations or {},
+        phase=phase,
+    )
 
 
 @dataclass
