@@ -64,6 +64,8 @@ class CAStore:
         self.settings = settings
         self._lock = threading.Lock()
         self._generations: list[schedule.Generation] = []
+        # The active generation as the signer signs with it: made once per CA set, not per leaf.
+        self._issuing: model.IssuingCA | None = None
         self._version = ""
         self._sequence = 0
         self.error: str | None = None
@@ -90,8 +92,7 @@ class CAStore:
         format (a newer release may have moved on from the CA this replica last read)."""
         if self.too_new is not None:
             return None
-        bundle = self.bundle
-        return ca.issuing_ca(bundle) if bundle is not None else None
+        return self._issuing
 
     def trusted_roots(self) -> list[x509.Certificate]:
         return schedule.trusted_roots(self.generations)
@@ -156,10 +157,12 @@ class CAStore:
             log.warning("CA Secret %s is in format %d again: signing resumes", self.ref, FORMAT)
             self.too_new = None
         sequence = _sequence(data, gens)
+        current = schedule.active(gens)
+        issuing = ca.issuing_ca(current.bundle) if current is not None else None
         with self._lock:
             changed = version != self._version
             self._generations, self._version, self.error = gens, version, None
-            self._sequence = sequence
+            self._sequence, self._issuing = sequence, issuing
         if changed:
             for listener in self._listeners:
                 listener()
