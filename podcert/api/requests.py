@@ -64,8 +64,9 @@ class Metadata(msgspec.Struct, frozen=True, gc=False):
     uid: str = ""
     resource_version: str = msgspec.field(default="", name="resourceVersion")
     generation: int | None = None
-    # Kept as written: an unreadable one is "unknown" (`created`), never a reason to refuse.
-    creation_timestamp: str = msgspec.field(default="", name="creationTimestamp")
+    # Kept as written: an unreadable one is "unknown" (`created`), never a reason to refuse;
+    # null where the object is not stored yet (Go's zero time, as an admission review may hold).
+    creation_timestamp: str | None = msgspec.field(default=None, name="creationTimestamp")
 
     @property
     def created(self) -> dt.datetime | None:

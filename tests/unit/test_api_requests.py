@@ -57,9 +57,10 @@ def test_a_request_is_read_with_its_csr_bytes_and_creation_time() -> None:
     assert request == requests.parse_request(pcr())  # a dict reads as the wire does
 
 
-def test_an_unreadable_creation_time_is_unknown_never_a_refusal() -> None:
+@pytest.mark.parametrize("stamp", ["yesterday", None], ids=["unreadable", "null"])
+def test_an_unreadable_creation_time_is_unknown_never_a_refusal(stamp: str | None) -> None:
     obj = pcr()
-    obj["metadata"]["creationTimestamp"] = "yesterday"
+    obj["metadata"]["creationTimestamp"] = stamp  # null: Go's zero time, before it is stored
     request = requests.parse_request(obj)
     assert request.created is None and requests.invalid(request) is None
 
