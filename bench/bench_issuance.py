@@ -61,13 +61,14 @@ import msgspec
 from bench.bench_time_to_credential import component_pids, cpu_of, cpu_seconds
 from devcluster import cluster, kube, planestate, processes
 from podcert.api import keys
-from podcert.api.requests import issued_status, parse_request
 from podcert.api.requests import outcome as pcr_outcome
+from podcert.api.requests import parse_request
 from podcert.client.kubeconfig import ClientSettings
 from podcert.client.rest import JSON, ApiError, Rest, load_client, path_of
 from signer import certs, model
 from signer.authority import ca
 from signer.issue.csr import parse_public_key
+from signer.issue.settle import issued_status
 
 PCRS = "certificates.k8s.io/v1"
 # The Go signer's figures (issue 14: a controller-runtime signer, 8 workers, 1,000 pending

@@ -359,14 +359,14 @@ def _facts(spec: Spec) -> tuple[object, ...]:
         spec.node_name,
         spec.node_uid,
         spec.max_expiration_seconds,
-        dict(spec.unverified_user_annotations),
+        dict(spec.unverified_user_annotations or {}),
     )
 
 
 def _public_key(spec: Spec) -> bytes:
     if spec.stub_pkcs10_request:
         return keys.spki_der(x509.load_der_x509_csr(spec.stub_pkcs10_request).public_key())
-    return spec.pkix_public_key
+    return spec.pkix_public_key or b""
 
 
 def pcr_body(

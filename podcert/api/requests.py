@@ -13,8 +13,8 @@ raises, and reads a status of the wrong shape as "not settled".
 The node proves it holds the subject key in one of two forms (`KeyForm`): a stub PKCS#10 request
 (v1; v1beta1 from 1.36) or the key with a proof of possession (v1beta1 only; the only form 1.35
 has). `subject_key` reads which one a request carries, under the API server's "exactly one"
-rule; `key_fields` writes one. The status a signer PUTs is built here too (`issued_status`,
-`settled_status`). Pure: no I/O, no clock.
+rule; `key_fields` writes one. The status a signer PUTs is built by `signer.issue.settle`.
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from cryptography import x509
 
 from podcert.api import keys
 from podcert.api.lifetimes import DEFAULT_MAX_EXPIRATION_SECONDS
-from podcert.api.times import format_time, parse_time
+from podcert.api.times import parse_time
 
 Outcome = Literal["Issued", "Denied", "Failed"]
 """The condition a settled request carries (exactly one, and terminal). The one such type: the
@@ -86,13 +86,15 @@ class Spec(msgspec.Struct, frozen=True, gc=False):
     max_expiration_seconds: int = msgspec.field(
         default=DEFAULT_MAX_EXPIRATION_SECONDS, name="maxExpirationSeconds"
     )
-    # DER PKCS#10 made by the node with the subject key (v1, and v1beta1 from 1.36); empty when
-    # absent, and then a v1beta1 object carries the key as DER SubjectPublicKeyInfo instead.
-    stub_pkcs10_request: bytes = msgspec.field(default=b"", name="stubPKCS10Request")
-    pkix_public_key: bytes = msgspec.field(default=b"", name="pkixPublicKey")
-    proof_of_possession: bytes = msgspec.field(default=b"", name="proofOfPossession")
-    unverified_user_annotations: dict[str, str] = msgspec.field(
-        default_factory=dict, name="unverifiedUserAnnotations"
+    # DER PKCS#10 made by the node with the subject key (v1, and v1beta1 from 1.36); absent
+    # (None, or empty), and then a v1beta1 object carries the key as DER SubjectPublicKeyInfo
+    # instead. v1beta1 writes the form it does not use as null, so None is as common as b"":
+    # typed so, these objects decode in one pass like the others.
+    stub_pkcs10_request: bytes | None = msgspec.field(default=None, name="stubPKCS10Request")
+    pkix_public_key: bytes | None = msgspec.field(default=None, name="pkixPublicKey")
+    proof_of_possession: bytes | None = msgspec.field(default=None, name="proofOfPossession")
+    unverified_user_annotations: dict[str, str] | None = msgspec.field(
+        default=None, name="unverifiedUserAnnotations"
     )
 
     @property
@@ -223,14 +225,27 @@ def decode_request(data: bytes) -> Read:
     msgspec.DecodeError only for bytes that are not JSON at all (a broken answer)."""
     try:
         return _DECODER.decode(data)
-    except msgspec.ValidationError as err:
-        return unreadable(_ANY.decode(data), _problem(err))
+    except msgspec.ValidationError:
+        obj = _ANY.decode(data)
+    try:
+        return parse_request(obj)
+    except RequestError as err:
+        return unreadable(obj, err)
 
 
 def parse_request(obj: object) -> PodCertificateRequest:
-    """The request in an API object as a dict. Raises RequestError naming the first bad field."""
+    """The request in an API object as a dict. Raises RequestError naming the first bad field.
+
+    A field given as null reads as absent, as Go's JSON decoding reads it (the zero value):
+    the API server writes a nil slice or time as null where a field has no omitempty, as
+    v1beta1's pkixPublicKey in an admission review. Objects without nulls, the common case,
+    are converted once."""
     try:
         return msgspec.convert(obj, PodCertificateRequest)
+    except msgspec.ValidationError:
+        pass
+    try:
+        return msgspec.convert(_without_nulls(obj), PodCertificateRequest)
     except msgspec.ValidationError as err:
         raise _problem(err) from None
 
@@ -249,9 +264,18 @@ def parse_status(status: object) -> Status:
     if status is None:
         return Status()
     try:
-        return msgspec.convert(status, Status)
+        return msgspec.convert(_without_nulls(status), Status)
     except msgspec.ValidationError as err:
         raise _problem(err, "status") from None
+
+
+def _without_nulls(value: object) -> object:
+    """`value` with every null member of an object left out, at any depth."""
+    if isinstance(value, Mapping):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def unreadable(obj: object, problem: RequestError) -> Unreadable:
@@ -441,56 +465,3 @@ _SPEC_FIELDS: Final[Mapping[str, str]] = {
     "nodeName": "node_name",
     "nodeUID": "node_uid",
 }
-
-
-# --- the status a signer writes ---------------------------------------------------------------
-
-
-def issued_status(
-    generation: int | None,
-    chain_pem: str,
-    not_before: dt.datetime,
-    not_after: dt.datetime,
-    begin_refresh_at: dt.datetime,
-    message: str,
-    now: dt.datetime,
-) -> dict[str, Any]:
-    """The status to PUT for an issued request: its times equal the leaf's, as the API server
-    requires, in whole seconds (metav1.Time)."""
-    return {
-        "certificateChain": chain_pem,
-        "notBefore": format_time(not_before),
-        "notAfter": format_time(not_after),
-        "beginRefreshAt": format_time(begin_refresh_at),
-        "conditions": [_condition("Issued", "Issued", message, generation, now)],
-    }
-
-
-def settled_status(
-    kind: Literal["Denied", "Failed"],
-    reason: str,
-    message: str,
-    generation: int | None,
-    now: dt.datetime,
-) -> dict[str, Any]:
-    """The status to PUT for a Denied or Failed request."""
-    return {"conditions": [_condition(kind, reason, message, generation, now)]}
-
-
-MAX_MESSAGE: Final = 32000
-"""The longest condition message the API server takes (metav1.Condition)."""
-
-
-def _condition(
-    kind: Outcome, reason: str, message: str, generation: int | None, now: dt.datetime
-) -> dict[str, Any]:
-    cond: dict[str, Any] = {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message[:MAX_MESSAGE],
-        "lastTransitionTime": format_time(now),
-    }
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond

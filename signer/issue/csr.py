@@ -49,9 +49,9 @@ def parse_public_key(request: PodCertificateRequest) -> ParsedKey:
     """
     try:
         form = subject_key(
-            request.spec.stub_pkcs10_request,
-            request.spec.pkix_public_key,
-            request.spec.proof_of_possession,
+            request.spec.stub_pkcs10_request or b"",
+            request.spec.pkix_public_key or b"",
+            request.spec.proof_of_possession or b"",
         )
     except RequestError as err:
         raise CSRError(model.INVALID_REQUEST, f"{err.field} {err.problem}.") from None

@@ -90,7 +90,7 @@ def decide(
             f"{spec.service_account_name!r} in namespace {request.namespace!r}: no allow "
             "rule of its policy matches them.",
         )
-    requested = parse_annotations(spec.unverified_user_annotations, policy)
+    requested = parse_annotations(spec.unverified_user_annotations or {}, policy)
     if isinstance(requested, model.Deny):
         return requested
     for name in requested.dns_names:

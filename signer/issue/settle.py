@@ -6,7 +6,8 @@ entry, the Event (or none) and the metric labels, and nothing else decides what 
 controller applies a `Settlement` with its one writer (`Controller.apply`), which owns only the
 order and the faults of the writes: the audit entry before the status for an issuance
 (`write_ahead`: no durable entry, no certificate), after it for a denial, the Event after a
-denial or failure is written.
+denial or failure is written. The status bodies themselves are built here only
+(`issued_status`, `settled_status`); `podcert.api.requests.parse_status` reads them back.
 """
 
 from __future__ import annotations
@@ -16,14 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, assert_never
 
-from podcert.api.requests import (
-    Metadata,
-    Outcome,
-    PodCertificateRequest,
-    Read,
-    issued_status,
-    settled_status,
-)
+from podcert.api.requests import Metadata, Outcome, PodCertificateRequest, Read
+from podcert.api.times import format_time
 from podcert.auditlog import Decision, Entry
 from signer import model
 
@@ -139,3 +134,56 @@ def settle(request: Read, answer: model.Answer, now: dt.datetime) -> Settlement:
         created=request.created if isinstance(request, PodCertificateRequest) else None,
         serial=serial,
     )
+
+
+# --- the status itself ---------------------------------------------------------------------------
+
+
+def issued_status(
+    generation: int | None,
+    chain_pem: str,
+    not_before: dt.datetime,
+    not_after: dt.datetime,
+    begin_refresh_at: dt.datetime,
+    message: str,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The status to PUT for an issued request: its times equal the leaf's, as the API server
+    requires, in whole seconds (metav1.Time)."""
+    return {
+        "certificateChain": chain_pem,
+        "notBefore": format_time(not_before),
+        "notAfter": format_time(not_after),
+        "beginRefreshAt": format_time(begin_refresh_at),
+        "conditions": [_condition("Issued", "Issued", message, generation, now)],
+    }
+
+
+def settled_status(
+    kind: Literal["Denied", "Failed"],
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    """The status to PUT for a Denied or Failed request."""
+    return {"conditions": [_condition(kind, reason, message, generation, now)]}
+
+
+MAX_MESSAGE: Final = 32000
+"""The longest condition message the API server takes (metav1.Condition)."""
+
+
+def _condition(
+    kind: Outcome, reason: str, message: str, generation: int | None, now: dt.datetime
+) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "lastTransitionTime": format_time(now),
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond

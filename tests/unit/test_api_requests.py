@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from podcert.api import requests
 from podcert.client import pages
 from signer import model
+from signer.issue import settle
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 
@@ -135,6 +136,36 @@ def test_an_unreadable_request_that_is_settled_stays_settled() -> None:
     assert requests.read_request(pcr(podUID=7)).status.outcome is None
 
 
+def test_the_key_form_v1beta1_does_not_use_is_null_and_reads_as_absent() -> None:
+    """v1beta1 writes the unused key fields as null (an admission review of a 1.36 node's
+    request carries them so): decoded typed in one pass, no key read from them."""
+    obj = pcr(pkixPublicKey=None, proofOfPossession=None, unverifiedUserAnnotations=None)
+    read = requests.decode_request(msgspec.json.encode(obj))
+    assert isinstance(read, requests.PodCertificateRequest)
+    assert (read.spec.pkix_public_key, read.spec.proof_of_possession) == (None, None)
+    assert read.spec.stub_pkcs10_request == b"csr" and read.spec.holds_key
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        pytest.param("spec", {"podName": None}, id="a string"),
+        pytest.param("metadata", {"generation": None}, id="a number"),
+        pytest.param("status", {"conditions": None, "notAfter": None}, id="a list and a time"),
+    ],
+)
+def test_any_other_null_reads_as_absent_as_go_reads_it(where: str, value: dict[str, Any]) -> None:
+    obj = pcr()
+    obj.setdefault(where, {}).update(value)
+    read = requests.decode_request(msgspec.json.encode(obj))
+    assert isinstance(read, requests.PodCertificateRequest)
+    assert read == requests.parse_request(obj)
+    if where == "spec":
+        assert str(requests.invalid(read)) == "spec.podName: expected a non-empty string"
+    else:
+        assert requests.invalid(read) is None
+
+
 def test_a_missing_field_the_api_server_always_sets_is_invalid() -> None:
     request = requests.parse_request(pcr(nodeUID=""))
     assert str(requests.invalid(request)) == "spec.nodeUID: expected a non-empty string"
@@ -206,7 +237,7 @@ def test_issued_status_carries_the_leaf_times_and_one_condition() -> None:
         not_after=NOW + dt.timedelta(hours=2),
         begin_refresh_at=NOW + dt.timedelta(hours=1),
     )
-    status = requests.issued_status(
+    status = settle.issued_status(
         1, "PEM", plan.not_before, plan.not_after, plan.begin_refresh_at, "issued", NOW
     )
     assert status["notBefore"] == "2026-11-29T12:00:00Z"
@@ -220,8 +251,8 @@ def test_issued_status_carries_the_leaf_times_and_one_condition() -> None:
 
 
 def test_a_settled_status_is_one_condition_with_a_bounded_message() -> None:
-    status = requests.settled_status("Denied", "PolicyDenied", "x" * 40000, None, NOW)
+    status = settle.settled_status("Denied", "PolicyDenied", "x" * 40000, None, NOW)
     (condition,) = status["conditions"]
-    assert len(condition["message"]) == requests.MAX_MESSAGE
+    assert len(condition["message"]) == settle.MAX_MESSAGE
     assert "observedGeneration" not in condition
     assert requests.parse_status(status).reason == "PolicyDenied"
