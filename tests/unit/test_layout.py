@@ -1,4 +1,5 @@
-"""The product stays in small modules a reader can hold in their head."""
+"""The product stays in small modules a reader can hold in their head, each with its tests
+found by its name."""
 
 from __future__ import annotations
 
@@ -25,3 +26,36 @@ def test_no_product_module_is_over_its_line_limit(module: Path) -> None:
     limit = LIMITS.get(package, 500)
     lines = len(module.read_text().splitlines())
     assert lines <= limit, f"{module.relative_to(ROOT)} has {lines} lines (limit {limit})"
+
+
+# --- where a module's tests are ------------------------------------------------------------------
+
+WHEEL = ("podcert", "signer", "kubelet_shim", "bundles", "audit")
+# Product modules without a test file named after them, at most: the count may fall, never grow.
+UNNAMED_AT_MOST = 48
+
+
+def _test_file_names(module: Path) -> set[str]:
+    """The test file names that would be `module`'s: `a/b/c.py` is `test_a_b_c`, `test_b_c`,
+    `test_a_c` or `test_c` (`podcert/api/keys.py`: `test_api_keys`; `signer/issue/decide.py`:
+    `test_signer_decide`), and the shim's `test_shim_c`."""
+    parts = module.relative_to(ROOT).with_suffix("").parts
+    names = {"_".join(parts), "_".join(parts[-2:]), "_".join((parts[0], parts[-1])), parts[-1]}
+    if parts[0] == "kubelet_shim":
+        names.add(f"shim_{parts[-1]}")
+    return {f"test_{name}" for name in names}
+
+
+def test_a_modules_tests_are_found_by_its_name() -> None:
+    """Where the test of module X is, is a path: `tests/unit/` or `tests/integration/`, a file
+    named after it (`_test_file_names`). A module tested only inside a suite named for a behaviour
+    counts against the bound; new modules get their own file."""
+    found = {p.stem for p in (ROOT / "tests").rglob("test_*.py")}
+    modules = [
+        p
+        for package in WHEEL
+        for p in (ROOT / package).rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    ]
+    unnamed = sorted(str(m.relative_to(ROOT)) for m in modules if not _test_file_names(m) & found)
+    assert len(unnamed) <= UNNAMED_AT_MOST, unnamed

@@ -29,7 +29,7 @@ from signer.auditlog.writer import AuditLog
 from signer.authority import schedule
 from signer.authority.castore import FORMAT_KEY, CAStore
 from signer.kube import SignerKube
-from tests.unit.test_persisted_formats import (
+from tests.unit.test_persisted import (
     LATER,
     SecretKube,
     audit_signer,

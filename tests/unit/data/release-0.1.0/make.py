@@ -1,5 +1,5 @@
 """Writes this folder's fixtures with release 0.1.0's own code, for the tests that today's code
-reads what 0.1.0 persisted (tests/unit/test_persisted_formats.py). Run from a checkout of 0.1.0:
+reads what 0.1.0 persisted (tests/unit/test_persisted.py). Run from a checkout of 0.1.0:
 
     git worktree add /tmp/podcert-0.1.0 bd959f9
     cd /tmp/podcert-0.1.0 && PYTHONPATH=. /work/main/.venv/bin/python \\
