@@ -30,7 +30,9 @@ pods, nodes and ServiceAccounts (`podcert_signer_live_reads_total`): a backlog l
 caches costs none. The ratio is signer / ceiling; each worker count reports the medians of
 `--rounds`, because a shared two-core VM drifts by +-20% from one minute to the next.
 `--profile DIR` records each signer run with py-spy (on-CPU samples of the thread holding the
-interpreter lock).
+interpreter lock). `--tree PATH` (another checkout: `git archive <commit> | tar -x -C PATH`)
+also runs that checkout's signer in every round, on a batch of its own, this tree's and that
+one's in alternating order: before and after a change, side by side on one cluster.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ PCRS = "certificates.k8s.io/v1"
 GO_RATE: Final = (218.0, 260.0)  # requests/s at 8 workers, 10-90 % window
 GO_CPU_MS: Final = (2.1, 3.3)  # whole-process CPU ms per request, start-up included
 CPU_ALLOWANCE: Final = 1.5  # target 1: podcert's CPU per request at most 1.5x the Go signer's
+REPO: Final = Path(__file__).resolve().parents[1]
+PACKAGES: Final = ("podcert", "signer", "bundles", "audit", "kubelet_shim")
 PYCACHE: Final = Path(tempfile.gettempdir()) / "podcert-bench-pycache"
 
 
@@ -342,9 +346,11 @@ def signer_phase(
     count: int,
     workers: int,
     profile: Path | None = None,
+    tree: Path | None = None,
 ) -> Phase:
     """`podcert signer --workers W` as shipped (leader election, audit log, INFO logs), started
-    once its batch exists; its whole-process CPU from exec to the last settled request."""
+    once its batch exists; its whole-process CPU from exec to the last settled request. With
+    `tree`, the signer of that checkout (its packages first on the path)."""
     proc = processes.signer(
         root,
         work,
@@ -354,6 +360,8 @@ def signer_phase(
     )
     # From compiled bytecode, as pip installs it (kept outside the checkout).
     proc.env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(PYCACHE)}
+    if tree is not None:
+        proc.env["PYTHONPATH"] = str(tree)
     started = time.monotonic()
     proc.start()
     assert proc.proc is not None
@@ -416,6 +424,7 @@ class Rows:
     workers: int
     tops: list[Phase] = field(default_factory=list)
     gots: list[Phase] = field(default_factory=list)
+    olds: list[Phase] = field(default_factory=list)  # the other tree's signer, with --tree
 
     def ratios(self) -> list[float]:
         return [got.rate / top.rate for top, got in zip(self.tops, self.gots, strict=True)]
@@ -435,7 +444,13 @@ def main() -> None:
         help="kube-apiserver and etcd on CPU 0, this benchmark and the signer on CPU 1",
     )
     parser.add_argument("--profile", type=Path, help="py-spy each signer run into this folder")
+    parser.add_argument("--tree", type=Path, help="also run this checkout's signer, alternating")
     args = parser.parse_args()
+    if args.tree is not None:
+        args.tree = args.tree.resolve()
+        print(f"the other signer: podcert from {imported_from(args.tree)}")
+        for tree in (REPO, args.tree):  # both from bytecode from their first round on
+            compiled(tree)
     with tempfile.TemporaryDirectory(prefix="podcert-bench-") as tmp:
         root = Path(tmp) / "cluster"
         state = cluster.up(root)
@@ -455,9 +470,19 @@ def main() -> None:
             for workers in args.workers:
                 rows = Rows(workers)
                 for r in range(args.rounds):
-                    top, got = one_round(root, Path(tmp), f"w{workers}-r{r}", args, workers, r)
+                    top, got, old = one_round(root, Path(tmp), f"w{workers}-r{r}", args, workers, r)
                     rows.tops.append(top)
                     rows.gots.append(got)
+                    if old is not None:
+                        rows.olds.append(old)
+                        print(
+                            f"{'':>7} {'':>5} the other tree: {old.rate:.0f}/s, whole "
+                            f"{old.whole_ms or 0:.2f} ms, first {old.first_s or 0:.2f} s,"
+                            f" {show_cpu(old.cpu_ms)}; this tree / other: rate "
+                            f"{got.rate / old.rate:.2f}, whole CPU "
+                            f"{(got.whole_ms or 0) / (old.whole_ms or 1):.2f}",
+                            flush=True,
+                        )
                     print(
                         f"{workers:>7} {r + 1:>5} {top.rate:>9.0f} {got.rate:>8.0f}"
                         f" {rows.ratios()[-1]:>5.2f} {got.whole_ms or 0:>8.2f}"
@@ -480,8 +505,23 @@ def main() -> None:
 
 
 def summary(table: Sequence[Rows]) -> None:
-    """Both targets, from the medians: target 2 at every worker count, target 1 at 4 and 8."""
+    """Both targets, from the medians: target 2 at every worker count, target 1 at 4 and 8;
+    and this tree against the other one, with --tree."""
     print(f"\nload average at the end: {load()}")
+    for rows in table:
+        if not rows.olds:
+            continue
+        pairs = list(zip(rows.gots, rows.olds, strict=True))
+        rates = [g.rate / o.rate for g, o in pairs]
+        cpus = [(g.whole_ms or 0) / (o.whole_ms or 1) for g, o in pairs]
+        rate_new, rate_old = median(g.rate for g in rows.gots), median(o.rate for o in rows.olds)
+        cpu_new = median(g.whole_ms or 0 for g in rows.gots)
+        cpu_old = median(o.whole_ms or 0 for o in rows.olds)
+        print(
+            f"this tree / the other, {rows.workers} workers: rate {median(rates):.2f} "
+            f"({rate_new:.0f} v {rate_old:.0f}/s), whole-process CPU per request "
+            f"{median(cpus):.2f} ({cpu_new:.2f} v {cpu_old:.2f} ms)"
+        )
     for rows in table:
         ratio = median(rows.ratios())
         print(f"target 2, {rows.workers} workers: {ratio:.2f} of the ceiling (>= 0.8)")
@@ -501,14 +541,26 @@ def summary(table: Sequence[Rows]) -> None:
 
 def one_round(
     root: Path, work: Path, ns: str, args: argparse.Namespace, workers: int, index: int
-) -> tuple[Phase, Phase]:
-    """A fresh batch for each side, then the two runs back to back, in alternating order so
-    drift of the VM hits both sides alike; then the batches are deleted. Each side has its own
-    signer name, so the signer never touches the writer's batch."""
+) -> tuple[Phase, Phase, Phase | None]:
+    """A fresh batch for each side, then the runs back to back, in alternating order so
+    drift of the VM hits every side alike; then the batches are deleted. Each side has its own
+    signer name, so a signer never touches another's batch. With --tree, the other tree's
+    signer too, after this tree's in even rounds and before it in odd ones."""
     signer = f"bench.podcert.dev/w{workers}"
     count, nodes = args.requests, args.nodes
     pcrs = make_requests(root, f"{ns}-ceiling", f"{signer}-ceiling", count, nodes)
     make_requests(root, f"{ns}-signer", signer, count, nodes)
+    old: Phase | None = None
+    if args.tree is not None:
+        make_requests(root, f"{ns}-other", f"{signer}-other", count, nodes)
+
+    def run_other() -> Phase:
+        return signer_phase(
+            root, work, f"{signer}-other", f"{ns}-other", count, workers, args.profile, args.tree
+        )
+
+    if args.tree is not None and index % 2:
+        old = run_other()
 
     def run_ceiling() -> Phase:
         return ceiling(root, f"{ns}-ceiling", pcrs, workers, component_pids(root))
@@ -520,9 +572,38 @@ def one_round(
         got, top = run_signer(), run_ceiling()
     else:
         top, got = run_ceiling(), run_signer()
-    for side in ("ceiling", "signer"):
-        clear(root, f"{ns}-{side}")
-    return top, got
+    if args.tree is not None and not index % 2:
+        old = run_other()
+    for side in ("ceiling", "signer", "other"):
+        if side != "other" or args.tree is not None:
+            clear(root, f"{ns}-{side}")
+    return top, got, old
+
+
+def compiled(tree: Path) -> None:
+    """The bytecode of a checkout's packages, in the cache the signer runs from."""
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", *(str(tree / p) for p in PACKAGES)],
+        env={**os.environ, "PYTHONPYCACHEPREFIX": str(PYCACHE)},
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def imported_from(tree: Path) -> str:
+    """Where a process started with `tree` first on its path imports podcert from: `tree`, or
+    the run is refused (an install that wins over the path would measure this tree twice)."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import podcert; print(podcert.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    ).stdout.strip()
+    if not found.startswith(f"{tree}/"):
+        raise SystemExit(f"--tree {tree}: podcert comes from {found} there, not from the tree")
+    return found
 
 
 def clear(root: Path, namespace: str) -> None:
