@@ -264,18 +264,38 @@ def parse_status(status: object) -> Status:
     if status is None:
         return Status()
     try:
-        return msgspec.convert(_without_nulls(status), Status)
+        return msgspec.convert(_status_without_nulls(status), Status)
     except msgspec.ValidationError as err:
         raise _problem(err, "status") from None
 
 
-def _without_nulls(value: object) -> object:
-    """`value` with every null member of an object left out, at any depth."""
-    if isinstance(value, Mapping):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
+def _without_nulls(obj: object) -> object:
+    """`obj` with its null members left out where a request's fields are: at its top, in
+    metadata, spec and status, and in each condition. Nowhere deeper (no field of a request
+    is), so a hostile nesting costs no recursion."""
+    if not isinstance(obj, Mapping):
+        return obj
+    out = _present(obj)
+    for part in ("metadata", "spec"):
+        if isinstance(out.get(part), Mapping):
+            out[part] = _present(out[part])
+    if "status" in out:
+        out["status"] = _status_without_nulls(out["status"])
+    return out
+
+
+def _status_without_nulls(status: object) -> object:
+    if not isinstance(status, Mapping):
+        return status
+    out = _present(status)
+    conditions = out.get("conditions")
+    if isinstance(conditions, list):
+        out["conditions"] = [_present(c) if isinstance(c, Mapping) else c for c in conditions]
+    return out
+
+
+def _present(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if v is not None}
 
 
 def unreadable(obj: object, problem: RequestError) -> Unreadable:

@@ -166,6 +166,17 @@ def test_any_other_null_reads_as_absent_as_go_reads_it(where: str, value: dict[s
         assert requests.invalid(read) is None
 
 
+def test_a_hostile_nesting_is_unreadable_and_costs_no_recursion() -> None:
+    obj = pcr()
+    deep: Any = None
+    for _ in range(100_000):
+        deep = {"a": deep}
+    obj["spec"]["unverifiedUserAnnotations"] = deep
+    read = requests.read_request(obj)
+    assert isinstance(read, requests.Unreadable)
+    assert read.problem.field.startswith("spec.unverifiedUserAnnotations")
+
+
 def test_a_missing_field_the_api_server_always_sets_is_invalid() -> None:
     request = requests.parse_request(pcr(nodeUID=""))
     assert str(requests.invalid(request)) == "spec.nodeUID: expected a non-empty string"
