@@ -28,11 +28,11 @@ from kubelet_shim import projection, trust
 from kubelet_shim.kube import ShimApi
 from kubelet_shim.metrics import Metrics
 from kubelet_shim.projection import ProjectionState
-from kubelet_shim.state import Caches, Requeue, pod_from, request_key
+from kubelet_shim.state import Caches, Requeue, pod_from
 from kubelet_shim.storage import Storage, StorageError
 from kubelet_shim.sync import PodSync
 from podcert.api.pods import WorkKey
-from podcert.api.requests import Read
+from podcert.api.requests import Read, key_of
 from podcert.client.rest import JSON
 from podcert.reconcile.reflector import Reflector
 from podcert.reconcile.runtime import Synced, WorkerPool
@@ -200,7 +200,7 @@ class Agent:
             self.queue.add(uid)
 
     def _index_pcr(self, obj: Read, *, present: bool) -> None:
-        key = request_key(obj)
+        key = key_of(obj)
         if key is None:
             return
         uid = obj.spec.pod_uid

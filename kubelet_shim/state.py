@@ -137,10 +137,6 @@ def pod_from(obj: Mapping[str, Any]) -> Pod | None:
     )
 
 
-def request_key(pcr: Read) -> tuple[str, str] | None:
-    return (pcr.namespace, pcr.name) if pcr.namespace and pcr.name else None
-
-
 def log_context(pod: Pod, volume: str | None) -> dict[str, str]:
     """Log context for a pod ("name" is taken by logging itself)."""
     extra = {"namespace": pod.ref.namespace, "pod": pod.ref.name}

@@ -1,13 +1,13 @@
 """One PodCertificateRequest, typed, for the signer, the node shim, the audit and the tests.
 
 `PodCertificateRequest` is a msgspec Struct of the API object's metadata, spec and status under
-their wire names: the signer's list pages, watch events and reads decode straight into it
-(`decode_request`, `REQUEST_SHAPE`), and dicts convert into it (`parse_request`). An object that
+their wire names: list pages, watch events and reads decode straight into it (`decode_request`,
+`podcert.client.rest.REQUESTS`), and dicts convert into it (`parse_request`). An object that
 is not a request of that shape never raises out of the wire: it becomes `Unreadable`, which holds
 what of its metadata and spec reads as strings and the `RequestError` naming the first bad
 field, so the signer can deny it by name and go on with the rest of the page. Fields the API
 server always sets read as "" when absent: whether a missing one matters is the reader's call
-(`missing_field`). `outcome` is the tolerant one-liner for dicts in caches and filters: it never
+(`invalid`). `outcome` is the tolerant one-liner for dicts in caches and filters: it never
 raises, and reads a status of the wrong shape as "not settled".
 
 The node proves it holds the subject key in one of two forms (`KeyForm`): a stub PKCS#10 request
@@ -214,6 +214,12 @@ Read = PodCertificateRequest | Unreadable
 """A request as the signer reads it off the wire."""
 
 
+def key_of(request: Read) -> tuple[str, str] | None:
+    """(namespace, name) of a request as read; None without both (no work item can name it)."""
+    meta = request.metadata
+    return (meta.namespace, meta.name) if meta.namespace and meta.name else None
+
+
 # --- decoding ---------------------------------------------------------------------------------
 
 _DECODER: Final = msgspec.json.Decoder(PodCertificateRequest)
@@ -226,9 +232,15 @@ def decode_request(data: bytes) -> Read:
     try:
         return _DECODER.decode(data)
     except msgspec.ValidationError:
-        obj = _ANY.decode(data)
+        return read_misfit(data)
+
+
+def read_misfit(data: bytes) -> Read:
+    """JSON the typed decoder refused, read without its nulls (`parse_request`), else
+    `Unreadable`: `decode_request`'s fallback, and a list page's (`pages.Lenient`)."""
+    obj = _ANY.decode(data)
     try:
-        return parse_request(obj)
+        return _without_nulls_converted(obj)
     except RequestError as err:
         return unreadable(obj, err)
 
@@ -243,7 +255,10 @@ def parse_request(obj: object) -> PodCertificateRequest:
     try:
         return msgspec.convert(obj, PodCertificateRequest)
     except msgspec.ValidationError:
-        pass
+        return _without_nulls_converted(obj)
+
+
+def _without_nulls_converted(obj: object) -> PodCertificateRequest:
     try:
         return msgspec.convert(_without_nulls(obj), PodCertificateRequest)
     except msgspec.ValidationError as err:
@@ -412,25 +427,18 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def missing_field(request: PodCertificateRequest) -> str | None:
-    """The path of the first field the API server always sets that `request` lacks, or None."""
-    for name in ("namespace", "name", "uid"):
-        if not getattr(request, name):
-            return f"metadata.{name}"
-    for api_name, attr in _SPEC_FIELDS.items():
-        if not getattr(request.spec, attr):
-            return f"spec.{api_name}"
-    return None
-
-
 def invalid(request: Read) -> RequestError | None:
     """Why `request` cannot be decided on: it did not decode as a request, or it lacks a field
-    the API server always sets (`missing_field`). The signer denies such a request
-    InvalidRequest with this as the message."""
+    the API server always sets. The signer denies it InvalidRequest with this as the message."""
     if isinstance(request, Unreadable):
         return request.problem
-    missing = missing_field(request)
-    return RequestError(missing, "expected a non-empty string") if missing is not None else None
+    for name in ("namespace", "name", "uid"):
+        if not getattr(request.metadata, name):
+            return RequestError(f"metadata.{name}", "expected a non-empty string")
+    for api_name, attr in _SPEC_FIELDS.items():
+        if not getattr(request.spec, attr):
+            return RequestError(f"spec.{api_name}", "expected a non-empty string")
+    return None
 
 
 def certificates(status: Status) -> tuple[x509.Certificate, ...]:

@@ -50,7 +50,7 @@ class _Event(msgspec.Struct, frozen=True):
     object: msgspec.Raw = msgspec.Raw(b"{}")
 
 
-REQUESTS: Final = pages.Lenient(requests.PodCertificateRequest, requests.decode_request)
+REQUESTS: Final = pages.Lenient(requests.PodCertificateRequest, requests.read_misfit)
 """How the signer and the shim read PodCertificateRequests: typed, straight from each page,
 event and GET; an object that is not one becomes `Unreadable`, never an error for the rest of
 the page."""

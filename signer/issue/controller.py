@@ -22,7 +22,7 @@ from typing import Final, assert_never
 
 from prometheus_client import Counter, Histogram
 
-from podcert.api.requests import PodCertificateRequest, Read, invalid
+from podcert.api.requests import PodCertificateRequest, Read, invalid, key_of
 from podcert.client.rest import ApiError
 from podcert.reconcile.ratelimit import TokenBuckets
 from podcert.reconcile.reflector import Reflector
@@ -208,7 +208,7 @@ class Controller:
                 self._pcrs_listed.set()
         fresh: dict[Key, Read] = {}
         for obj in items:
-            key = _key(obj)
+            key = key_of(obj)
             if key is not None and obj.status.outcome is None:
                 fresh[key] = obj
         with self._lock:
@@ -224,7 +224,7 @@ class Controller:
         self.metrics.queue_depth.set(len(self.queue))
 
     def _on_pcr_event(self, kind: str, obj: Read) -> None:
-        key = _key(obj)
+        key = key_of(obj)
         if key is None:
             return
         seen = self.monotonic()
@@ -473,11 +473,6 @@ def sign(plan: model.LeafPlan, issuer: model.IssuingCA) -> model.Signed:
     """Carry out an Issue: a fresh random serial, the leaf signed to its plan."""
     serial = certs.random_serial()
     return model.Signed(plan, certs.sign_leaf(plan, issuer, serial), serial)
-
-
-def _key(obj: Read) -> Key | None:
-    namespace, name = obj.metadata.namespace, obj.metadata.name
-    return (namespace, name) if namespace and name else None
 
 
 def _index_service(
