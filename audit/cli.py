@@ -33,8 +33,8 @@ from audit.snapshot import (
     read_pod,
     read_trust_files,
 )
-from podcert.api.names import signer_name_problem
 from podcert.api.times import TimeFieldError, parse_zoned_time
+from podcert.api.validation import signer_name_problem
 from podcert.errors import one_line
 
 EXIT_HEALTHY: Final = 0

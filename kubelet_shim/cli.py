@@ -17,8 +17,8 @@ from kubelet_shim import build, projection
 from kubelet_shim import kube as shim_kube
 from kubelet_shim.agent import Settings, utcnow
 from podcert import logs, processflags
-from podcert.api.names import is_dns_label, is_dns_name
 from podcert.api.times import TimeFieldError, parse_zoned_time
+from podcert.api.validation import is_dns_label, is_dns_name
 from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import CommandError, ConfigError, one_line
 

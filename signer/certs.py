@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.types import (
 )
 from cryptography.x509.oid import ExtendedKeyUsageOID, ExtensionOID
 
-from podcert.api.lifetimes import REFRESH_MARGIN
+from podcert.api.validation import REFRESH_MARGIN
 from podcert.auditlog import AUDIT_SIGNING_EKU, AUDIT_SPIFFE_PATH
 from signer import model
 
@@ -34,7 +34,7 @@ from signer import model
 DEFAULT_LEAF_BACKDATE: Final = dt.timedelta(seconds=60)
 """How far a leaf's notBefore lies before the moment it is signed: room for the clocks of the
 signer, the API server and peers to disagree, well inside the 5 minutes the API server allows
-(`podcert.api.lifetimes.NOT_BEFORE_SKEW`)."""
+(`podcert.api.validation.NOT_BEFORE_SKEW`)."""
 DEFAULT_REFRESH_FRACTION: Final = 0.5
 """beginRefreshAt at this share of a leaf's lifetime, before jitter (`begin_refresh_at`)."""
 

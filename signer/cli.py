@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from podcert import logs, processflags
-from podcert.api.lifetimes import NOT_BEFORE_SKEW
-from podcert.api.names import is_dns_label, is_dns_name, signer_name_problem
+from podcert.api.validation import NOT_BEFORE_SKEW, is_dns_label, is_dns_name, signer_name_problem
 from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.serving import connections

@@ -106,10 +106,11 @@ class IssuingCA:
     certificate: x509.Certificate
     key: CertificateIssuerPrivateKeyTypes = field(repr=False)
     root: x509.Certificate
+    # The intermediate's notAfter, read once: every leaf's plan is bounded by it.
+    not_after: dt.datetime = field(init=False)
 
-    @property
-    def not_after(self) -> dt.datetime:
-        return self.certificate.not_valid_after_utc
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "not_after", self.certificate.not_valid_after_utc)
 
 
 @dataclass(frozen=True)

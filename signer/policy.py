@@ -37,7 +37,7 @@ node (a kubelet restart re-requests every projection on the node at once). A nod
 rate is never denied: its requests wait for their turn in the bucket. Only issuances count:
 a denial spends no token, so requests that merely name a node cannot drain its rate.
 
-What a request may ask for through its annotations is read in `signer.requested`.
+What a request may ask for through its annotations is read in `signer.issue.requested`.
 """
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ import yaml
 from yaml.nodes import Node, SequenceNode
 
 from podcert.api.keys import KEY_TYPES, KeyType
-from podcert.api.lifetimes import (
+from podcert.api.validation import (
     DEFAULT_MAX_EXPIRATION_SECONDS,
     MAX_MAX_EXPIRATION_SECONDS,
     MIN_MAX_EXPIRATION_SECONDS,
+    is_dns_name,
     max_expiration_allowed,
 )
-from podcert.api.names import is_dns_name
 from podcert.errors import show
 from podcert.reconcile.ratelimit import Rate
 from signer.federation import domains as federation_

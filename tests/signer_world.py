@@ -13,8 +13,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from podcert.api import keys, requests
 from podcert.api.times import format_time
-from signer import model, policy, requested
+from signer import model, policy
 from signer.authority import ca
+from signer.issue import requested
 
 SIGNER = "example.com/podcert"
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, 500_000, tzinfo=dt.UTC)

@@ -5,13 +5,13 @@ touch files (`volumes.read_consistently`) are handed their I/O as functions.
 
 - `times`: the API's timestamps (metav1.Time, MicroTime) and podcert's own RFC 3339 stamps.
 - `keys`: the key-type table (API name -> generation, stub CSR digest, sizes, curves).
-- `lifetimes`: maxExpirationSeconds bounds, the 1 h minimum, beginRefreshAt's window, skew.
+- `validation`: what the API server admits: Kubernetes names (DNS labels and subdomains, signer
+  names), maxExpirationSeconds bounds, the 1 h minimum, beginRefreshAt's window, skew.
 - `requests`: one reading of a PodCertificateRequest (spec + status), with typed errors.
 - `pods`: one reading of a pod's projected podCertificate and clusterTrustBundle sources,
   with field errors (`fields`) and label selectors (`selectors`).
 - `credentials`: fresh / refresh due / overdue / expired, the one staleness rule.
 - `versions`: which certificates.k8s.io version to use, from a discovery answer.
-- `names`: which strings are Kubernetes names (DNS labels and subdomains).
 - `events`: core/v1 Event bodies.
 - `volumes`: the kubelet's projected-volume layout, atomic-writer names, the consistent read,
   which paths a volume may hold.

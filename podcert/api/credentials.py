@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Final, Literal
 
-from podcert.api.lifetimes import refresh_window
+from podcert.api.validation import refresh_window
 
 CredentialState = Literal["fresh", "refresh_due", "overdue_for_refresh", "expired"]
 

@@ -18,13 +18,13 @@ from typing import Final, NamedTuple
 
 from podcert.api.fields import ErrorKind, is_int, is_map, string
 from podcert.api.keys import KEY_TYPES, KeyType
-from podcert.api.lifetimes import (
+from podcert.api.selectors import LabelSelector, parse_selector
+from podcert.api.validation import (
     DEFAULT_MAX_EXPIRATION_SECONDS,
     MAX_MAX_EXPIRATION_SECONDS,
     MIN_MAX_EXPIRATION_SECONDS,
     max_expiration_allowed,
 )
-from podcert.api.selectors import LabelSelector, parse_selector
 from podcert.api.volumes import path_problem
 
 # What a projected volume's files get when the pod sets no defaultMode.

@@ -30,8 +30,8 @@ import msgspec
 from cryptography import x509
 
 from podcert.api import keys
-from podcert.api.lifetimes import DEFAULT_MAX_EXPIRATION_SECONDS
 from podcert.api.times import parse_time
+from podcert.api.validation import DEFAULT_MAX_EXPIRATION_SECONDS
 
 Outcome = Literal["Issued", "Denied", "Failed"]
 """The condition a settled request carries (exactly one, and terminal). The one such type: the

@@ -61,7 +61,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 
 from bundles.formats import dump_roots
 from bundles.spiffe import SpiffeId, SpiffeIdError
-from podcert.api.names import signer_name_problem
+from podcert.api.validation import signer_name_problem
 from signer.authority import spiffebundle
 from signer.policyfile import PolicyReader, trust_domain_problem
 

@@ -13,19 +13,19 @@ import datetime as dt
 from typing import Final
 
 from podcert.api.keys import BY_PREFERENCE, KEY_TYPES
-from podcert.api.lifetimes import (
+from podcert.api.requests import PodCertificateRequest
+from podcert.api.validation import (
     MAX_MAX_EXPIRATION_SECONDS,
     MIN_LIFETIME,
     MIN_MAX_EXPIRATION_SECONDS,
+    is_dns_label,
+    is_dns_name,
     max_expiration_allowed,
 )
-from podcert.api.names import is_dns_label, is_dns_name
-from podcert.api.requests import PodCertificateRequest
 from podcert.errors import show
 from signer import certs, model
-from signer.issue import csr
+from signer.issue import requested
 from signer.policy import SignerPolicy
-from signer.requested import parse_annotations
 
 # Retry reasons (for logs and metrics; the request stays pending).
 CA_NOT_LOADED: Final[model.RetryReason] = "CANotLoaded"
@@ -64,8 +64,8 @@ def decide(
     if facts.key_not_served:
         return model.Deny(model.KEY_NOT_SERVED, KEY_NOT_SERVED_MESSAGE)
     try:
-        key = csr.parse_public_key(request)
-    except csr.CSRError as exc:
+        key = requested.parse_public_key(request)
+    except requested.CSRError as exc:
         message = exc.message
         if exc.reason == model.UNSUPPORTED_KEY_TYPE:
             message += f" Use {_suggest(policy)}."
@@ -90,10 +90,10 @@ def decide(
             f"{spec.service_account_name!r} in namespace {request.namespace!r}: no allow "
             "rule of its policy matches them.",
         )
-    requested = parse_annotations(spec.unverified_user_annotations or {}, policy)
-    if isinstance(requested, model.Deny):
-        return requested
-    for name in requested.dns_names:
+    asked = requested.parse_annotations(spec.unverified_user_annotations or {}, policy)
+    if isinstance(asked, model.Deny):
+        return asked
+    for name in asked.dns_names:
         if name not in facts.service_dns_names:
             return model.Deny(
                 model.DNS_NAME_NOT_ALLOWED,
@@ -101,7 +101,7 @@ def decide(
                 f"in namespace {request.namespace!r} selecting it has that name.",
             )
     issued = facts.service_dns_names if policy.dns.services else frozenset()
-    dns_names = tuple(sorted(issued | set(requested.dns_names)))
+    dns_names = tuple(sorted(issued | set(asked.dns_names)))
 
     # 4. Our side: a CA that can vouch for at least the API's minimum lifetime.
     ca = facts.ca

@@ -53,8 +53,8 @@ from podcert import auditlog
 from podcert.api import fields, pods
 from podcert.api.volumes import path_problem
 from signer.auditlog.writer import AuditLog
-from signer.issue import csr
-from signer.requested import DNS_NAMES_ANNOTATION
+from signer.issue import requested
+from signer.issue.requested import DNS_NAMES_ANNOTATION
 from tests.hostile_seeds import (
     CERT_SEEDS,
     DONORS,
@@ -708,7 +708,7 @@ def test_damaged_pods_parse_into_work_items_and_field_errors_without_raising(pod
         paths: list[str] = []
         for source in volume.sources:
             if isinstance(source, pods.CertificateSource):
-                assert source.key_type in csr.KEY_TYPES
+                assert source.key_type in requested.KEY_TYPES
                 assert 3600 <= source.max_expiration_seconds <= 7862400
                 paths += source.paths
             elif isinstance(source, pods.TrustBundleSource):

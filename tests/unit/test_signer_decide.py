@@ -14,7 +14,7 @@ from podcert.api import keys
 from podcert.api.requests import PodCertificateRequest
 from signer import certs, model, policy
 from signer.authority import ca
-from signer.issue import csr, decide
+from signer.issue import decide, requested
 from tests.signer_world import (
     DNS_KEY,
     ED_KEY,
@@ -506,7 +506,7 @@ def test_a_policy_for_another_signer_is_a_programming_error() -> None:
 
 def test_pure_modules_import_neither_kubernetes_nor_aiohttp() -> None:
     modules = [
-        "signer.issue.csr",
+        "signer.issue.requested",
         "signer.certs",
         "signer.authority.ca",
         "signer.policy",
@@ -524,4 +524,4 @@ def test_pure_modules_import_neither_kubernetes_nor_aiohttp() -> None:
 
 
 def test_key_types_named_by_csr_and_policy_agree() -> None:
-    assert POLICY.key_types == frozenset(csr.KEY_TYPES)
+    assert POLICY.key_types == frozenset(requested.KEY_TYPES)

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from podcert.api import keys, requests
 from podcert.api.requests import PodCertificateRequest
-from signer import certs, model, policy, requested
+from signer import certs, model, policy
 from signer.authority import ca
-from signer.issue import csr, decide
+from signer.issue import decide, requested
 from signer.issue.settle import issued_status, settled_status
 from tests import strategies
 from tests.hostile_seeds import (
@@ -101,8 +101,8 @@ def test_parser_returns_a_supported_key_or_raises_csr_error(
 ) -> None:
     request = make_request(stub_csr=stub, pkix_public_key=pkix, proof_of_possession=proof)
     try:
-        parsed = csr.parse_public_key(request)
-    except csr.CSRError as exc:
+        parsed = requested.parse_public_key(request)
+    except requested.CSRError as exc:
         assert exc.reason in (
             model.INVALID_REQUEST,
             model.UNSUPPORTED_KEY_TYPE,
@@ -110,8 +110,8 @@ def test_parser_returns_a_supported_key_or_raises_csr_error(
         )
         assert 0 < len(exc.message) < 600
         return
-    assert parsed.key_type in csr.KEY_TYPES
-    assert csr.key_type_of(parsed.public_key) == parsed.key_type
+    assert parsed.key_type in requested.KEY_TYPES
+    assert requested.key_type_of(parsed.public_key) == parsed.key_type
 
 
 # decide ----------------------------------------------------------------------------------------
@@ -310,8 +310,8 @@ def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
         changed(BASE_REQUEST, stub_csr=b"", pkix_public_key=pkix, proof_of_possession=proof),
     ):
         try:
-            parsed = csr.parse_public_key(request)
-        except csr.CSRError as exc:
+            parsed = requested.parse_public_key(request)
+        except requested.CSRError as exc:
             event(f"CSRError {exc.reason}")
             assert exc.reason in (
                 model.INVALID_REQUEST,
@@ -321,7 +321,7 @@ def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
             assert 0 < len(exc.message) < 600
             continue
         event(f"parsed {parsed.key_type}")
-        assert csr.key_type_of(parsed.public_key) == parsed.key_type
+        assert requested.key_type_of(parsed.public_key) == parsed.key_type
         if request.spec.stub_pkcs10_request:
             # Whatever parsed proved possession: the CSR verifies under the key it names.
             loaded = x509.load_der_x509_csr(request.spec.stub_pkcs10_request)
@@ -651,7 +651,7 @@ def test_policy_loader_raises_only_policy_errors_naming_the_file(text: str) -> N
 def test_the_seeds_are_valid_so_the_mutants_start_deep() -> None:
     """Each target's seeds pass its parser, so damage is found past the first check."""
     for stub in GOOD_CSRS:
-        csr.parse_public_key(changed(BASE_REQUEST, stub_csr=stub))
+        requested.parse_public_key(changed(BASE_REQUEST, stub_csr=stub))
     for seed in PCR_SEEDS:
         decision = decide.decide(request_of(seed), BASE_FACTS, REQUEST_POLICIES[1], NOW)
         assert isinstance(decision, model.Issue), decision

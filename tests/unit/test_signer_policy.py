@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from podcert.reconcile.ratelimit import Rate
-from signer import model, policy, requested
-from signer.issue import csr
+from signer import policy
+from signer.issue import requested
 
 SERVED = ("example.com/podcert", "example.com/other")
 NAME = SERVED[0]
@@ -41,7 +41,7 @@ def test_default_policy_allows_everything_with_all_key_types_and_no_dns_names() 
     signer = policy.default_policy([NAME], "cluster.local").for_signer(NAME)
     assert signer == policy.SignerPolicy(name=NAME, trust_domain="cluster.local")
     assert signer.max_lifetime == dt.timedelta(days=1)
-    assert signer.key_types == frozenset(csr.KEY_TYPES)
+    assert signer.key_types == frozenset(requested.KEY_TYPES)
     assert signer.dns == policy.DNSPolicy(
         services=False, cluster_domain="cluster.local", allow_requested=False
     )
@@ -321,102 +321,6 @@ def test_load_policy_file_reads_and_names_the_path(tmp_path: Path) -> None:
 def test_missing_policy_file_is_a_policy_error(tmp_path: Path) -> None:
     with pytest.raises(policy.PolicyError, match="cannot read the policy file"):
         policy.load_policy_file(tmp_path / "absent.yaml", SERVED, "cluster.local")
-
-
-# Annotations ----------------------------------------------------------------------------------
-
-OPEN = load(signer_yaml("dnsNames: {allowRequested: true}\n")).for_signer(NAME)
-CLOSED = policy.default_policy(SERVED, "cluster.local").for_signer(NAME)
-KEY = requested.DNS_NAMES_ANNOTATION
-
-
-def test_no_annotations_request_nothing() -> None:
-    assert requested.parse_annotations({}, CLOSED) == requested.RequestedNames(())
-
-
-def test_requested_names_are_trimmed_and_deduplicated_in_order() -> None:
-    parsed = requested.parse_annotations({KEY: " b.web.svc,\n  a.web.svc ,b.web.svc\n"}, OPEN)
-    assert parsed == requested.RequestedNames(("b.web.svc", "a.web.svc"))
-
-
-@pytest.mark.parametrize(
-    ("annotations", "reason", "fragment"),
-    [
-        pytest.param(
-            {"example.com/color": "blue"},
-            model.UNKNOWN_ANNOTATION,
-            "'example.com/color'",
-            id="unknown domain-prefixed key",
-        ),
-        pytest.param(
-            {"dns-names": "a.svc"},
-            model.UNKNOWN_ANNOTATION,
-            "'dns-names'",
-            id="key without the podcert.dev prefix",
-        ),
-        pytest.param(
-            {"z.example/a": "", "a.example/b": "", KEY: "x.svc"},
-            model.UNKNOWN_ANNOTATION,
-            "'a.example/b' (and 1 more)",
-            id="several unknown keys name the first and count the rest",
-        ),
-        pytest.param(
-            {"x" * 5000: "v"},
-            model.UNKNOWN_ANNOTATION,
-            "'" + "x" * 100 + "'... (5000 characters)",
-            id="absurdly long key is cut in the message",
-        ),
-        pytest.param({KEY: ""}, model.INVALID_ANNOTATION, "empty entry", id="empty value"),
-        pytest.param(
-            {KEY: "a.svc,,b.svc"}, model.INVALID_ANNOTATION, "empty entry", id="double comma"
-        ),
-        pytest.param({KEY: "a.svc,"}, model.INVALID_ANNOTATION, "empty entry", id="trailing comma"),
-        pytest.param(
-            {KEY: "*.web.svc"}, model.INVALID_ANNOTATION, "'*.web.svc'", id="wildcard name"
-        ),
-        pytest.param({KEY: "Web.svc"}, model.INVALID_ANNOTATION, "'Web.svc'", id="uppercase name"),
-        pytest.param(
-            {KEY: "a" * 64 + ".svc"}, model.INVALID_ANNOTATION, "not a valid DNS", id="long label"
-        ),
-        pytest.param(
-            {KEY: "a.svc."}, model.INVALID_ANNOTATION, "not a valid DNS", id="trailing dot"
-        ),
-        pytest.param(
-            {KEY: "ok.svc,evil\n.svc"},
-            model.INVALID_ANNOTATION,
-            r"'evil\n.svc'",
-            id="newline escaped",
-        ),
-        pytest.param(
-            {KEY: ",".join(f"n{i}.svc" for i in range(101))},
-            model.INVALID_ANNOTATION,
-            "lists 101 names; at most 100",
-            id="more than 100 names",
-        ),
-    ],
-)
-def test_bad_annotations_are_denied_with_the_offending_value(
-    annotations: dict[str, str], reason: str, fragment: str
-) -> None:
-    denial = requested.parse_annotations(annotations, OPEN)
-    assert isinstance(denial, model.Deny)
-    assert denial.reason == reason
-    assert fragment in denial.message
-    assert len(denial.message) < 500
-
-
-def test_requested_names_are_denied_when_policy_does_not_allow_requests() -> None:
-    denial = requested.parse_annotations({KEY: "a.web.svc"}, CLOSED)
-    assert isinstance(denial, model.Deny)
-    assert denial.reason == model.DNS_NAME_NOT_ALLOWED
-    assert "allowRequested" in denial.message
-
-
-def test_exactly_100_names_are_fine() -> None:
-    names = [f"n{i}.svc" for i in range(100)]
-    assert requested.parse_annotations({KEY: ",".join(names)}, OPEN) == requested.RequestedNames(
-        tuple(names)
-    )
 
 
 # --- rateLimit ----------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""Which strings are Kubernetes names: the one rule the signer checks a request's names, the DNS
-names it issues and its policy file's cluster domain against."""
+"""podcert.api.validation: which strings are Kubernetes names (the one rule the signer checks a
+request's names, the DNS names it issues and its policy file's cluster domain against)."""
 
 from __future__ import annotations
 
 import pytest
 
-from podcert.api.names import is_dns_label, is_dns_name
+from podcert.api.validation import is_dns_label, is_dns_name
 
 
 @pytest.mark.parametrize(
