@@ -91,29 +91,6 @@ KNOWN_DER = GOOD_CSRS + BAD_CSRS + [keys.public_der(key) for key in GOOD_KEYS.va
 HOSTILE_DER = strategies.hostile_der(KNOWN_DER)
 
 
-MAYBE_DER = st.one_of(st.just(b""), HOSTILE_DER)
-
-
-@FUZZ
-@given(stub=MAYBE_DER, pkix=MAYBE_DER, proof=st.one_of(MAYBE_DER, st.sampled_from(GOOD_PROOFS)))
-def test_parser_returns_a_supported_key_or_raises_csr_error(
-    stub: bytes, pkix: bytes, proof: bytes
-) -> None:
-    request = make_request(stub_csr=stub, pkix_public_key=pkix, proof_of_possession=proof)
-    try:
-        parsed = requested.parse_public_key(request)
-    except requested.CSRError as exc:
-        assert exc.reason in (
-            model.INVALID_REQUEST,
-            model.UNSUPPORTED_KEY_TYPE,
-            model.INVALID_PROOF_OF_POSSESSION,
-        )
-        assert 0 < len(exc.message) < 600
-        return
-    assert parsed.key_type in requested.KEY_TYPES
-    assert requested.key_type_of(parsed.public_key) == parsed.key_type
-
-
 # decide ----------------------------------------------------------------------------------------
 
 # Read from the closed type, so a reason added to model.DenyReason is known here at once.
@@ -291,16 +268,23 @@ def test_policy_loader_raises_only_policy_errors(text: str) -> None:
         assert str(exc).startswith("policy.yaml:")
 
 
-# === the stub CSR parser ========================================================================
+# === the key parser ========================================================================
 
 
 @FUZZ
 @given(
-    stub=st.one_of(hostile_der(CSR_SEEDS, DONORS), st.sampled_from(CSR_SEEDS)),
-    pkix=st.one_of(st.just(b""), hostile_der(SPKI_SEEDS, DONORS), st.sampled_from(GOOD_SPKIS)),
-    proof=st.one_of(st.sampled_from(GOOD_PROOFS), st.binary(max_size=600)),
+    stub=st.one_of(
+        st.just(b""),
+        hostile_der(CSR_SEEDS, DONORS),
+        st.sampled_from(CSR_SEEDS + BAD_CSRS),
+        HOSTILE_DER,
+    ),
+    pkix=st.one_of(
+        st.just(b""), hostile_der(SPKI_SEEDS, DONORS), st.sampled_from(GOOD_SPKIS), HOSTILE_DER
+    ),
+    proof=st.one_of(st.sampled_from(GOOD_PROOFS), st.binary(max_size=600), HOSTILE_DER),
 )
-def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
+def test_key_parser_returns_a_proven_supported_key_or_raises_csr_error(
     stub: bytes, pkix: bytes, proof: bytes
 ) -> None:
     for request in (
@@ -308,6 +292,8 @@ def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
         # v1beta1's other form (1.35's only): no stub CSR, the key as bare SubjectPublicKeyInfo
         # with its signature over the pod UID.
         changed(BASE_REQUEST, stub_csr=b"", pkix_public_key=pkix, proof_of_possession=proof),
+        # Both forms, or neither, at once: the API server admits exactly one.
+        changed(BASE_REQUEST, stub_csr=stub, pkix_public_key=pkix, proof_of_possession=proof),
     ):
         try:
             parsed = requested.parse_public_key(request)
@@ -321,6 +307,7 @@ def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
             assert 0 < len(exc.message) < 600
             continue
         event(f"parsed {parsed.key_type}")
+        assert parsed.key_type in requested.KEY_TYPES
         assert requested.key_type_of(parsed.public_key) == parsed.key_type
         if request.spec.stub_pkcs10_request:
             # Whatever parsed proved possession: the CSR verifies under the key it names.
@@ -328,7 +315,9 @@ def test_stub_csr_parser_raises_only_csr_error_on_damaged_der(
             assert loaded.is_signature_valid
             assert spki(loaded) == _spki_of(parsed.public_key)
         else:
-            assert keys.proof_verifies(parsed.public_key, request.spec.pod_uid, proof)
+            assert keys.proof_verifies(
+                parsed.public_key, request.spec.pod_uid, request.spec.proof_of_possession or b""
+            )
 
 
 def _spki_of(public_key: Any) -> bytes:
