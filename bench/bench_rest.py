@@ -1,4 +1,4 @@
-"""Client CPU per status-sized PUT through `podcert.client.rest.Rest` (issue 14: cheaper requests).
+"""Client CPU per status-sized PUT through `podcert.client.rest.Rest`.
 
     .venv/bin/python -m bench.bench_rest                       # 1 and 4 threads, 3 rounds
     .venv/bin/python -m bench.bench_rest --tree /tmp/old       # also another checkout's Rest

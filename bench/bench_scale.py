@@ -1,4 +1,4 @@
-"""The signer and `podcert audit` on a cluster of Kubernetes' published size (issue 14, target 4).
+"""The signer and `podcert audit` on a cluster of Kubernetes' published size.
 
     .venv/bin/python -m bench.bench_scale --pods 20000                 # 110 pods a node
     .venv/bin/python -m bench.bench_scale --pods 150000 --nodes 5000   # the published limits

@@ -1,4 +1,4 @@
-"""The shim at 110 pods per node, in a cluster of Kubernetes' published size (issue 14, target 4).
+"""The shim at 110 pods per node, in a cluster of Kubernetes' published size.
 
     .venv/bin/python -m bench.bench_scale_shim --pods 20000 --cluster /tmp/scale --keep
     .venv/bin/python -m bench.bench_scale_shim --pods 150000 --nodes 5000 --namespaces 150 \\

@@ -1,4 +1,4 @@
-"""A whole cluster upgrade under traffic (issue 25, item 4): Kubernetes 1.35 -> 1.36 -> 1.37 in
+"""A whole cluster upgrade under traffic: Kubernetes 1.35 -> 1.36 -> 1.37 in
 place, the control plane first and then the nodes one by one, each time, while pods hold podcert
 credentials and the example mTLS pair calls at 50 requests a second.
 
