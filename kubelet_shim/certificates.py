@@ -214,6 +214,11 @@ class CertificateSources:
             self.metrics.outcomes.labels(signer=signer, outcome="issued").inc()
             elapsed = max(0.0, (now - state.created_at).total_seconds())
             self.metrics.latency.labels(signer=signer).observe(elapsed)
+            log.info(
+                "request issued, seen %.3f s after it was made",
+                elapsed,
+                extra={**log_context(pod, source.volume), "request": state.request_name},
+            )
         elif isinstance(event, projection.RequestDenied):
             self.metrics.outcomes.labels(signer=signer, outcome="denied").inc()
         elif isinstance(event, projection.RequestFailed):

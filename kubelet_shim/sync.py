@@ -100,6 +100,7 @@ class PodSync:
 
         if plan.files != current:
             files = {path: FileSpec(data, plan.modes[path]) for path, data in plan.files.items()}
+            started = self.clock()
             try:
                 self.storage.write_volume(uid, volume.name, files, owner)
             except UnsafeDirectoryError as err:
@@ -117,8 +118,13 @@ class PodSync:
                 self.metrics.writes.labels(result="ok").inc()
                 memory.disk[volume.name] = dict(plan.files)
                 memory.noted.discard(("unsafe-volume", volume.name))
+                # How long the write took (its fsyncs): a slow disk delays every credential.
+                took = (self.clock() - started).total_seconds()
                 log.info(
-                    "published volume (%d files)", len(files), extra=log_context(pod, volume.name)
+                    "published volume (%d files, written in %.3f s)",
+                    len(files),
+                    took,
+                    extra=log_context(pod, volume.name),
                 )
         for key, request_name in plan.written:
             self.sources.step(pod, key, projection.CredentialWritten(request_name), now)
