@@ -8,7 +8,7 @@ the matching END line, which nothing but spaces follows. Text between blocks is 
 one, a body that is not base64, a BEGIN without its END), `read` refuses the whole input: a
 bundle that silently lost a root or a key is worse than one refused. So does an empty block or a
 label that is not RFC 7468's printable words, which Go takes.
-tests/integration/test_reference_pem.py pins all of it to Go and to cryptography.
+tests/integration/test_bundles_pem.py pins all of it to Go and to cryptography.
 
 Built from bytes.find only, so hostile input costs linear time, never regex backtracking. Pure.
 """

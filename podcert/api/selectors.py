@@ -3,7 +3,7 @@
 A clusterTrustBundle source picks bundles by signer name and label selector; `pods` reads the
 selector with `parse_selector` and the shim matches each bundle's labels with `matches_selector`.
 What is valid and what matches are apimachinery's (`metav1.LabelSelectorAsSelector`: keys are
-qualified names, values label values), pinned by tests/integration/test_reference_selectors.py.
+qualified names, values label values), pinned by tests/integration/test_api_selectors.py.
 Pure.
 """
 

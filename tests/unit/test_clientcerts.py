@@ -22,7 +22,7 @@ from podcert.client import kubeconfig as kc
 from podcert.client.clientcerts import REREAD_PERIOD, CertFiles, Seen, due, judge
 from podcert.client.kubeconfig import ClientConfigError
 from podcert.client.rest import Rest
-from tests.unit.test_identity_health import accept_in_threads
+from tests.unit.test_client_refusals import accept_in_threads
 
 A, B = b"a" * 32, b"b" * 32
 

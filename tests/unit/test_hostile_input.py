@@ -84,8 +84,8 @@ from tests.strategies import (
     hostile_json,
     json_mutant,
 )
-from tests.unit.test_auditlog import Pki, make_pki
-from tests.unit.test_auditlog import entry as audit_entry
+from tests.unit.test_auditlog_writer import Pki, make_pki
+from tests.unit.test_auditlog_writer import entry as audit_entry
 
 pytestmark = FUZZ_TIMEOUT
 

@@ -1,4 +1,4 @@
-"""Label selectors pinned to apimachinery: `podcert.api.selectors.matches_selector` and
+"""podcert.api.selectors: label selectors pinned to apimachinery: `matches_selector` and
 `metav1.LabelSelectorAsSelector(...).Matches` (tests/interop/reference) judge the same generated
 selectors and label sets: both refuse the selector, or both give the same match.
 

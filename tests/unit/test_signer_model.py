@@ -1,7 +1,7 @@
-"""Denied, Failed and Retry reasons, and the retry metric's labels, are closed types: a reason
-mistyped anywhere fails mypy, and a decision kind the settlement forgets fails it too. Shown by
-running mypy (the project's own configuration, strict) on a snippet whose marked lines must be
-exactly the ones it rejects."""
+"""signer.model: Denied, Failed and Retry reasons, and the retry metric's labels, are closed types:
+a reason mistyped anywhere fails mypy, and a decision kind the settlement forgets fails it too.
+Shown by running mypy (the project's own configuration, strict) on a snippet whose marked lines must
+be exactly the ones it rejects."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The audit log: a chain that shows removed and edited lines, checkpoints that show rewrites."""
+"""signer.auditlog.writer: the audit log, a chain that shows removed and edited lines, checkpoints
+that show rewrites."""
 
 from __future__ import annotations
 

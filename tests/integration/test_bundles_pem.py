@@ -1,8 +1,7 @@
-"""PEM reading pinned to Go's `encoding/pem` and to cryptography: `bundles.pem` (the reader
-behind every bundle `bundles.formats` parses) reads the same generated PEM-ish bytes (headers,
-junk between blocks, CRLF, missing END lines, wrong base64, trailing data, markers in mid-line)
-as a `pem.Decode` loop (tests/interop/reference) and as
-`cryptography.x509.load_pem_x509_certificates`.
+"""bundles.pem: PEM reading pinned to Go's `encoding/pem` and to cryptography: it (the reader behind
+every bundle `bundles.formats` parses) reads the same generated PEM-ish bytes (headers, junk between
+blocks, CRLF, missing END lines, wrong base64, trailing data, markers in mid-line) as a `pem.Decode`
+loop (tests/interop/reference) and as `cryptography.x509.load_pem_x509_certificates`.
 
 Whatever podcert reads, Go reads as the same blocks (type, bytes, whether it has headers), and
 cryptography as the same certificates. Where podcert refuses, the format demands it, each case

@@ -1,5 +1,5 @@
-"""An identity the API server keeps refusing (a node certificate that expired
-unrenewed) turns /healthz unhealthy, with one line naming the identity and never the secret,
+"""podcert.client.refusals: an identity the API server keeps refusing (a node certificate that
+expired unrenewed) turns /healthz unhealthy, with one line naming the identity and never the secret,
 and healthy again once a call succeeds. The rule is pure (`podcert.client.refusals`); `Rest` tells
 it every answer; the shim's and the signer's /healthz ask it."""
 
