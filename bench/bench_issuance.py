@@ -1,38 +1,40 @@
-"""Issuance throughput and CPU per request: against the API server's status-write ceiling
-(issue 14 target 2) and the way a Go signer was measured (target 1), in one run.
+"""Issuance throughput and CPU per request, side by side in one run: podcert's signer, the Go
+signer it is measured against (`bench.peer`), and the API server's status-write ceiling.
 
     .venv/bin/python -m bench.bench_issuance [--requests 1000] [--nodes 2] [--workers 1 2 4 8]
-                                             [--rounds 3] [--pin] [--profile DIR]
+        [--rounds 3] [--pin] [--profile DIR] [--peer PATH | --no-peer] [--tree PATH]
 
-On a fresh devcluster, each round makes two batches of N pending PodCertificateRequests (pods
-spread over `--nodes` nodes, each request made as its pod's node), then runs the two writers
-back to back, in alternating order from round to round so the VM's drift hits both alike:
+On a fresh devcluster, each round runs every side once, at each worker count, in the order
+ceiling, podcert, peer (then `--tree`'s) in even rounds and the reverse in odd ones, so the VM's
+drift hits every side alike. Each side gets a batch of N pending PodCertificateRequests of its
+own (pods spread over `--nodes` nodes, each request made as its pod's node) under its own signer
+name, made just before its run and deleted after it: no signer sees another's requests, and each
+starts on a cluster of the same size.
 
 - the ceiling: the fastest status writer this benchmark could build (measured against the
   others, BENCHMARKS.md "Issuance throughput"): `W` threads, each with its own kept-alive TLS
   connection, writing precomputed bytes (head and a minimal body: the request's name, namespace,
   uid and resourceVersion, and the Issued status; the status subresource takes spec and the
-  rest of metadata from the stored object) and reading the JSON answer to throw it away (neither
-  that body nor a protobuf answer changed the API server's CPU per write measurably; the client's
-  own CPU did). It runs as a ServiceAccount with the signer's own RBAC, so the API server
-  authenticates, authorizes (`sign` on the signer name) and schedules it exactly as it does the
-  signer.
-- `podcert signer --workers W` as shipped (leader election, audit log with its fsync, INFO
-  logs), started after its batch exists, as the Go signer was.
+  rest of metadata from the stored object) and reading the JSON answer to throw it away. It runs
+  as a ServiceAccount with the signer's own RBAC, so the API server authenticates, authorizes
+  (`sign` on the signer name) and schedules it exactly as it does the signer.
+- podcert: `podcert signer --workers W` as shipped (its ServiceAccount, leader election, the
+  audit log with its fsync, INFO logs), started once its batch exists, from compiled bytecode as
+  pip installs it (this environment sets PYTHONDONTWRITEBYTECODE, which would otherwise
+  recompile podcert at every start).
+- peer: the Go controller-runtime signer with `--max-concurrent-reconciles=W`, as its README runs
+  it (the cluster's admin, a CA in files, INFO logs), started once its batch exists.
+- `--tree PATH` (another checkout: `git archive <commit> | tar -x -C PATH`): that checkout's
+  podcert signer too, before and after a change side by side.
 
-Both are timed by one watch: the rate is over the steady state, the 10%-90% window of the batch.
-CPU per request comes from /proc/<pid>/stat: per process over that window, and for the signer
-also whole-process (utime+stime of everything from exec to the last issuance, start-up
-included, over N), which is how the Go signer's 2.1-3.3 ms was measured (issue 14). The signer
-runs from compiled bytecode, as installed by pip (this environment sets PYTHONDONTWRITEBYTECODE,
-which would otherwise recompile podcert at every start). "GETs" is the signer's live reads of
-pods, nodes and ServiceAccounts (`podcert_signer_live_reads_total`): a backlog listed before its
-caches costs none. The ratio is signer / ceiling; each worker count reports the medians of
-`--rounds`, because a shared two-core VM drifts by +-20% from one minute to the next.
-`--profile DIR` records each signer run with py-spy (on-CPU samples of the thread holding the
-interpreter lock). `--tree PATH` (another checkout: `git archive <commit> | tar -x -C PATH`)
-also runs that checkout's signer in every round, on a batch of its own, this tree's and that
-one's in alternating order: before and after a change, side by side on one cluster.
+One watch times every side: the rate is over the steady state, the 10-90 % window of the batch.
+CPU per request comes from /proc/<pid>/stat: each process's over that window ("steady"), and for
+a signer also whole-process ("whole": everything from exec to the last settled request, start-up
+included, over N); "first" is exec to the first issuance. "GETs" is podcert's live reads of pods,
+nodes and ServiceAccounts (`podcert_signer_live_reads_total`). The summary gives each ratio as
+the median of the round-by-round ratios (both sides of a ratio ran in the same round), because
+a shared two-core VM drifts by +-20% from one minute to the next. `--profile DIR` records each
+podcert run with py-spy (on-CPU samples of the thread holding the interpreter lock).
 """
 
 from __future__ import annotations
@@ -50,16 +52,17 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any, BinaryIO, Final, cast
+from typing import Any, BinaryIO, Final, Protocol, cast
 from urllib.parse import urlsplit
 
 import msgspec
 
+from bench import peer
 from bench.bench_time_to_credential import component_pids, cpu_of, cpu_seconds
 from devcluster import cluster, kube, planestate, processes
 from podcert.api import keys
@@ -73,11 +76,6 @@ from signer.issue.requested import parse_public_key
 from signer.issue.settle import issued_status
 
 PCRS = "certificates.k8s.io/v1"
-# The Go signer's figures (issue 14: a controller-runtime signer, 8 workers, 1,000 pending
-# requests from two nodes, on a quiet machine of this kind): what target 1 compares against.
-GO_RATE: Final = (218.0, 260.0)  # requests/s at 8 workers, 10-90 % window
-GO_CPU_MS: Final = (2.1, 3.3)  # whole-process CPU ms per request, start-up included
-CPU_ALLOWANCE: Final = 1.5  # target 1: podcert's CPU per request at most 1.5x the Go signer's
 REPO: Final = Path(__file__).resolve().parents[1]
 PACKAGES: Final = ("podcert", "signer", "bundles", "audit", "kubelet_shim")
 PYCACHE: Final = Path(tempfile.gettempdir()) / "podcert-bench-pycache"
@@ -335,42 +333,48 @@ def ceiling(
     return observer.result()
 
 
-# --- the signer --------------------------------------------------------------------------------
+# --- the signers: podcert, the Go peer, another tree's podcert ----------------------------------
+
+
+class Running(Protocol):
+    """A signer process as a side runs it (`devcluster.processes.Signer`, `bench.peer.Peer`)."""
+
+    proc: subprocess.Popen[bytes] | None
+
+    @property
+    def running(self) -> bool: ...
+
+    def start(self) -> object: ...
+
+    def stop(self, timeout: float = ...) -> int | None: ...
+
+    def output(self) -> str: ...
 
 
 def signer_phase(
     root: Path,
-    work: Path,
-    signer: str,
+    side: str,
+    proc: Running,
     namespace: str,
     count: int,
-    workers: int,
     profile: Path | None = None,
-    tree: Path | None = None,
+    reads: Callable[[], int | None] = lambda: None,
 ) -> Phase:
-    """`podcert signer --workers W` as shipped (leader election, audit log, INFO logs), started
-    once its batch exists; its whole-process CPU from exec to the last settled request. With
-    `tree`, the signer of that checkout (its packages first on the path)."""
-    proc = processes.signer(
-        root,
-        work,
-        [signer],
-        namespace=f"{namespace}-signer",
-        extra=[f"--workers={workers}", f"--audit-log={work / namespace / 'audit.jsonl'}"],
-    )
-    # From compiled bytecode, as pip installs it (kept outside the checkout).
-    proc.env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(PYCACHE)}
-    if tree is not None:
-        proc.env["PYTHONPATH"] = str(tree)
+    """One signer process, started once its batch exists, timed by the watch: the rate and
+    CPU per request in the 10-90 % window, its whole-process CPU from exec to the last settled
+    request (start-up included), and exec to the first issuance."""
+    # The watch starts first, so no issuance can come before it; the process's pid joins the
+    # ones it samples as soon as there is one (it first samples at the 10 % mark).
+    pids = component_pids(root)
+    observer = Observer(root, namespace, count, pids)
     started = time.monotonic()
     proc.start()
     assert proc.proc is not None
-    pid = proc.proc.pid
+    pid = pids[side] = proc.proc.pid
     spy = py_spy(pid, profile / f"{namespace}.txt") if profile is not None else None
-    observer = Observer(root, namespace, count, component_pids(root, ("signer", proc)))
     try:
         phase = observer.result()
-        whole = observer.last_cpu.get("signer")
+        whole = observer.last_cpu.get(side)
         if whole is None:  # the process was gone: read it now (it cannot have grown)
             whole = cpu_seconds(pid)
         return Phase(
@@ -380,7 +384,7 @@ def signer_phase(
             phase.failed,
             whole_ms=whole * 1000 / count,
             first_s=(observer.first - started) if observer.first is not None else None,
-            live_reads=live_reads(proc.metrics()),
+            live_reads=reads(),
         )
     finally:
         if spy is not None:
@@ -389,6 +393,25 @@ def signer_phase(
         if not proc.running:
             print(proc.output()[-2000:])
         proc.stop()
+
+
+def podcert_signer(
+    root: Path, work: Path, signer: str, namespace: str, workers: int, tree: Path | None = None
+) -> processes.Signer:
+    """`podcert signer --workers W` as shipped (its own ServiceAccount and RBAC, leader
+    election, the audit log with its fsync, INFO logs), from compiled bytecode as pip installs
+    it; with `tree`, the signer of that checkout (its packages first on the path)."""
+    proc = processes.signer(
+        root,
+        work,
+        [signer],
+        namespace=f"{namespace}-signer",
+        extra=[f"--workers={workers}", f"--audit-log={work / namespace / 'audit.jsonl'}"],
+    )
+    proc.env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(PYCACHE)}
+    if tree is not None:
+        proc.env["PYTHONPATH"] = str(tree)
+    return proc
 
 
 def live_reads(metrics: str) -> int:
@@ -419,15 +442,35 @@ def py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
 
 @dataclass
 class Rows:
-    """Every round of one worker count."""
+    """Every round of one worker count, by side."""
 
     workers: int
-    tops: list[Phase] = field(default_factory=list)
-    gots: list[Phase] = field(default_factory=list)
-    olds: list[Phase] = field(default_factory=list)  # the other tree's signer, with --tree
+    sides: dict[str, list[Phase]] = field(default_factory=dict)
 
-    def ratios(self) -> list[float]:
-        return [got.rate / top.rate for top, got in zip(self.tops, self.gots, strict=True)]
+    def ratios(self, a: str, b: str, of: Callable[[Phase], float | None]) -> list[float]:
+        """`of(a) / of(b)`, round by round (both ran in each)."""
+        pairs = zip(self.sides.get(a, []), self.sides.get(b, []), strict=True)
+        return [(of(x) or 0.0) / (of(y) or 1e-9) for x, y in pairs]
+
+    def median(self, side: str, of: Callable[[Phase], float | None]) -> float:
+        return median(of(p) or 0.0 for p in self.sides[side])
+
+
+def rate(phase: Phase) -> float:
+    return phase.rate
+
+
+def whole(phase: Phase) -> float | None:
+    return phase.whole_ms
+
+
+def first(phase: Phase) -> float | None:
+    return phase.first_s
+
+
+def steady(side: str) -> Callable[[Phase], float | None]:
+    """CPU ms per request of the side's own process in the 10-90 % window."""
+    return lambda phase: phase.cpu_ms.get(side)
 
 
 def main() -> None:
@@ -435,9 +478,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=2, help="the requests' nodes")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="ceiling/signer pairs per worker count (median)"
-    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per worker count (median)")
     parser.add_argument(
         "--pin",
         action="store_true",
@@ -445,12 +486,24 @@ def main() -> None:
     )
     parser.add_argument("--profile", type=Path, help="py-spy each signer run into this folder")
     parser.add_argument("--tree", type=Path, help="also run this checkout's signer, alternating")
+    parser.add_argument(
+        "--peer", type=Path, help="the Go signer's module (default: PODCERT_PEER, ../shared/peer)"
+    )
+    parser.add_argument("--no-peer", action="store_true", help="leave the Go signer out")
     args = parser.parse_args()
+    sides = ["ceiling", "podcert"]
+    if not args.no_peer:
+        args.peer_binary = peer.ensure(peer.source(args.peer))
+        print(f"the Go signer: {args.peer_binary}")
+        sides.append("peer")
     if args.tree is not None:
         args.tree = args.tree.resolve()
         print(f"the other signer: podcert from {imported_from(args.tree)}")
         for tree in (REPO, args.tree):  # both from bytecode from their first round on
             compiled(tree)
+        sides.append("other")
+    else:
+        compiled(REPO)
     with tempfile.TemporaryDirectory(prefix="podcert-bench-") as tmp:
         root = Path(tmp) / "cluster"
         state = cluster.up(root)
@@ -459,125 +512,88 @@ def main() -> None:
         try:
             print(
                 f"requests per batch: {args.requests}, nodes: {args.nodes}, rounds: "
-                f"{args.rounds}, load average at start: {load()}"
-            )
-            print(
-                f"{'workers':>7} {'round':>5} {'ceiling/s':>9} {'signer/s':>8} {'ratio':>5}"
-                f" {'whole ms':>8} {'first s':>7} {'GETs':>4}   CPU ms/request, 10-90 %"
-                " (ceiling | signer)"
+                f"{args.rounds}, sides: {', '.join(sides)}, load average at start: {load()}"
             )
             table = []
             for workers in args.workers:
-                rows = Rows(workers)
+                rows = Rows(workers, {side: [] for side in sides})
                 for r in range(args.rounds):
-                    top, got, old = one_round(root, Path(tmp), f"w{workers}-r{r}", args, workers, r)
-                    rows.tops.append(top)
-                    rows.gots.append(got)
-                    if old is not None:
-                        rows.olds.append(old)
-                        print(
-                            f"{'':>7} {'':>5} the other tree: {old.rate:.0f}/s, whole "
-                            f"{old.whole_ms or 0:.2f} ms, first {old.first_s or 0:.2f} s,"
-                            f" {show_cpu(old.cpu_ms)}; this tree / other: rate "
-                            f"{got.rate / old.rate:.2f}, whole CPU "
-                            f"{(got.whole_ms or 0) / (old.whole_ms or 1):.2f}",
-                            flush=True,
-                        )
-                    print(
-                        f"{workers:>7} {r + 1:>5} {top.rate:>9.0f} {got.rate:>8.0f}"
-                        f" {rows.ratios()[-1]:>5.2f} {got.whole_ms or 0:>8.2f}"
-                        f" {got.first_s or 0:>7.2f} {got.live_reads or 0:>4}"
-                        f"   {show_cpu(top.cpu_ms)} |"
-                        f" {show_cpu(got.cpu_ms)}{show_not_issued(top, got)}   load {load()}",
-                        flush=True,
-                    )
+                    order = sides if r % 2 == 0 else sides[::-1]
+                    for side in order:
+                        phase = run_side(root, Path(tmp), side, f"w{workers}-r{r}", args, workers)
+                        rows.sides[side].append(phase)
+                        print(show_phase(workers, r + 1, side, phase), flush=True)
+                    print(f"{'':>7} {'':>5} load {load()}", flush=True)
                 table.append(rows)
-                print(
-                    f"{workers:>7} {'median':>5} {median(t.rate for t in rows.tops):>9.0f}"
-                    f" {median(g.rate for g in rows.gots):>8.0f} {median(rows.ratios()):>5.2f}"
-                    f" {median(g.whole_ms or 0 for g in rows.gots):>8.2f}"
-                    f" {median(g.first_s or 0 for g in rows.gots):>7.2f}",
-                    flush=True,
-                )
+                for side in sides:
+                    print(show_median(rows, side), flush=True)
             summary(table)
         finally:
             cluster.down(root)
 
 
+def run_side(
+    root: Path, work: Path, side: str, round_name: str, args: argparse.Namespace, workers: int
+) -> Phase:
+    """One side's run on a batch of its own, made just before it and deleted after it, under
+    a signer name of its own: no signer ever sees (or spends anything on) another's requests,
+    and every signer starts on a cluster of the same size."""
+    namespace = f"{round_name}-{side}"
+    signer = f"bench.podcert.dev/{round_name}-{side}"
+    count = args.requests
+    pcrs = make_requests(root, namespace, signer, count, args.nodes)
+    try:
+        if side == "ceiling":
+            return ceiling(root, namespace, pcrs, workers, component_pids(root))
+        if side == "peer":
+            proc: Running = peer.Peer.for_cluster(args.peer_binary, root, work, signer, workers)
+            return signer_phase(root, side, proc, namespace, count)
+        tree = args.tree if side == "other" else None
+        podcert = podcert_signer(root, work, signer, namespace, workers, tree)
+        return signer_phase(
+            root,
+            side,
+            podcert,
+            namespace,
+            count,
+            args.profile,
+            reads=lambda: live_reads(podcert.metrics()),
+        )
+    finally:
+        clear(root, namespace)
+
+
 def summary(table: Sequence[Rows]) -> None:
-    """Both targets, from the medians: target 2 at every worker count, target 1 at 4 and 8;
-    and this tree against the other one, with --tree."""
+    """podcert against the Go signer and against the ceiling, and this tree against the other
+    one, from the round-by-round ratios (each a pair from one round), as medians."""
     print(f"\nload average at the end: {load()}")
     for rows in table:
-        if not rows.olds:
-            continue
-        pairs = list(zip(rows.gots, rows.olds, strict=True))
-        rates = [g.rate / o.rate for g, o in pairs]
-        cpus = [(g.whole_ms or 0) / (o.whole_ms or 1) for g, o in pairs]
-        rate_new, rate_old = median(g.rate for g in rows.gots), median(o.rate for o in rows.olds)
-        cpu_new = median(g.whole_ms or 0 for g in rows.gots)
-        cpu_old = median(o.whole_ms or 0 for o in rows.olds)
-        print(
-            f"this tree / the other, {rows.workers} workers: rate {median(rates):.2f} "
-            f"({rate_new:.0f} v {rate_old:.0f}/s), whole-process CPU per request "
-            f"{median(cpus):.2f} ({cpu_new:.2f} v {cpu_old:.2f} ms)"
-        )
-    for rows in table:
-        ratio = median(rows.ratios())
-        print(f"target 2, {rows.workers} workers: {ratio:.2f} of the ceiling (>= 0.8)")
-    bar = CPU_ALLOWANCE * GO_CPU_MS[0], CPU_ALLOWANCE * GO_CPU_MS[1]
-    for rows in table:
-        if rows.workers not in (4, 8):
-            continue
-        rate = median(g.rate for g in rows.gots)
-        cpu = median(g.whole_ms or 0 for g in rows.gots)
-        print(
-            f"target 1, {rows.workers} workers: {rate:.0f}/s (Go at 8 workers: "
-            f"{GO_RATE[0]:.0f}-{GO_RATE[1]:.0f}/s on a quiet machine); {cpu:.2f} ms CPU per "
-            f"request, whole process (at most {bar[0]:.2f}-{bar[1]:.2f}: 1.5x Go's "
-            f"{GO_CPU_MS[0]}-{GO_CPU_MS[1]})"
-        )
-
-
-def one_round(
-    root: Path, work: Path, ns: str, args: argparse.Namespace, workers: int, index: int
-) -> tuple[Phase, Phase, Phase | None]:
-    """A fresh batch for each side, then the runs back to back, in alternating order so
-    drift of the VM hits every side alike; then the batches are deleted. Each side has its own
-    signer name, so a signer never touches another's batch. With --tree, the other tree's
-    signer too, after this tree's in even rounds and before it in odd ones."""
-    signer = f"bench.podcert.dev/w{workers}"
-    count, nodes = args.requests, args.nodes
-    pcrs = make_requests(root, f"{ns}-ceiling", f"{signer}-ceiling", count, nodes)
-    make_requests(root, f"{ns}-signer", signer, count, nodes)
-    old: Phase | None = None
-    if args.tree is not None:
-        make_requests(root, f"{ns}-other", f"{signer}-other", count, nodes)
-
-    def run_other() -> Phase:
-        return signer_phase(
-            root, work, f"{signer}-other", f"{ns}-other", count, workers, args.profile, args.tree
-        )
-
-    if args.tree is not None and index % 2:
-        old = run_other()
-
-    def run_ceiling() -> Phase:
-        return ceiling(root, f"{ns}-ceiling", pcrs, workers, component_pids(root))
-
-    def run_signer() -> Phase:
-        return signer_phase(root, work, signer, f"{ns}-signer", count, workers, args.profile)
-
-    if index % 2:
-        got, top = run_signer(), run_ceiling()
-    else:
-        top, got = run_ceiling(), run_signer()
-    if args.tree is not None and not index % 2:
-        old = run_other()
-    for side in ("ceiling", "signer", "other"):
-        if side != "other" or args.tree is not None:
-            clear(root, f"{ns}-{side}")
-    return top, got, old
+        w = rows.workers
+        if "peer" in rows.sides:
+            r = median(rows.ratios("podcert", "peer", rate))
+            s = median(
+                (x.cpu_ms.get("podcert") or 0) / (y.cpu_ms.get("peer") or 1e-9)
+                for x, y in zip(rows.sides["podcert"], rows.sides["peer"], strict=True)
+            )
+            c = median(rows.ratios("podcert", "peer", whole))
+            print(
+                f"podcert / Go signer, {w} workers: rate {r:.2f} "
+                f"({rows.median('podcert', rate):.0f} v {rows.median('peer', rate):.0f}/s; "
+                f">= 1.0), steady-state CPU per request {s:.2f} "
+                f"({rows.median('podcert', steady('podcert')):.2f} v "
+                f"{rows.median('peer', steady('peer')):.2f} ms; <= 1.0), whole-process CPU "
+                f"{c:.2f} ({rows.median('podcert', whole):.2f} v "
+                f"{rows.median('peer', whole):.2f} ms), first issuance "
+                f"{rows.median('podcert', first):.2f} v {rows.median('peer', first):.2f} s"
+            )
+        if "other" in rows.sides:
+            print(
+                f"this tree / the other, {w} workers: rate "
+                f"{median(rows.ratios('podcert', 'other', rate)):.2f}, whole-process CPU per "
+                f"request {median(rows.ratios('podcert', 'other', whole)):.2f}"
+            )
+        ceil = median(rows.ratios("podcert", "ceiling", rate))
+        print(f"podcert / ceiling, {w} workers: {ceil:.2f} (>= 0.8)")
 
 
 def compiled(tree: Path) -> None:
@@ -629,18 +645,37 @@ def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def show_not_issued(top: Phase, got: Phase) -> str:
-    """The requests that ended other than Issued, by side; empty when every one was issued."""
+def show_phase(workers: int, round_no: int, side: str, phase: Phase) -> str:
+    """One side's run: rate, its own CPU per request in the window, whole-process CPU, first
+    issuance, live reads, the requests not issued, and the control plane's CPU."""
+    own = phase.cpu_ms.get(side)
     parts = [
-        f"{side}: {phase.denied} denied, {phase.failed} failed"
-        for side, phase in (("ceiling", top), ("signer", got))
+        f"{workers:>7} {round_no:>5} {side:>8} {phase.rate:>7.0f}/s",
+        f"steady {own:.2f} ms" if own is not None else "",
+        f"whole {phase.whole_ms:.2f} ms" if phase.whole_ms is not None else "",
+        f"first {phase.first_s:.2f} s" if phase.first_s is not None else "",
+        f"GETs {phase.live_reads}" if phase.live_reads is not None else "",
+        f"NOT ISSUED {phase.denied} denied, {phase.failed} failed"
         if phase.denied or phase.failed
+        else "",
+        f"[{show_cpu(phase.cpu_ms)}]",
     ]
-    return f"   NOT ISSUED {'; '.join(parts)}" if parts else ""
+    return "  ".join(part for part in parts if part)
+
+
+def show_median(rows: Rows, side: str) -> str:
+    phases = rows.sides[side]
+    own = [p.cpu_ms[side] for p in phases if side in p.cpu_ms]
+    wholes = [p.whole_ms for p in phases if p.whole_ms is not None]
+    return (
+        f"{rows.workers:>7} {'median':>5} {side:>8} {median(p.rate for p in phases):>7.0f}/s"
+        + (f"  steady {median(own):.2f} ms" if own else "")
+        + (f"  whole {median(wholes):.2f} ms" if wholes else "")
+    )
 
 
 def show_cpu(cpu_ms: dict[str, float]) -> str:
-    short = {"kube-apiserver": "api", "etcd": "etcd", "bench": "bench", "signer": "signer"}
+    short = {"kube-apiserver": "api"}
     return " ".join(f"{short.get(k, k)} {v:.2f}" for k, v in sorted(cpu_ms.items()))
 
 

@@ -450,39 +450,48 @@ def interop_source(name: str) -> Path:
     return folder
 
 
-def interop_digest(folder: Path) -> str:
-    """A short hash of a module's go.mod, go.sum and Go files: the cache key of its build."""
+def interop_digest(folder: Path, *, nested: bool = False) -> str:
+    """A short hash of a module's go.mod, go.sum and Go files (with `nested`, those of its
+    sub-folders too, by relative path): the cache key of its build."""
     digest = hashlib.sha256(RECIPE.encode())
-    for path in sorted(folder.iterdir()):
-        if path.name in ("go.mod", "go.sum") or path.suffix == ".go":
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(folder.rglob("*") if nested else folder.iterdir()):
+        if path.is_file() and (path.name in ("go.mod", "go.sum") or path.suffix == ".go"):
+            name = path.relative_to(folder).as_posix()
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 
 def ensure_interop(name: str = "gospiffe", progress: Progress | None = None) -> Path:
     """One of the tests' Go programs, built (once per content of its sources) into the cache.
     Its go.sum pins every module: `-mod=readonly` refuses to build anything it does not list."""
-    say: Progress = progress or _default_progress
     folder = interop_source(name)
-    version = interop_digest(folder)
-    component = Component(
-        binary=name,
-        module=f"tests/interop/{name}",
-        version=version,
-        package=".",
-        replace_version="",
-    )
-    dest = cache_root() / "bin" / f"{name}-{version}"
+    return _build(folder, name, ".", interop_digest(folder), f"tests/interop/{name}", progress)
+
+
+def ensure_module_program(
+    folder: Path, binary: str, package: str = ".", progress: Progress | None = None
+) -> Path:
+    """`package` of the Go module in `folder` (another project's checkout, such as the Go signer
+    the benchmarks compare with), built as `binary` once per content of its sources into the
+    cache, as `ensure_interop` builds the tests' own. The folder may be read-only."""
+    if not (folder / "go.mod").is_file():
+        raise BuildError(f"{folder} holds no go.mod")
+    version = interop_digest(folder, nested=True)
+    return _build(folder, binary, package, version, str(folder), progress)
+
+
+def _build(
+    folder: Path, binary: str, package: str, version: str, where: str, progress: Progress | None
+) -> Path:
+    say: Progress = progress or _default_progress
+    component = Component(binary, where, version, package, replace_version="")
+    dest = cache_root() / "bin" / f"{binary}-{version}"
     if dest.is_file():
         return dest
-    say(f"building {name} from tests/interop/{name} (go.sum pins its modules)")
+    say(f"building {binary} from {where} (go.sum pins its modules)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
-    _run_go(
-        ["build", "-mod=readonly", "-trimpath", "-ldflags=-s -w", "-o", str(partial), "."],
-        folder,
-        component,
-        say,
-    )
+    build = ["build", "-mod=readonly", "-trimpath", "-ldflags=-s -w", "-o", str(partial), package]
+    _run_go(build, folder, component, say)
     partial.replace(dest)
     return dest

@@ -99,6 +99,27 @@ def test_an_interop_program_is_rebuilt_when_its_sources_change(tmp_path: Path) -
     assert build.interop_digest(tmp_path) != first
 
 
+def test_another_projects_module_is_rebuilt_when_any_of_its_go_files_changes(
+    tmp_path: Path,
+) -> None:
+    for name, text in (("go.mod", "module m\n"), ("go.sum", ""), ("cmd/main.go", "package main\n")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    flat, nested = build.interop_digest(tmp_path), build.interop_digest(tmp_path, nested=True)
+    (tmp_path / "internal").mkdir()
+    (tmp_path / "internal" / "x.go").write_text("package internal\n")
+    assert build.interop_digest(tmp_path) == flat, "the tests' own programs keep their keys"
+    assert build.interop_digest(tmp_path, nested=True) != nested
+    # The same bytes under another path are another module.
+    (tmp_path / "internal" / "x.go").rename(tmp_path / "internal" / "y.go")
+    assert build.interop_digest(tmp_path, nested=True) not in (nested, flat)
+
+
+def test_a_folder_without_a_go_mod_is_refused_before_go_runs(tmp_path: Path) -> None:
+    with pytest.raises(build.BuildError, match=r"holds no go\.mod"):
+        build.ensure_module_program(tmp_path, "x")
+
+
 def test_the_gospiffe_checker_is_a_module_of_its_own() -> None:
     folder = build.interop_source("gospiffe")
     assert "github.com/spiffe/go-spiffe/v2 v2.9.0" in (folder / "go.mod").read_text()

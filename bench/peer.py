@@ -1,0 +1,138 @@
+"""The Go signer podcert is measured against, run beside it on one devcluster.
+
+The source is `../shared/peer` next to this checkout (or `--peer PATH`, or PODCERT_PEER): a
+controller-runtime PodCertificateRequest signer (informer caches, N reconcile workers) ported to
+certificates.k8s.io/v1, whose README says how it was measured. It is built once per content of
+its sources into the cache, as the devcluster's binaries are, and runs as the cluster's admin
+with a P-256 CA in files made here, as its README runs it. It checks much less than podcert
+(the pod's name only: no node, UID or ServiceAccount re-checks, no audit log), so a ratio
+against it prices podcert's checks too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from devcluster import build, identities
+from devcluster.supervise import end
+
+REPO: Final = Path(__file__).resolve().parents[1]
+BINARY: Final = "pcs-controller"
+
+
+def source(explicit: Path | None = None) -> Path:
+    """Where the peer's Go module is: `explicit`, else PODCERT_PEER, else ../shared/peer."""
+    if explicit is not None:
+        return explicit.resolve()
+    if env := os.environ.get("PODCERT_PEER"):
+        return Path(env).resolve()
+    return (REPO.parent / "shared" / "peer").resolve()
+
+
+def ensure(folder: Path) -> Path:
+    """The peer's binary, built into the cache on first use (about a minute)."""
+    return build.ensure_module_program(folder, BINARY, "./cmd")
+
+
+def make_ca(folder: Path, now: dt.datetime) -> tuple[Path, Path]:
+    """A self-signed P-256 CA for the peer (`ca.pem`, `ca-key.pem`, the key 0600), as its
+    README makes one with openssl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "peer-ca")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "ca.pem", folder / "ca-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.touch(mode=0o600)
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@dataclass
+class Peer:
+    """One run of the peer: `start`, then `stop`; its output in `log`."""
+
+    binary: Path
+    args: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def for_cluster(cls, binary: Path, root: Path, work: Path, signer: str, workers: int) -> Peer:
+        ca, ca_key = make_ca(work / "peer-ca", dt.datetime.now(dt.UTC))
+        args = [
+            f"--kubeconfig={identities.Paths(root.resolve()).admin_kubeconfig}",
+            f"--signer-name={signer}",
+            f"--ca-cert-path={ca}",
+            f"--ca-key-path={ca_key}",
+            "--metrics-bind-address=0",
+            "--health-probe-bind-address=0",
+            "--zap-devel=false",
+            "--zap-log-level=info",
+            f"--max-concurrent-reconciles={workers}",
+        ]
+        return cls(binary, args, work / f"peer-{signer.replace('/', '_')}.log")
+
+    def start(self) -> Peer:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(self.binary), *self.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        return end(self.proc, timeout) if self.proc is not None else None
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
