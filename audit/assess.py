@@ -52,11 +52,11 @@ def assess(
 ) -> Projection:
     subject = subject_of(proj.namespace, proj.pod, proj.pod_uid, proj.volume, proj.path)
     findings: list[Finding] = []
-    requests = sorted(proj.requests, key=lambda r: r.created or now)
-    issued = [r for r in requests if r.outcome == "Issued" and r.chain]
+    requests = sorted(proj.requests, key=lambda r: r.pcr.created or now)
+    issued = [r for r in requests if r.pcr.status.outcome == "Issued" and r.chain]
     # Serials and keys of every issued leaf; only the current one's chain is checked below.
     unchecked = anchor_set(())
-    request_facts = {r.uid: cert_facts(r.chain, unchecked, now) for r in issued}
+    request_facts = {r.pcr.uid: cert_facts(r.chain, unchecked, now) for r in issued}
 
     # The current credential: what is on disk, else the newest issued request's leaf; its
     # refresh point is the one that request gave (beginRefreshAt), else the API's estimate.
@@ -70,7 +70,7 @@ def assess(
         current = proj.disk.cert
         if current is not None:
             hinted = next(
-                (r for r in issued if request_facts[r.uid].serial == current.serial), None
+                (r for r in issued if request_facts[r.pcr.uid].serial == current.serial), None
             )
     elif issued:
         hinted = issued[-1]
@@ -79,7 +79,7 @@ def assess(
     hint: Literal["request", "estimated"] | None = None
     credential_state: State | None = None
     if current is not None:
-        given = hinted.begin_refresh_at if hinted is not None else None
+        given = hinted.pcr.status.begin_refresh_at if hinted is not None else None
         refresh_at = refresh_point(current.not_before, current.not_after, given)
         hint = "request" if given is not None and refresh_at == given else "estimated"
         credential_state = _STATE_NAMES[
@@ -95,13 +95,11 @@ def assess(
     # The newest request matters when it is newer than the credential: unanswered or refused.
     request_state: State | None = None
     latest = requests[-1] if requests else None
+    latest_created = latest.pcr.created if latest is not None else None
     superseded = (
-        current is not None
-        and latest is not None
-        and latest.created is not None
-        and latest.created < current.not_before
+        current is not None and latest_created is not None and latest_created < current.not_before
     )
-    if latest is not None and latest.outcome != "Issued" and not superseded:
+    if latest is not None and latest.pcr.status.outcome != "Issued" and not superseded:
         request_state, message = _request_state(latest, now, settings, served)
         kind = STATE_FINDINGS.get(request_state)
         if kind is not None:
@@ -199,21 +197,24 @@ def assess(
 def _request_state(
     request: Request, now: dt.datetime, settings: Settings, served: set[str]
 ) -> tuple[State, str]:
-    where = f"request {request.namespace}/{request.name}"
-    if request.outcome == "Denied":
+    pcr = request.pcr
+    where = f"request {pcr.namespace}/{pcr.name}"
+    outcome, signer_name = pcr.status.outcome, pcr.spec.signer_name
+    if outcome == "Denied":
         return "denied", f"{where} was denied: {request.message}"
-    if request.outcome == "Failed":
+    if outcome == "Failed":
         return "failed", f"{where} failed: {request.message}"
-    age = now - request.created if request.created is not None else dt.timedelta(0)
-    if request.signer_name not in served and age > settings.no_signer_grace:
+    created = pcr.created
+    age = now - created if created is not None else dt.timedelta(0)
+    if signer_name not in served and age > settings.no_signer_grace:
         return "stuck", (
-            f"{where} has waited {duration_text(age)} for signer {request.signer_name}, which "
+            f"{where} has waited {duration_text(age)} for signer {signer_name}, which "
             "answered none of the requests and audit log entries read (is a signer serving "
             "this name?)"
         )
     if age > settings.stuck_after:
-        return "stuck", f"{where} has waited {duration_text(age)} for {request.signer_name}"
-    return "pending", f"{where} is waiting for {request.signer_name}"
+        return "stuck", f"{where} has waited {duration_text(age)} for {signer_name}"
+    return "pending", f"{where} is waiting for {signer_name}"
 
 
 def _credential_findings(
@@ -283,8 +284,9 @@ def holders_by_serial(requests: Sequence[Request], entries: Sequence[Entry]) -> 
             )
     for request in requests:
         if request.chain:
+            spec = request.pcr.spec
             holders[f"{request.chain[0].serial_number:x}"] = Holder(
-                request.namespace, request.pod_name, request.pod_uid, request.service_account
+                request.pcr.namespace, spec.pod_name, spec.pod_uid, spec.service_account_name
             )
     return holders
 

@@ -6,9 +6,10 @@ ClusterTrustBundles, the files a node projected into pod volumes, and the signer
 and join them per pod projection. Each input is optional; every join is made only from what was
 given.
 
-Pure: the inputs arrive as a `Snapshot` of bytes and API dicts (`audit.snapshot` reads them), the
-time as `now`. Each step is a module: examine (a node's volumes), join, assess (each projection),
-trust (the anchors), logs (the audit logs).
+Pure: the inputs arrive as a `Snapshot` of bytes, pods as API dicts and requests typed
+(`podcert.api.requests`), as `audit.snapshot` reads them; the time as `now`. Each step is a module:
+examine (a node's volumes), join, assess (each projection), trust (the anchors), logs (the audit
+logs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 
 from audit.assess import assess, holders_by_serial, shared_credentials
 from audit.examine import VolumeFacts, examine_volume
-from audit.join import join, readable_entries, request_from_api, selected
+from audit.join import join, joinable, readable_entries, selected
 from audit.logs import LogScope, checkpoint_lag, issuance_times, verify_logs
 from audit.model import Finding, Report, Settings, Snapshot
 from audit.trust import TrustIndex, judge_roots
@@ -61,11 +62,13 @@ def audit_findings(
 
     logs = snapshot.audit_logs
     entries = [e for _, lines in logs or () for e in readable_entries(lines)]
-    requests = [r for r in map(request_from_api, snapshot.requests or ()) if r is not None]
+    requests = joinable(snapshot.requests or ())
     projections = join(snapshot, facts, requests, entries)
 
     # Signer names someone answers for: a settled request, or an audit log entry.
-    served = {r.signer_name for r in requests if r.outcome in ("Issued", "Denied")}
+    served = {
+        r.pcr.spec.signer_name for r in requests if r.pcr.status.outcome in ("Issued", "Denied")
+    }
     served |= {e.signer_name for e in entries}
     log_findings: list[Finding] = []
     log_reports = None

@@ -9,36 +9,46 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cryptography import x509
 
 from audit.examine import DiskCredential, ReadableKey, VolumeFacts
-from audit.model import JSON, Settings, Snapshot
+from audit.model import Settings, Snapshot
 from podcert.api.pods import CertificateSource, parse_pod
-from podcert.api.requests import Outcome, RequestError, certificates, parse_request
+from podcert.api.requests import PodCertificateRequest, Read, RequestError, certificates
 from podcert.auditlog import AuditLogError, Entry, iter_entries
 
 # --- the cluster's objects ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Request:
-    uid: str
-    namespace: str
-    name: str
-    pod_uid: str
-    pod_name: str
-    signer_name: str
-    node_name: str
-    created: dt.datetime | None
-    outcome: Outcome | None
-    message: str
+    """A request as the audit joins it: the typed request as read, and its certificate chain
+    parsed once (the audit reads the leaf of every issued request several times)."""
+
+    pcr: PodCertificateRequest
+    # Leaf first; empty unless the request is Issued with a chain that parses (the API server
+    # checked it on write; a broken one is not ours to judge).
     chain: tuple[x509.Certificate, ...]
-    begin_refresh_at: dt.datetime | None
-    service_account: str = ""
-    issued_at: dt.datetime | None = None  # the Issued condition's time, written by the signer
+
+    @classmethod
+    def of(cls, pcr: PodCertificateRequest) -> Request:
+        status = pcr.status
+        chain: tuple[x509.Certificate, ...] = ()
+        if status.outcome == "Issued" and status.certificate_chain:
+            try:
+                chain = certificates(status)
+            except RequestError:
+                chain = ()
+        return cls(pcr, chain)
+
+    @property
+    def message(self) -> str:
+        """The terminal condition's "reason: message" ("" while the request is not settled)."""
+        status = self.pcr.status
+        return f"{status.reason}: {status.message}".strip(": ") if status.condition else ""
 
 
 def _str(obj: object, *path: str) -> str:
@@ -47,37 +57,10 @@ def _str(obj: object, *path: str) -> str:
     return obj if isinstance(obj, str) else ""
 
 
-def request_from_api(pcr: JSON) -> Request | None:
-    """The audit's view of a request, read by `podcert.api.requests`; None for an object of
-    the wrong shape (the API server never returns one)."""
-    try:
-        parsed = parse_request(pcr)
-    except RequestError:
-        return None
-    status = parsed.status
-    chain: tuple[x509.Certificate, ...] = ()
-    if status.outcome == "Issued" and status.certificate_chain:
-        try:
-            chain = certificates(status)
-        except RequestError:
-            chain = ()  # the API server checked it on write; a broken one is not ours to judge
-    message = f"{status.reason}: {status.message}".strip(": ") if status.condition else ""
-    return Request(
-        uid=parsed.uid,
-        namespace=parsed.namespace,
-        name=parsed.name,
-        pod_uid=parsed.spec.pod_uid,
-        pod_name=parsed.spec.pod_name,
-        signer_name=parsed.spec.signer_name,
-        node_name=parsed.spec.node_name,
-        created=parsed.created,
-        outcome=status.outcome,
-        message=message,
-        chain=chain,
-        begin_refresh_at=status.begin_refresh_at,
-        service_account=parsed.spec.service_account_name,
-        issued_at=status.issued_at,
-    )
+def joinable(requests: Iterable[Read]) -> list[Request]:
+    """The requests that read as requests; one of the wrong shape (`Unreadable`: the API server
+    never returns one) is left out."""
+    return [Request.of(r) for r in requests if isinstance(r, PodCertificateRequest)]
 
 
 def readable_entries(lines: Sequence[bytes]) -> list[Entry]:
@@ -183,23 +166,22 @@ def join(
     # Requests: to the pod's projection for that signer (by key when several could match).
     request_owner: dict[str, Proj] = {}
     for request in sorted(
-        requests, key=lambda r: r.created or dt.datetime.min.replace(tzinfo=dt.UTC)
+        requests, key=lambda r: r.pcr.created or dt.datetime.min.replace(tzinfo=dt.UTC)
     ):
+        spec = request.pcr.spec
         candidates = [
-            p
-            for p in by_pod.get(request.pod_uid, ())
-            if p.signer_name in (None, request.signer_name)
+            p for p in by_pod.get(spec.pod_uid, ()) if p.signer_name in (None, spec.signer_name)
         ]
         owner = _pick(candidates, request)
         if owner is None:
-            owner = add(Proj(request.pod_uid, signer_name=request.signer_name))
+            owner = add(Proj(spec.pod_uid, signer_name=spec.signer_name))
         owner.requests.append(request)
-        owner.signer_name = owner.signer_name or request.signer_name
-        owner.namespace = owner.namespace or request.namespace
-        owner.pod = owner.pod or request.pod_name
-        owner.node = owner.node or request.node_name
-        owner.service_account = owner.service_account or request.service_account or None
-        request_owner[request.uid] = owner
+        owner.signer_name = owner.signer_name or spec.signer_name
+        owner.namespace = owner.namespace or request.pcr.namespace
+        owner.pod = owner.pod or spec.pod_name
+        owner.node = owner.node or spec.node_name
+        owner.service_account = owner.service_account or spec.service_account_name or None
+        request_owner[request.pcr.uid] = owner
 
     # Audit log entries: by request UID, by the serial on disk, then by (namespace, pod, signer).
     by_serial = {
@@ -245,7 +227,7 @@ def _pick(candidates: list[Proj], request: Request) -> Proj | None:
                 and proj.disk.cert.serial == serial
             ):
                 return proj
-    named = [p for p in candidates if p.signer_name == request.signer_name]
+    named = [p for p in candidates if p.signer_name == request.pcr.spec.signer_name]
     return (named or candidates)[0]
 
 

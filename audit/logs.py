@@ -62,7 +62,8 @@ def issuance_times(projections: Sequence[Proj], scope: LogScope) -> dict[str, dt
         for request in proj.requests:
             if request.chain:
                 leaf = request.chain[0]
-                out[f"{leaf.serial_number:x}"] = request.issued_at or leaf.not_valid_before_utc
+                issued = request.pcr.status.issued_at or leaf.not_valid_before_utc
+                out[f"{leaf.serial_number:x}"] = issued
     return out
 
 

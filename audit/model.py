@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from podcert.api.credentials import OVERDUE_GRACE
+from podcert.api.requests import Read
 from podcert.api.times import format_precise
 
 JSON = Mapping[str, Any]
@@ -133,7 +134,8 @@ class Snapshot:
     """Everything the audit looks at. None means "not read" (as opposed to read and empty)."""
 
     pods: tuple[JSON, ...] | None = None  # the cluster's pods (API dicts)
-    requests: tuple[JSON, ...] | None = None  # PodCertificateRequests (API dicts)
+    # PodCertificateRequests as read off the wire (`podcert.client.rest.REQUESTS`)
+    requests: tuple[Read, ...] | None = None
     volumes: tuple[VolumeFiles, ...] | None = None  # a node's projected volumes
     trust: tuple[TrustSource, ...] = ()
     # Each signer replica's audit log: (name, lines without newlines). Joined as one record.

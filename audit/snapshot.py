@@ -22,6 +22,7 @@ import msgspec
 from audit.model import KEY_MARK, TrustSource, VolumeFiles
 from bundles.formats import MAX_BUNDLE_BYTES
 from podcert.api import volumes
+from podcert.api.requests import Read
 from podcert.api.versions import group_version
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def read_pem(path: Path, what: str) -> bytes:
 @dataclass(frozen=True)
 class ClusterObjects:
     pods: tuple[dict[str, Any], ...]  # those with a podCertificate source, trimmed
-    requests: tuple[dict[str, Any], ...]
+    requests: tuple[Read, ...]  # typed as the signer reads them (`podcert.client.rest.REQUESTS`)
     trust: tuple[TrustSource, ...]
     pods_listed: int = 0  # every pod listed, with or without a podCertificate source
 
@@ -183,13 +184,15 @@ def read_cluster(
 
     Each page is cut down to what the audit reads before the next is fetched: pods are decoded
     as `_PodShape` (identity, node, volumes) and kept only with a podCertificate source (no other
-    pod can own a projection), trimmed to their projected volumes; requests lose their managed
-    fields and key material. So 150,000 pods cost a few MiB beyond what is audited. Raises
+    pod can own a projection), trimmed to their projected volumes; requests are decoded into
+    the typed request, as the signer reads them (managed fields skipped unread; an object that
+    is not one becomes `Unreadable`, which the audit leaves out). So 150,000 pods cost a few MiB
+    beyond what is audited. Raises
     `podcert.client.rest.ApiError` when the API server refuses.
     """
     # The Kubernetes client loads only when the cluster is read.
     from podcert.client.discovery import certificates_versions
-    from podcert.client.rest import path_of
+    from podcert.client.rest import REQUESTS, path_of
 
     selector = {"fieldSelector": f"spec.nodeName={node_name}"} if node_name else {}
     pcr_version, ctb_version = certificates_versions(rest)
@@ -211,10 +214,10 @@ def read_cluster(
         found = list(pool.map(pods_of, scopes))
     pods = [pod for kept, _ in found for pod in kept]
     listed = sum(count for _, count in found)
-    requests: list[dict[str, Any]] = []
+    requests: list[Read] = []
     for namespace in namespaces or (None,):
         path = path_of(group_version(pcr_version), "podcertificaterequests", namespace)
-        requests += [_trim_request(r) for r in rest.list(path, query=selector)[0]]
+        requests += rest.list(path, REQUESTS, query=selector)[0]
     bundles: Iterable[dict[str, Any]] = ()
     if ctb_version is not None:
         bundles = rest.list(path_of(group_version(ctb_version), "clustertrustbundles"))[0]
@@ -293,17 +296,3 @@ def _trim_pod(pod: _PodShape) -> dict[str, Any] | None:
         "metadata": {"namespace": meta.namespace, "name": meta.name, "uid": meta.uid},
         "spec": {"nodeName": pod.spec.nodeName, "volumes": volumes},
     }
-
-
-_REQUEST_SPEC_DROPPED: Final = ("stubPKCS10Request", "pkixPublicKey", "proofOfPossession")
-
-
-def _trim_request(pcr: dict[str, Any]) -> dict[str, Any]:
-    """A request without what the audit never reads: managed fields and the key material."""
-    meta, spec = pcr.get("metadata"), pcr.get("spec")
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-    if isinstance(spec, dict):
-        for name in _REQUEST_SPEC_DROPPED:
-            spec.pop(name, None)
-    return pcr

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from typing import Any
 
 import pytest
 from cryptography import x509
@@ -22,6 +21,7 @@ from bundles import formats
 from kubelet_shim import projection
 from kubelet_shim.projection import ProjectionState
 from podcert.api.credentials import CredentialState, credential_state, refresh_point
+from podcert.api.requests import Read, parse_request
 from podcert.api.times import format_time
 from signer import certs, model
 from signer.authority import ca
@@ -99,7 +99,7 @@ def shim_state(
 def audit_state(credential: formats.Credential, hint: dt.datetime | None, now: dt.datetime) -> str:
     """What `podcert audit` says at `now` of the credential on the node, joined with its request
     when the signer's hint is still known (the cleaner deletes requests after 15 minutes)."""
-    requests: tuple[dict[str, Any], ...] | None = None
+    requests: tuple[Read, ...] | None = None
     if hint is not None:
         status = {
             "conditions": [{"type": "Issued", "status": "True", "reason": "Issued"}],
@@ -109,11 +109,13 @@ def audit_state(credential: formats.Credential, hint: dt.datetime | None, now: d
             "beginRefreshAt": format_time(hint),
         }
         requests = (
-            {
-                "metadata": {"namespace": "shop", "name": "req-1", "uid": "pcr-1"},
-                "spec": {"signerName": SIGNER, "podName": "web-0", "podUID": UID},
-                "status": status,
-            },
+            parse_request(
+                {
+                    "metadata": {"namespace": "shop", "name": "req-1", "uid": "pcr-1"},
+                    "spec": {"signerName": SIGNER, "podName": "web-0", "podUID": UID},
+                    "status": status,
+                }
+            ),
         )
     files = {"credentialbundle.pem": formats.dump_credential(credential)}
     snapshot = Snapshot(requests=requests, volumes=(VolumeFiles(UID, "identity", files),))

@@ -2,7 +2,8 @@
 
 The world is real where it can be: leaves signed by the signer's own CA code, volumes written by
 the shim's atomic writer, an audit log written by the signer's writer. The cluster's objects are
-API dicts, as `audit.snapshot.read_cluster` hands them over.
+as `audit.snapshot.read_cluster` hands them over: pods as API dicts, requests decoded from their
+JSON into the typed request.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+import msgspec
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -29,6 +31,7 @@ from audit.snapshot import read_audit_log, read_root
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
 from podcert.api.pods import CertificateSource, parse_pod
+from podcert.api.requests import Unreadable, decode_request
 from podcert.auditlog import GENESIS, line_hash
 from podcert.cli import main
 from signer import certs, model
@@ -262,7 +265,9 @@ class World:
         self.seal()
         return Snapshot(
             pods=tuple(self.pods) if cluster else None,
-            requests=tuple(self.requests) if cluster else None,
+            requests=tuple(decode_request(msgspec.json.encode(r)) for r in self.requests)
+            if cluster
+            else None,
             volumes=read_root(self.node_root) if disk else None,
             trust=(TrustSource(f"{SIGNER}:roots", _pem(self.authority.root), SIGNER),),
             audit_logs=(("audit.jsonl", read_audit_log(self.log_path)),) if log else None,
@@ -449,6 +454,20 @@ def test_with_only_the_cluster_the_credential_is_the_newest_issued_leaf(world: W
     (projection,) = report.projections
     assert projection.serial == f"{newer.serial:x}"
     assert (projection.refresh_hint, projection.rotations) == ("request", 2)
+
+
+def test_an_object_that_does_not_read_as_a_request_is_left_out(world: World) -> None:
+    healthy(world, pods=1)
+    clean = audit_findings(world.snapshot(), NOW)
+    broken = {"metadata": {"namespace": NS, "name": "odd"}, "spec": {"podUID": 7}}
+    odd = decode_request(msgspec.json.encode(broken))
+    assert isinstance(odd, Unreadable)
+    snapshot = world.snapshot()
+    assert snapshot.requests is not None
+
+    report = audit_findings(dataclasses.replace(snapshot, requests=(*snapshot.requests, odd)), NOW)
+
+    assert report == clean
 
 
 def test_a_denial_followed_by_a_newer_credential_is_history_not_a_finding(world: World) -> None:
