@@ -32,7 +32,7 @@ def test_no_product_module_is_over_its_line_limit(module: Path) -> None:
 
 WHEEL = ("podcert", "signer", "kubelet_shim", "bundles", "audit")
 # Product modules without a test file named after them, at most: the count may fall, never grow.
-UNNAMED_AT_MOST = 41
+UNNAMED_AT_MOST = 40
 
 
 def _test_file_names(module: Path) -> set[str]:

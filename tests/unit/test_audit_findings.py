@@ -1,4 +1,5 @@
-"""`podcert audit`: each planted fault is found on its own, and a healthy setup is clean (exit 0).
+"""audit.findings (`podcert audit`): each planted fault is found on its own, and a healthy setup
+is clean (exit 0).
 
 The world is real where it can be: leaves signed by the signer's own CA code, volumes written by
 the shim's atomic writer, an audit log written by the signer's writer. The cluster's objects are
