@@ -18,12 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
-from devcluster import build, identities
+from devcluster import build, identities, pki
 from devcluster.supervise import end
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -45,46 +40,13 @@ def ensure(folder: Path) -> Path:
 
 
 def make_ca(folder: Path, now: dt.datetime) -> tuple[Path, Path]:
-    """A self-signed P-256 CA for the peer (`ca.pem`, `ca-key.pem`, the key 0600), as its
-    README makes one with openssl."""
+    """A P-256 CA for the peer (`ca.pem`, `ca-key.pem`, the key 0600 from the start), made as
+    the devcluster makes its own (`devcluster.pki`)."""
     folder.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "peer-ca")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=30))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
+    ca = pki.make_ca("peer-ca", now)
     cert_path, key_path = folder / "ca.pem", folder / "ca-key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.touch(mode=0o600)
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert_path.write_bytes(ca.cert_pem)
+    pki.write_private(key_path, ca.key_pem)
     return cert_path, key_path
 
 
