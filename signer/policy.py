@@ -132,10 +132,34 @@ def default_policy(signer_names: Sequence[str], trust_domain: str) -> Policy:
     )
 
 
+MAX_DEPTH: Final = 64
+"""The deepest nesting of mappings and lists a policy file may have (the schema needs 5)."""
+
+
+def _check_depth(text: str, source: str) -> None:
+    """Refuse a file nested deeper than `MAX_DEPTH` before it is composed. PyYAML composes
+    recursively, so without this a hostile nesting would be refused or not depending on the
+    interpreter's recursion limit at that moment (which test tools raise); its parser is a state
+    machine, so counting its events costs no recursion."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else 1
+                raise PolicyError(
+                    f"{source}:{line}: not valid YAML: nested too deeply (more than "
+                    f"{MAX_DEPTH} levels of mappings and lists)"
+                )
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            depth -= 1
+
+
 def load_policy(text: str, source: str, served: Sequence[str], default_trust_domain: str) -> Policy:
     """Parse and validate a policy file's `text`; `source` names it in error messages."""
     _check_default_trust_domain(default_trust_domain)
     try:
+        _check_depth(text, source)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -143,7 +167,7 @@ def load_policy(text: str, source: str, served: Sequence[str], default_trust_dom
         raise PolicyError(f"{source}:{line} not valid YAML: {exc.problem or exc}") from exc
     except yaml.YAMLError as exc:  # e.g. a forbidden character, reported without a line
         raise PolicyError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from exc
-    except RecursionError as exc:  # PyYAML composes recursively
+    except RecursionError as exc:  # a backstop: `_check_depth` refuses such files first
         raise PolicyError(f"{source}: not valid YAML: nested too deeply") from exc
     signers: dict[str, SignerPolicy] = {}
     federated = None

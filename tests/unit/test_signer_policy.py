@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import textwrap
 from pathlib import Path
 
@@ -263,7 +264,12 @@ def signer_yaml(body: str) -> str:
         ),
         pytest.param("a: 1\n---\nb: 2\n", "policy.yaml:2: not valid YAML", id="two documents"),
         pytest.param(
-            "[" * 5000, "policy.yaml: not valid YAML: nested too deeply", id="deep nesting"
+            "[" * 5000, "policy.yaml:1: not valid YAML: nested too deeply", id="deep nesting"
+        ),
+        pytest.param(
+            "a:\n" + "".join(f"{'  ' * i}- b:\n" for i in range(1, 70)),
+            "policy.yaml:33: not valid YAML: nested too deeply",
+            id="deep block nesting",
         ),
         pytest.param(
             "\x00", "policy.yaml: not valid YAML: unacceptable character", id="NUL character"
@@ -505,3 +511,15 @@ def test_the_shipped_policy_loads_and_limits_each_node() -> None:
     assert shipped.for_signer("podcert.dev/workload").rate_per_node == Rate(
         per_second=20.0, burst=300
     )
+
+
+@pytest.mark.parametrize("limit", [1000, 100_000])
+def test_a_deep_nesting_is_refused_the_same_whatever_the_recursion_limit(limit: int) -> None:
+    """Test tools raise the interpreter's recursion limit; the answer must not change with it."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit)
+    try:
+        with pytest.raises(policy.PolicyError, match="nested too deeply"):
+            load("[" * 5000)
+    finally:
+        sys.setrecursionlimit(before)
