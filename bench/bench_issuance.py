@@ -57,7 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any, BinaryIO, Final, Protocol, cast
+from typing import Any, BinaryIO, Final, cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -209,6 +209,7 @@ class Phase:
     whole_ms: float | None = None  # the signer's whole-process CPU ms per request
     first_s: float | None = None  # the signer's process start -> first issuance, seconds
     live_reads: int | None = None  # the signer's GETs of pods/nodes/ServiceAccounts (backlog: 0)
+    own_ms: float | None = None  # the signer's own CPU ms per request in the window ("steady")
 
 
 # --- the ceiling: the fastest status writer ----------------------------------------------------
@@ -336,25 +337,10 @@ def ceiling(
 # --- the signers: podcert, the Go peer, another tree's podcert ----------------------------------
 
 
-class Running(Protocol):
-    """A signer process as a side runs it (`devcluster.processes.Signer`, `bench.peer.Peer`)."""
-
-    proc: subprocess.Popen[bytes] | None
-
-    @property
-    def running(self) -> bool: ...
-
-    def start(self) -> object: ...
-
-    def stop(self, timeout: float = ...) -> int | None: ...
-
-    def output(self) -> str: ...
-
-
 def signer_phase(
     root: Path,
     side: str,
-    proc: Running,
+    proc: processes.Process,
     namespace: str,
     count: int,
     profile: Path | None = None,
@@ -385,6 +371,7 @@ def signer_phase(
             whole_ms=whole * 1000 / count,
             first_s=(observer.first - started) if observer.first is not None else None,
             live_reads=reads(),
+            own_ms=phase.cpu_ms.get(side),
         )
     finally:
         if spy is not None:
@@ -468,9 +455,8 @@ def first(phase: Phase) -> float | None:
     return phase.first_s
 
 
-def steady(side: str) -> Callable[[Phase], float | None]:
-    """CPU ms per request of the side's own process in the 10-90 % window."""
-    return lambda phase: phase.cpu_ms.get(side)
+def steady(phase: Phase) -> float | None:
+    return phase.own_ms
 
 
 def main() -> None:
@@ -546,7 +532,7 @@ def run_side(
         if side == "ceiling":
             return ceiling(root, namespace, pcrs, workers, component_pids(root))
         if side == "peer":
-            proc: Running = peer.Peer.for_cluster(args.peer_binary, root, work, signer, workers)
+            proc = peer.Peer.for_cluster(args.peer_binary, root, work, signer, workers)
             return signer_phase(root, side, proc, namespace, count)
         tree = args.tree if side == "other" else None
         podcert = podcert_signer(root, work, signer, namespace, workers, tree)
@@ -571,17 +557,14 @@ def summary(table: Sequence[Rows]) -> None:
         w = rows.workers
         if "peer" in rows.sides:
             r = median(rows.ratios("podcert", "peer", rate))
-            s = median(
-                (x.cpu_ms.get("podcert") or 0) / (y.cpu_ms.get("peer") or 1e-9)
-                for x, y in zip(rows.sides["podcert"], rows.sides["peer"], strict=True)
-            )
+            s = median(rows.ratios("podcert", "peer", steady))
             c = median(rows.ratios("podcert", "peer", whole))
             print(
                 f"podcert / Go signer, {w} workers: rate {r:.2f} "
                 f"({rows.median('podcert', rate):.0f} v {rows.median('peer', rate):.0f}/s; "
                 f">= 1.0), steady-state CPU per request {s:.2f} "
-                f"({rows.median('podcert', steady('podcert')):.2f} v "
-                f"{rows.median('peer', steady('peer')):.2f} ms; <= 1.0), whole-process CPU "
+                f"({rows.median('podcert', steady):.2f} v "
+                f"{rows.median('peer', steady):.2f} ms; <= 1.0), whole-process CPU "
                 f"{c:.2f} ({rows.median('podcert', whole):.2f} v "
                 f"{rows.median('peer', whole):.2f} ms), first issuance "
                 f"{rows.median('podcert', first):.2f} v {rows.median('peer', first):.2f} s"
@@ -648,10 +631,9 @@ def load() -> str:
 def show_phase(workers: int, round_no: int, side: str, phase: Phase) -> str:
     """One side's run: rate, its own CPU per request in the window, whole-process CPU, first
     issuance, live reads, the requests not issued, and the control plane's CPU."""
-    own = phase.cpu_ms.get(side)
     parts = [
         f"{workers:>7} {round_no:>5} {side:>8} {phase.rate:>7.0f}/s",
-        f"steady {own:.2f} ms" if own is not None else "",
+        f"steady {phase.own_ms:.2f} ms" if phase.own_ms is not None else "",
         f"whole {phase.whole_ms:.2f} ms" if phase.whole_ms is not None else "",
         f"first {phase.first_s:.2f} s" if phase.first_s is not None else "",
         f"GETs {phase.live_reads}" if phase.live_reads is not None else "",
@@ -665,7 +647,7 @@ def show_phase(workers: int, round_no: int, side: str, phase: Phase) -> str:
 
 def show_median(rows: Rows, side: str) -> str:
     phases = rows.sides[side]
-    own = [p.cpu_ms[side] for p in phases if side in p.cpu_ms]
+    own = [p.own_ms for p in phases if p.own_ms is not None]
     wholes = [p.whole_ms for p in phases if p.whole_ms is not None]
     return (
         f"{rows.workers:>7} {'median':>5} {side:>8} {median(p.rate for p in phases):>7.0f}/s"

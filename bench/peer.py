@@ -16,10 +16,9 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Self
 
-from devcluster import build, identities, pki
-from devcluster.supervise import end
+from devcluster import build, identities, pki, processes
 
 REPO: Final = Path(__file__).resolve().parents[1]
 BINARY: Final = "pcs-controller"
@@ -51,13 +50,10 @@ def make_ca(folder: Path, now: dt.datetime) -> tuple[Path, Path]:
 
 
 @dataclass
-class Peer:
-    """One run of the peer: `start`, then `stop`; its output in `log`."""
+class Peer(processes.Process):
+    """One run of the peer, a `devcluster.processes.Process` whose command is the Go binary."""
 
-    binary: Path
-    args: list[str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
+    binary: Path = Path()
 
     @classmethod
     def for_cluster(cls, binary: Path, root: Path, work: Path, signer: str, workers: int) -> Peer:
@@ -73,9 +69,9 @@ class Peer:
             "--zap-log-level=info",
             f"--max-concurrent-reconciles={workers}",
         ]
-        return cls(binary, args, work / f"peer-{signer.replace('/', '_')}.log")
+        return cls(args=args, log=work / f"peer-{signer.replace('/', '_')}.log", binary=binary)
 
-    def start(self) -> Peer:
+    def start(self) -> Self:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -83,18 +79,6 @@ class Peer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
             )
         return self
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, timeout: float = 15.0) -> int | None:
-        return end(self.proc, timeout) if self.proc is not None else None
-
-    def output(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
