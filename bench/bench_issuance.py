@@ -72,7 +72,7 @@ from podcert.client.kubeconfig import ClientSettings
 from podcert.client.rest import JSON, ApiError, Rest, load_client, path_of
 from signer import certs, model
 from signer.authority import ca
-from signer.issue.requested import parse_public_key
+from signer.issue.decide import parse_public_key
 from signer.issue.settle import issued_status
 
 PCRS = "certificates.k8s.io/v1"

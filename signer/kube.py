@@ -24,7 +24,6 @@ from podcert.api.events import ObjectRef, event_body
 from podcert.api.versions import group_version, key_fallback
 from podcert.client.discovery import certificates_versions, serves
 from podcert.client.rest import JSON, REQUESTS, ApiError, Rest, path_of
-from signer.objects import NodeShape, PodShape, ServiceAccountShape, ServiceShape
 
 log = logging.getLogger("podcert.signer")
 
@@ -113,7 +112,7 @@ class SignerKube:
                 raise unserved
         return found
 
-    def write_status(self, target: requests.Metadata, status: JSON) -> None:
+    def write_status(self, target: requests.Metadata, status: requests.Status) -> None:
         """PUT /status of the request `target` names, guarded by its resourceVersion: a lost
         race is a 409, never a clobber. The answer (the whole object, also seen in the watch)
         is not decoded."""
@@ -133,18 +132,12 @@ class SignerKube:
 
     # --- facts -----------------------------------------------------------------------------
 
-    def get_pod(self, namespace: str, name: str) -> PodShape | None:
-        """The pod as the cache decodes it (its labels raw, its annotations and the rest never
-        decoded): a live read costs the object's bytes, not a tenant's labels built twice."""
-        return self.rest.get_as(path_of("v1", "pods", namespace, name), PodShape)
-
-    def get_node(self, name: str) -> NodeShape | None:
-        return self.rest.get_as(path_of("v1", "nodes", None, name), NodeShape)
-
-    def get_service_account(self, namespace: str, name: str) -> ServiceAccountShape | None:
-        return self.rest.get_as(
-            path_of("v1", "serviceaccounts", namespace, name), ServiceAccountShape
-        )
+    def get_as(self, resource: str, namespace: str | None, name: str, shape: type[T]) -> T | None:
+        """One core/v1 object (a pod, node or ServiceAccount) read live and decoded as `shape`,
+        as the caches decode it (a pod's labels raw, its annotations and the rest never
+        decoded): a live read costs the object's bytes, not a tenant's labels built twice.
+        None when it does not exist."""
+        return self.rest.get_as(path_of("v1", resource, namespace, name), shape)
 
     def list_all(self, resource: str, shape: type[T]) -> tuple[Iterator[T], str]:
         """Every object of a core/v1 resource (pods, nodes, serviceaccounts) across namespaces,
@@ -154,17 +147,9 @@ class SignerKube:
     def watch_all(self, resource: str, resource_version: str, shape: type[Any]) -> Iterator[JSON]:
         return self.rest.watch(path_of("v1", resource), resource_version, shape=shape)
 
-    def list_services(self) -> tuple[Iterator[ServiceShape], str]:
-        """Every Service, as its key, type and selector (nothing else is decoded)."""
-        return self.rest.list(path_of("v1", "services"), ServiceShape)
-
-    def list_services_in(self, namespace: str) -> Iterator[ServiceShape]:
-        """The Services of one namespace, read live, as `list_services` decodes them."""
-        return self.rest.list(path_of("v1", "services", namespace), ServiceShape)[0]
-
-    def watch_services(self, resource_version: str) -> Iterator[JSON]:
-        """Events whose objects are `ServiceShape`s."""
-        return self.rest.watch(path_of("v1", "services"), resource_version, shape=ServiceShape)
+    def list_in(self, resource: str, namespace: str, shape: type[T]) -> Iterator[T]:
+        """The objects of one namespace, read live, each decoded as `shape`."""
+        return self.rest.list(path_of("v1", resource, namespace), shape)[0]
 
     # --- events ----------------------------------------------------------------------------
 

@@ -83,7 +83,7 @@ class Pod(msgspec.Struct, frozen=True, gc=False):
     service_account_name: str
     phase: str = "Pending"
     deleting: bool = False
-    # None: more labels than a cache keeps (`signer.objects.LABELS_KEPT`); read the pod live
+    # None: more labels than a cache keeps (`signer.issue.facts.LABELS_KEPT`); read the pod live
     # when they are needed.
     labels: Mapping[str, str] | None = msgspec.field(default_factory=dict)
 

@@ -37,7 +37,7 @@ node (a kubelet restart re-requests every projection on the node at once). A nod
 rate is never denied: its requests wait for their turn in the bucket. Only issuances count:
 a denial spends no token, so requests that merely name a node cannot drain its rate.
 
-What a request may ask for through its annotations is read in `signer.issue.requested`.
+What a request may ask for through its annotations is read in `signer.issue.decide`.
 """
 
 from __future__ import annotations

@@ -13,11 +13,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, rsa, x25519
 
 from podcert.api import keys
-from signer.issue import requested
 from tests.strategies import tree_of
 from tests.unit.test_bundles_formats import WORKLOAD, Authority, key_secrets
 
-GOOD_KEYS = {key_type: keys.generate(key_type) for key_type in requested.KEY_TYPES}
+GOOD_KEYS = {key_type: keys.generate(key_type) for key_type in keys.KEY_TYPES}
 GOOD_CSRS = [keys.stub_csr(key) for key in GOOD_KEYS.values()]
 GOOD_SPKIS = [keys.public_der(key) for key in GOOD_KEYS.values()]
 ODD_KEYS: Final = [

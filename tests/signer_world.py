@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from podcert.api import keys, requests
-from podcert.api.times import format_time
 from signer import model, policy
 from signer.authority import ca
-from signer.issue import requested
+from signer.issue import decide
 
 SIGNER = "example.com/podcert"
 NOW = dt.datetime(2026, 11, 29, 12, 0, 0, 500_000, tzinfo=dt.UTC)
@@ -26,7 +25,8 @@ ED_KEY = keys.generate("ED25519")
 RSA_2048 = rsa.generate_private_key(65537, 2048)
 POLICY = policy.SignerPolicy(name=SIGNER, trust_domain="cluster.local")
 ENTITLED = frozenset({"api.web.svc", "api.web.svc.cluster.local"})
-DNS_KEY = requested.DNS_NAMES_ANNOTATION
+DNS_KEY = decide.DNS_NAMES_ANNOTATION
+T = TypeVar("T")
 
 
 _META_FIELDS: Final = frozenset({"namespace", "name", "uid", "resource_version", "generation"})
@@ -60,7 +60,7 @@ def changed(
     `created` (a datetime), and the spec's (`pod_uid`, `stub_csr`, `user_annotations`...)."""
     meta = {k: v for k, v in changes.items() if k in _META_FIELDS}
     if "created" in changes:
-        meta["creation_timestamp"] = format_time(changes["created"])
+        meta["creation_timestamp"] = changes["created"]
     spec = {
         _SPEC_ALIASES.get(k, k): v
         for k, v in changes.items()
@@ -138,6 +138,9 @@ def assert_api_server_accepts(
         assert moment.microsecond == 0
 
 
+_KINDS: Final = {"pods": "pod", "nodes": "node", "serviceaccounts": "serviceaccount"}
+
+
 class LiveKube:
     """The API server's live reads for make_request()'s pod, node and ServiceAccount, counted:
     the truth, everything as the request says, unless told that one of them is gone."""
@@ -146,23 +149,26 @@ class LiveKube:
         self.reads: list[str] = []
         self.gone = gone
 
-    def _read(self, kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+    def get_as(self, resource: str, namespace: str | None, name: str, shape: type[T]) -> T | None:
+        """`SignerKube.get_as`: the object's JSON decoded as `shape`, as the API server's
+        answer is."""
+        kind = _KINDS[resource]
+        found = self.objects(resource, namespace, name)
         self.reads.append(kind)
-        return None if kind in self.gone else obj
+        if kind in self.gone or found is None:
+            return None
+        return msgspec.json.decode(msgspec.json.encode(found), type=shape)
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._read(
-            "pod",
-            {
+    def objects(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The live objects, as the API server answers for them."""
+        if resource == "pods":
+            return {
                 "metadata": {"namespace": namespace, "name": name, "uid": "pod-uid-1"},
                 "spec": {"nodeName": "node-a", "serviceAccountName": "api"},
                 "status": {"phase": "Running"},
-            },
-        )
-
-    def get_node(self, name: str) -> dict[str, Any] | None:
-        return self._read("node", {"metadata": {"name": name, "uid": "node-uid-1"}})
-
-    def get_service_account(self, namespace: str, name: str) -> dict[str, Any] | None:
-        meta = {"namespace": namespace, "name": name, "uid": "sa-uid-1"}
-        return self._read("serviceaccount", {"metadata": meta})
+            }
+        if resource == "nodes":
+            return {"metadata": {"name": name, "uid": "node-uid-1"}}
+        if resource == "serviceaccounts":
+            return {"metadata": {"namespace": namespace, "name": name, "uid": "sa-uid-1"}}
+        return None

@@ -1,6 +1,12 @@
 """The Pod Certificates API's key types, in one table: what each name means, how a node makes
 such a key, what its stub PKCS#10 request is signed with, and how its proof of possession (the
-v1beta1 form: `pkixPublicKey` + `proofOfPossession`) is signed and checked.
+v1beta1 form: `pkixPublicKey` + `proofOfPossession`) is signed and checked; and, for a signer,
+the subject key read back out of either form (`read_csr_key`, `read_proven_key`).
+
+Both halves of a node's proof live here, so the node and the signer cannot disagree on it. The
+bytes a signer reads are its requester's (anyone with `create` on podcertificaterequests): every
+failure is one typed `UnusableKey` naming what is wrong, never a parser's exception, and never
+quoting key material.
 
 `KeyType` lists the API's names and `_spec` gives each its row; `assert_never` makes mypy refuse
 a name without a row, and the Literal refuses a row without a name. A new key type is one line in
@@ -174,3 +180,107 @@ def proof_verifies(public_key: PublicKeyTypes, pod_uid: str, proof: bytes) -> bo
     except (InvalidSignature, ValueError):
         return False
     return True
+
+
+# --- the subject key, read back by a signer ------------------------------------------------------
+
+KeyFault = Literal["malformed", "unsupported", "unproven"]
+"""Why a requested key is unusable: its bytes do not parse (or its CSR's signature does not
+verify), its type is none the API defines, or its proof of possession does not verify."""
+
+
+class UnusableKey(Exception):
+    """The key a request carries cannot be used; `fault` says how, `message` for a person."""
+
+    def __init__(self, fault: KeyFault, message: str) -> None:
+        super().__init__(message)
+        self.fault = fault
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RequestedKey:
+    public_key: PublicKey
+    key_type: KeyType
+
+
+def read_csr_key(der: bytes) -> RequestedKey:
+    """The subject key of a stub PKCS#10 request, whose signature must verify with it.
+
+    The API server verified that signature at admission; checking again costs little and keeps
+    a signer safe if it ever reads objects that bypassed admission. Raises UnusableKey, and
+    nothing else, whatever the bytes are."""
+    # cryptography reports bad input as ValueError, UnsupportedAlgorithm, or (from its Rust
+    # core) other exception types; any of them means the same thing here: unusable bytes.
+    try:
+        csr = x509.load_der_x509_csr(der)
+        public_key = csr.public_key()
+    except Exception as exc:
+        raise UnusableKey(
+            "malformed",
+            f"spec.stubPKCS10Request is not a valid DER certificate request ({_why(exc)}).",
+        ) from exc
+    requested = _classify(public_key, "stub PKCS#10 request")
+    try:
+        valid = csr.is_signature_valid
+    except Exception as exc:
+        raise UnusableKey(
+            "malformed", f"The stub PKCS#10 request's signature cannot be checked ({_why(exc)})."
+        ) from exc
+    if not valid:
+        raise UnusableKey(
+            "malformed",
+            "The stub PKCS#10 request's signature does not verify with the key it carries; "
+            "it must be signed by the subject key.",
+        )
+    return requested
+
+
+def read_proven_key(pkix_public_key: bytes, proof: bytes, pod_uid: str) -> RequestedKey:
+    """The key in DER SubjectPublicKeyInfo whose `proof` of possession verifies over `pod_uid`.
+    Raises UnusableKey, and nothing else, whatever the bytes are."""
+    try:
+        public_key = serialization.load_der_public_key(pkix_public_key)
+    except Exception as exc:
+        raise UnusableKey(
+            "malformed",
+            f"spec.pkixPublicKey is not a valid DER SubjectPublicKeyInfo ({_why(exc)}).",
+        ) from exc
+    requested = _classify(public_key, "PKIX public key")
+    if not proof_verifies(requested.public_key, pod_uid, proof):
+        raise UnusableKey(
+            "unproven",
+            "spec.proofOfPossession does not verify: it must be the signature of the key in "
+            "spec.pkixPublicKey over spec.podUID (ECDSA: ASN.1 over its SHA-256; RSA: PSS with "
+            "SHA-256; Ed25519: over the UID itself).",
+        )
+    return requested
+
+
+def _classify(public_key: object, where: str) -> RequestedKey:
+    if isinstance(public_key, PublicKey):
+        key_type = key_type_of(public_key)
+        if key_type is not None:
+            return RequestedKey(public_key=public_key, key_type=key_type)
+    raise UnusableKey(
+        "unsupported",
+        f"The {where} holds {_describe(public_key)}, which this signer does not support; "
+        f"supported key types are {', '.join(KEY_TYPES)}.",
+    )
+
+
+def _describe(public_key: object) -> str:
+    """A short human name for a key, for messages (never the key material)."""
+    if isinstance(public_key, rsa.RSAPublicKey):
+        return f"an RSA {public_key.key_size}-bit key"
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return f"an ECDSA key on curve {public_key.curve.name}"
+    name = type(public_key).__name__.removeprefix("_").removesuffix("PublicKey")
+    return f"a {name} key"
+
+
+def _why(exc: Exception) -> str:
+    # Parser messages are short and describe the DER structure, not key material; still cap
+    # them so a message never grows with the input.
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."

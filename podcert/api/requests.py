@@ -30,8 +30,12 @@ import msgspec
 from cryptography import x509
 
 from podcert.api import keys
-from podcert.api.times import parse_time
-from podcert.api.validation import DEFAULT_MAX_EXPIRATION_SECONDS
+from podcert.api.validation import (
+    DEFAULT_MAX_EXPIRATION_SECONDS,
+    DNSLabel,
+    DNSName,
+    MaxExpirationSeconds,
+)
 
 Outcome = Literal["Issued", "Denied", "Failed"]
 """The condition a settled request carries (exactly one, and terminal). The one such type: the
@@ -60,30 +64,25 @@ class Metadata(msgspec.Struct, frozen=True, gc=False):
     skipped unread: managedFields alone are as large as the spec."""
 
     name: str = ""
-    namespace: str = ""
+    namespace: DNSLabel = ""
     uid: str = ""
     resource_version: str = msgspec.field(default="", name="resourceVersion")
     generation: int | None = None
-    # Kept as written: an unreadable one is "unknown" (`created`), never a reason to refuse;
-    # null where the object is not stored yet (Go's zero time, as an admission review may hold).
-    creation_timestamp: str | None = msgspec.field(default=None, name="creationTimestamp")
-
-    @property
-    def created(self) -> dt.datetime | None:
-        return parse_time(self.creation_timestamp)
+    # Null where the object is not stored yet (Go's zero time, as an admission review may hold).
+    creation_timestamp: Time | None = msgspec.field(default=None, name="creationTimestamp")
 
 
 class Spec(msgspec.Struct, frozen=True, gc=False):
     """spec: immutable after creation. Bytes fields are base64 on the wire, decoded here."""
 
     signer_name: str = msgspec.field(default="", name="signerName")
-    pod_name: str = msgspec.field(default="", name="podName")
+    pod_name: DNSName = msgspec.field(default="", name="podName")
     pod_uid: str = msgspec.field(default="", name="podUID")
-    service_account_name: str = msgspec.field(default="", name="serviceAccountName")
+    service_account_name: DNSName = msgspec.field(default="", name="serviceAccountName")
     service_account_uid: str = msgspec.field(default="", name="serviceAccountUID")
-    node_name: str = msgspec.field(default="", name="nodeName")
+    node_name: DNSName = msgspec.field(default="", name="nodeName")
     node_uid: str = msgspec.field(default="", name="nodeUID")
-    max_expiration_seconds: int = msgspec.field(
+    max_expiration_seconds: MaxExpirationSeconds = msgspec.field(
         default=DEFAULT_MAX_EXPIRATION_SECONDS, name="maxExpirationSeconds"
     )
     # DER PKCS#10 made by the node with the subject key (v1, and v1beta1 from 1.36); absent
@@ -105,7 +104,7 @@ class Spec(msgspec.Struct, frozen=True, gc=False):
         return bool(self.stub_pkcs10_request or self.pkix_public_key or self.proof_of_possession)
 
 
-class Condition(msgspec.Struct, frozen=True, gc=False):
+class Condition(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
     type: str = ""
     status: str = ""
     reason: str = ""
@@ -114,8 +113,9 @@ class Condition(msgspec.Struct, frozen=True, gc=False):
     observed_generation: int | None = msgspec.field(default=None, name="observedGeneration")
 
 
-class Status(msgspec.Struct, frozen=True, gc=False):
-    """status: written by the signer; immutable once a terminal condition is set."""
+class Status(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """status: written by the signer (`signer.issue.settle` builds it, msgspec encodes it, unset
+    fields left out); immutable once a terminal condition is set."""
 
     conditions: tuple[Condition, ...] = ()
     certificate_chain: str = msgspec.field(default="", name="certificateChain")  # PEM, leaf first
@@ -184,8 +184,8 @@ class PodCertificateRequest(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def created(self) -> dt.datetime | None:
-        """metadata.creationTimestamp; None when unreadable."""
-        return self.metadata.created
+        """metadata.creationTimestamp; None where the object is not stored yet."""
+        return self.metadata.creation_timestamp
 
 
 @dataclass(frozen=True)
@@ -354,6 +354,8 @@ _WORDING: Final = (
     (re.compile(r"Invalid base64 encoded string"), "not valid base64"),
     (re.compile(r"Expected `datetime` with a timezone component"), "expected an RFC 3339 time"),
     (re.compile(r"Invalid RFC3339 encoded datetime"), "expected an RFC 3339 time"),
+    (re.compile(r"Expected `str` matching regex .*"), "expected a lowercase RFC 1123 name"),
+    (re.compile(r"Expected `(\w+)` (of length )?([<>]=) (\d+)"), r"expected \1 \2\3 \4"),
 )
 
 

@@ -284,7 +284,7 @@ _KEY_DROPPED: Final = (
 
 def _binding_message(request: PodCertificateRequest) -> str:
     """The same words whichever part of the binding failed, built from the request alone (its
-    names passed decide's checks for Kubernetes names before the binding was looked at)."""
+    names are Kubernetes names: `invalid` refused the request otherwise)."""
     spec = request.spec
     return (
         f"{BINDING_MISMATCH}: no running pod {request.namespace}/{spec.pod_name} on node "

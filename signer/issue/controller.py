@@ -28,11 +28,11 @@ from podcert.reconcile.ratelimit import TokenBuckets
 from podcert.reconcile.reflector import Reflector
 from podcert.reconcile.runtime import Synced, WorkerPool
 from podcert.reconcile.workqueue import WorkQueue
-from signer import certs, model, objects
+from signer import certs, model
 from signer.auditlog.trail import AuditTrail
 from signer.authority.castore import CAStore
 from signer.issue.decide import CA_TOO_SHORT, decide
-from signer.issue.fresh import Bindings
+from signer.issue.facts import Bindings, ServiceShape, service_names, service_selector
 from signer.issue.settle import Labels, Settlement, settle
 from signer.kube import KeyNotServed, SignerKube
 from signer.metrics import Metrics, api_retry_label
@@ -112,7 +112,7 @@ class Controller:
         # When each unsettled request was first seen (self.monotonic): it was made before then.
         self._seen: dict[Key, float] = {}
         # Set once every signer name's first list of requests came in: the caches list only
-        # then, so a start-up backlog finds them fresh enough (`signer.issue.fresh`).
+        # then, so a start-up backlog finds them fresh enough (`signer.issue.facts`).
         self._pcrs_listed = threading.Event()
         self._unlisted = set(self.signer_names)
         # The pod, node and ServiceAccount of each request, as fresh as the request.
@@ -134,8 +134,8 @@ class Controller:
         if any(self.policy.for_signer(s).dns.services for s in self.signer_names):
             self._services_reflector = Reflector(
                 "services",
-                self.kube.list_services,
-                self.kube.watch_services,
+                lambda: self.kube.list_all("services", ServiceShape),
+                lambda rv: self.kube.watch_all("services", rv, ServiceShape),
                 self._on_service_list,
                 self._on_service_event,
                 self._stop,
@@ -238,14 +238,14 @@ class Controller:
         self.queue.add(key)
         self.metrics.queue_depth.set(len(self.queue))
 
-    def _on_service_list(self, items: Iterable[objects.ServiceShape]) -> None:
+    def _on_service_list(self, items: Iterable[ServiceShape]) -> None:
         services: dict[str, dict[str, Mapping[str, str]]] = {}
         for obj in items:
             _index_service(services, obj, present=True)
         with self._lock:
             self._services = services
 
-    def _on_service_event(self, kind: str, obj: objects.ServiceShape) -> None:
+    def _on_service_event(self, kind: str, obj: ServiceShape) -> None:
         with self._lock:
             _index_service(self._services, obj, present=kind != "DELETED")
 
@@ -356,7 +356,7 @@ class Controller:
         self, request: PodCertificateRequest, seen_at: float, *, key_not_served: bool = False
     ) -> model.Facts:
         """The request's pod, node and service account as they were at least when it was seen
-        (`seen_at`, on self.monotonic: `signer.issue.fresh`), its Service names and the CA.
+        (`seen_at`, on self.monotonic: `signer.issue.facts`), its Service names and the CA.
         `key_not_served`: the adapter found that no served version shows the request's key."""
         dns = self.policy.for_signer(request.spec.signer_name).dns
         pod, node, sa = self.bindings.read(request, seen_at, labels=dns.services)
@@ -369,10 +369,10 @@ class Controller:
                     services = dict(self._services.get(request.namespace, {}))
             else:  # not listed yet: an empty index is not "no Services", so read them live
                 index: dict[str, dict[str, Mapping[str, str]]] = {}
-                for obj in self.kube.list_services_in(request.namespace):
+                for obj in self.kube.list_in("services", request.namespace, ServiceShape):
                     _index_service(index, obj, present=True)
                 services = dict(index.get(request.namespace, {}))
-            names = objects.service_names(services, pod.namespace, pod.labels, dns.cluster_domain)
+            names = service_names(services, pod.namespace, pod.labels, dns.cluster_domain)
         return model.Facts(
             pod=pod,
             node=node,
@@ -476,14 +476,14 @@ def sign(plan: model.LeafPlan, issuer: model.IssuingCA) -> model.Signed:
 
 
 def _index_service(
-    index: dict[str, dict[str, Mapping[str, str]]], obj: objects.ServiceShape, *, present: bool
+    index: dict[str, dict[str, Mapping[str, str]]], obj: ServiceShape, *, present: bool
 ) -> None:
-    """Keep the Service's selector when it gives its name to pods (`objects.service_selector`),
+    """Keep the Service's selector when it gives its name to pods (`service_selector`),
     drop it when it is gone or gives its name to none (a type changed to ExternalName)."""
     namespace, name = obj.metadata.namespace, obj.metadata.name
     if not namespace or not name:
         return
-    selector = objects.service_selector(obj) if present else None
+    selector = service_selector(obj) if present else None
     if selector is not None:
         index.setdefault(namespace, {})[name] = selector
     else:

@@ -5,26 +5,32 @@ signer's policy and `now`; the controller applies the outcome with one status wr
 hostile or malformed input ends in a typed `Deny` whose message a human can act on. Transient
 trouble on our side (no CA loaded yet, CA about to expire) is a `Retry`, never a terminal outcome
 for the pod.
+
+What the request asks for is read here from bytes and strings its requester controls: its key
+(`parse_public_key`: the stub CSR, or the key with its proof of possession, each checked again
+by `podcert.api.keys` although the API server checked it at creation) and the names its
+annotations ask for (`parse_annotations`). Only `podcert.dev/dns-names` is understood, a
+comma-separated list of DNS names; unknown keys are denied rather than ignored, since a key we do
+not understand may be a request the user believes is honoured. Whether the pod is entitled to the
+names is decided against the Services that select it, and whether they are honoured at all is
+policy (`dnsNames.allowRequested`). The spec's names and lifetime are checked where the request
+is decoded (`podcert.api.requests.Spec`): a request the API server would not admit never
+reaches here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final
 
+from podcert.api import keys
 from podcert.api.keys import BY_PREFERENCE, KEY_TYPES
-from podcert.api.requests import PodCertificateRequest
-from podcert.api.validation import (
-    MAX_MAX_EXPIRATION_SECONDS,
-    MIN_LIFETIME,
-    MIN_MAX_EXPIRATION_SECONDS,
-    is_dns_label,
-    is_dns_name,
-    max_expiration_allowed,
-)
+from podcert.api.requests import PodCertificateRequest, ProvenKey, RequestError, subject_key
+from podcert.api.validation import MIN_LIFETIME, is_dns_name
 from podcert.errors import show
 from signer import certs, model
-from signer.issue import requested
 from signer.policy import SignerPolicy
 
 # Retry reasons (for logs and metrics; the request stays pending).
@@ -50,22 +56,21 @@ def decide(
     backdate: dt.timedelta = certs.DEFAULT_LEAF_BACKDATE,
     refresh_fraction: float = certs.DEFAULT_REFRESH_FRACTION,
 ) -> model.Decision:
-    """What to do with `request`, given `facts` read just now and the signer's `policy`."""
+    """What to do with `request`, given `facts` read just now and the signer's `policy`.
+    `request` is as decoded (`podcert.api.requests`), so its names and maxExpirationSeconds are
+    within what the API server admits."""
     spec = request.spec
     if spec.signer_name != policy.name:
         raise ValueError(f"policy for {policy.name} applied to a request for {spec.signer_name}")
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
 
-    # 1. The request itself: well-formed spec and a usable key, in a form the server shows.
-    denial = _check_spec(request)
-    if denial is not None:
-        return denial
+    # 1. The request itself: a usable key, in a form the server shows.
     if facts.key_not_served:
         return model.Deny(model.KEY_NOT_SERVED, KEY_NOT_SERVED_MESSAGE)
     try:
-        key = requested.parse_public_key(request)
-    except requested.CSRError as exc:
+        key = parse_public_key(request)
+    except CSRError as exc:
         message = exc.message
         if exc.reason == model.UNSUPPORTED_KEY_TYPE:
             message += f" Use {_suggest(policy)}."
@@ -90,7 +95,7 @@ def decide(
             f"{spec.service_account_name!r} in namespace {request.namespace!r}: no allow "
             "rule of its policy matches them.",
         )
-    asked = requested.parse_annotations(spec.unverified_user_annotations or {}, policy)
+    asked = parse_annotations(spec.unverified_user_annotations or {}, policy)
     if isinstance(asked, model.Deny):
         return asked
     for name in asked.dns_names:
@@ -136,36 +141,6 @@ def decide(
             ),
         )
     )
-
-
-def _check_spec(request: PodCertificateRequest) -> model.Deny | None:
-    """Fields the API server normally guarantees; checked again because they reach the SAN."""
-    spec = request.spec
-    seconds = spec.max_expiration_seconds
-    if not max_expiration_allowed(seconds):
-        return _invalid(
-            f"maxExpirationSeconds is {seconds}; it must be between {MIN_MAX_EXPIRATION_SECONDS} "
-            f"and {MAX_MAX_EXPIRATION_SECONDS}."
-        )
-    for field_name, value in (
-        ("podUID", spec.pod_uid),
-        ("nodeUID", spec.node_uid),
-        ("serviceAccountUID", spec.service_account_uid),
-    ):
-        if not value:
-            return _invalid(f"spec.{field_name} is empty.")
-    # Names reach messages, and namespace and service account the SPIFFE ID's path: they must
-    # be the names Kubernetes allows (a DNS label, and DNS subdomains).
-    if not is_dns_label(request.namespace):
-        return _invalid(f"Namespace {show(request.namespace)} is not a valid namespace name.")
-    for field_name, value in (
-        ("serviceAccountName", spec.service_account_name),
-        ("podName", spec.pod_name),
-        ("nodeName", spec.node_name),
-    ):
-        if not is_dns_name(value):
-            return _invalid(f"spec.{field_name} {show(value)} is not a valid Kubernetes name.")
-    return None
 
 
 def binding_problem(request: PodCertificateRequest, facts: model.Facts) -> model.Deny | None:
@@ -226,13 +201,106 @@ def binding_problem(request: PodCertificateRequest, facts: model.Facts) -> model
     return None
 
 
-def _invalid(message: str) -> model.Deny:
-    return model.Deny(model.INVALID_REQUEST, message)
-
-
 def _allowed(policy: SignerPolicy) -> str:
     return ", ".join(k for k in KEY_TYPES if k in policy.key_types)
 
 
 def _suggest(policy: SignerPolicy) -> str:
     return next((k for k in BY_PREFERENCE if k in policy.key_types), "ECDSAP256")
+
+
+# --- what the request asks for -------------------------------------------------------------------
+
+
+class CSRError(Exception):
+    """The request's key cannot be used; `reason` is the Denied reason to report."""
+
+    def __init__(self, reason: model.DenyReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+_KEY_FAULTS: Final[Mapping[keys.KeyFault, model.DenyReason]] = {
+    "malformed": model.INVALID_REQUEST,
+    "unsupported": model.UNSUPPORTED_KEY_TYPE,
+    "unproven": model.INVALID_PROOF_OF_POSSESSION,
+}
+
+
+def parse_public_key(request: PodCertificateRequest) -> keys.RequestedKey:
+    """The subject key of `request`, from its stub CSR or from its PKIX public key whose proof
+    of possession verifies over the request's pod UID. Raises CSRError, and nothing else,
+    whatever the bytes are."""
+    spec = request.spec
+    try:
+        form = subject_key(
+            spec.stub_pkcs10_request or b"",
+            spec.pkix_public_key or b"",
+            spec.proof_of_possession or b"",
+        )
+        if isinstance(form, ProvenKey):
+            return keys.read_proven_key(
+                form.pkix_public_key, form.proof_of_possession, spec.pod_uid
+            )
+        return keys.read_csr_key(form.der)
+    except RequestError as err:
+        raise CSRError(model.INVALID_REQUEST, f"{err.field} {err.problem}.") from None
+    except keys.UnusableKey as err:
+        raise CSRError(_KEY_FAULTS[err.fault], err.message) from None
+
+
+DNS_NAMES_ANNOTATION: Final = "podcert.dev/dns-names"
+KNOWN_ANNOTATIONS: Final = frozenset({DNS_NAMES_ANNOTATION})
+MAX_REQUESTED_DNS_NAMES: Final = 100
+
+
+@dataclass(frozen=True)
+class RequestedNames:
+    """What the request's annotations ask for: syntax checked, entitlement not yet."""
+
+    dns_names: tuple[str, ...] = ()
+
+
+def parse_annotations(
+    annotations: Mapping[str, str], policy: SignerPolicy
+) -> RequestedNames | model.Deny:
+    """The names a request's unverifiedUserAnnotations ask for, or the Deny they deserve."""
+    unknown = sorted(key for key in annotations if key not in KNOWN_ANNOTATIONS)
+    if unknown:
+        others = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        return model.Deny(
+            model.UNKNOWN_ANNOTATION,
+            f"Annotation {show(unknown[0])}{others} is not understood by signer {policy.name}; "
+            f"the only supported annotation is {DNS_NAMES_ANNOTATION}.",
+        )
+    value = annotations.get(DNS_NAMES_ANNOTATION)
+    if value is None:
+        return RequestedNames()
+    entries = [entry.strip() for entry in value.split(",")]
+    if len(entries) > MAX_REQUESTED_DNS_NAMES:
+        return model.Deny(
+            model.INVALID_ANNOTATION,
+            f"Annotation {DNS_NAMES_ANNOTATION} lists {len(entries)} names; "
+            f"at most {MAX_REQUESTED_DNS_NAMES} are allowed.",
+        )
+    if "" in entries:
+        return model.Deny(
+            model.INVALID_ANNOTATION,
+            f"Annotation {DNS_NAMES_ANNOTATION} has an empty entry in {show(value)}; "
+            "give a comma-separated list of DNS names.",
+        )
+    for entry in entries:
+        if not is_dns_name(entry):
+            return model.Deny(
+                model.INVALID_ANNOTATION,
+                f"Annotation {DNS_NAMES_ANNOTATION} holds {show(entry)}, which is not a valid "
+                "DNS name (lowercase RFC 1123 labels joined by dots, no wildcards).",
+            )
+    if not policy.dns.allow_requested:
+        return model.Deny(
+            model.DNS_NAME_NOT_ALLOWED,
+            f"Signer {policy.name} does not issue requested DNS names; remove the "
+            f"{DNS_NAMES_ANNOTATION} annotation or ask for dnsNames.allowRequested in its policy.",
+        )
+    return RequestedNames(dns_names=tuple(dict.fromkeys(entries)))  # de-duplicated, in order

@@ -6,8 +6,9 @@ entry, the Event (or none) and the metric labels, and nothing else decides what 
 controller applies a `Settlement` with its one writer (`Controller.apply`), which owns only the
 order and the faults of the writes: the audit entry before the status for an issuance
 (`write_ahead`: no durable entry, no certificate), after it for a denial, the Event after a
-denial or failure is written. The status bodies themselves are built here only
-(`issued_status`, `settled_status`); `podcert.api.requests.parse_status` reads them back.
+denial or failure is written. The status itself is built here only (`issued_status`,
+`settled_status`), as the typed `podcert.api.requests.Status` that readers decode: msgspec
+writes it with its wire names and its times as metav1.Time (whole seconds, UTC, a Z).
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, assert_never
+from typing import Final, Literal, assert_never
 
-from podcert.api.requests import Metadata, Outcome, PodCertificateRequest, Read
-from podcert.api.times import format_time
+from podcert.api.requests import Condition, Metadata, Outcome, PodCertificateRequest, Read, Status
 from podcert.auditlog import Decision, Entry
 from signer import model
-
-JSON = dict[str, Any]
 
 SettledReason = Literal[model.DenyReason, model.FailReason, "Issued"]
 """The reason on a settled request's condition (an issuance's is "Issued")."""
@@ -61,7 +59,7 @@ class Settlement:
     reason: SettledReason
     message: str
     target: Metadata  # the request written to: its key, UID and resourceVersion (the guard)
-    status: JSON = field(repr=False)  # the status to PUT
+    status: Status = field(repr=False)  # the status to PUT
     entry: Entry
     event: EventNote | None
     labels: Labels
@@ -147,16 +145,16 @@ def issued_status(
     begin_refresh_at: dt.datetime,
     message: str,
     now: dt.datetime,
-) -> dict[str, Any]:
+) -> Status:
     """The status to PUT for an issued request: its times equal the leaf's, as the API server
     requires, in whole seconds (metav1.Time)."""
-    return {
-        "certificateChain": chain_pem,
-        "notBefore": format_time(not_before),
-        "notAfter": format_time(not_after),
-        "beginRefreshAt": format_time(begin_refresh_at),
-        "conditions": [_condition("Issued", "Issued", message, generation, now)],
-    }
+    return Status(
+        conditions=(_condition("Issued", "Issued", message, generation, now),),
+        certificate_chain=chain_pem,
+        not_before=_whole_seconds(not_before),
+        not_after=_whole_seconds(not_after),
+        begin_refresh_at=_whole_seconds(begin_refresh_at),
+    )
 
 
 def settled_status(
@@ -165,9 +163,9 @@ def settled_status(
     message: str,
     generation: int | None,
     now: dt.datetime,
-) -> dict[str, Any]:
+) -> Status:
     """The status to PUT for a Denied or Failed request."""
-    return {"conditions": [_condition(kind, reason, message, generation, now)]}
+    return Status(conditions=(_condition(kind, reason, message, generation, now),))
 
 
 MAX_MESSAGE: Final = 32000
@@ -176,14 +174,17 @@ MAX_MESSAGE: Final = 32000
 
 def _condition(
     kind: Outcome, reason: str, message: str, generation: int | None, now: dt.datetime
-) -> dict[str, Any]:
-    cond: dict[str, Any] = {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message[:MAX_MESSAGE],
-        "lastTransitionTime": format_time(now),
-    }
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond
+) -> Condition:
+    return Condition(
+        type=kind,
+        status="True",
+        reason=reason,
+        message=message[:MAX_MESSAGE],
+        last_transition_time=_whole_seconds(now),
+        observed_generation=generation,
+    )
+
+
+def _whole_seconds(moment: dt.datetime) -> dt.datetime:
+    """metav1.Time: whole seconds in UTC (msgspec writes them with a Z, and no fraction)."""
+    return moment.astimezone(dt.UTC).replace(microsecond=0)

@@ -12,7 +12,7 @@ import pytest
 from audit.snapshot import read_cluster
 from devcluster.testing import DevCluster
 from podcert.client.rest import Rest, path_of
-from signer import objects
+from signer.issue import facts as objects
 from tests.integration.helpers import make_pod
 
 pytestmark = pytest.mark.integration

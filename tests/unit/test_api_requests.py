@@ -59,12 +59,102 @@ def test_a_request_is_read_with_its_csr_bytes_and_creation_time() -> None:
     assert request == requests.parse_request(pcr())  # a dict reads as the wire does
 
 
-@pytest.mark.parametrize("stamp", ["yesterday", None], ids=["unreadable", "null"])
-def test_an_unreadable_creation_time_is_unknown_never_a_refusal(stamp: str | None) -> None:
+def test_a_null_creation_time_is_unknown_never_a_refusal() -> None:
     obj = pcr()
-    obj["metadata"]["creationTimestamp"] = stamp  # null: Go's zero time, before it is stored
+    obj["metadata"]["creationTimestamp"] = None  # Go's zero time, before it is stored
     request = requests.parse_request(obj)
     assert request.created is None and requests.invalid(request) is None
+
+
+def test_a_creation_time_that_is_no_time_names_the_field() -> None:
+    obj = pcr()
+    obj["metadata"]["creationTimestamp"] = "yesterday"
+    read = requests.decode_request(msgspec.json.encode(obj))
+    assert isinstance(read, requests.Unreadable)
+    assert str(read.problem) == "metadata.creationTimestamp: expected an RFC 3339 time"
+
+
+# Names reach messages, and namespace and service account the SPIFFE ID's path: a request that
+# bypassed the API server's validation is refused at the wire, naming the field.
+NOT_A_NAME = "expected a lowercase RFC 1123 name"
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "field", "problem"),
+    [
+        pytest.param(
+            "spec",
+            {"serviceAccountName": "../admin"},
+            "spec.serviceAccountName",
+            NOT_A_NAME,
+            id="a service account name that could escape the SPIFFE path",
+        ),
+        pytest.param(
+            "spec", {"podName": "Web"}, "spec.podName", NOT_A_NAME, id="an uppercase pod name"
+        ),
+        pytest.param(
+            "spec", {"nodeName": "a\n"}, "spec.nodeName", NOT_A_NAME, id="a name with a newline"
+        ),
+        pytest.param(
+            "spec",
+            {"podName": "a" * 254},
+            "spec.podName",
+            "expected str of length <= 253",
+            id="a pod name over 253 characters",
+        ),
+        pytest.param(
+            "metadata",
+            {"namespace": "a.b"},
+            "metadata.namespace",
+            NOT_A_NAME,
+            id="a dotted namespace",
+        ),
+        pytest.param(
+            "spec",
+            {"maxExpirationSeconds": 3599},
+            "spec.maxExpirationSeconds",
+            "expected int >= 3600",
+            id="a lifetime below the API minimum",
+        ),
+        pytest.param(
+            "spec",
+            {"maxExpirationSeconds": 7862401},
+            "spec.maxExpirationSeconds",
+            "expected int <= 7862400",
+            id="a lifetime one second over 91 days",
+        ),
+        pytest.param(
+            "spec",
+            {"maxExpirationSeconds": -1},
+            "spec.maxExpirationSeconds",
+            "expected int >= 3600",
+            id="a negative lifetime",
+        ),
+        pytest.param(
+            "spec",
+            {"maxExpirationSeconds": 2**63},
+            "spec.maxExpirationSeconds",
+            "expected int <= 7862400",
+            id="an absurd lifetime",
+        ),
+    ],
+)
+def test_what_the_api_server_would_not_admit_is_refused_naming_the_field(
+    where: str, value: dict[str, Any], field: str, problem: str
+) -> None:
+    obj = pcr()
+    obj[where].update(value)
+    read = requests.decode_request(msgspec.json.encode(obj))
+    assert isinstance(read, requests.Unreadable)
+    assert (read.problem.field, read.problem.problem) == (field, problem)
+    with pytest.raises(requests.RequestError, match=f"^{re.escape(field)}: {re.escape(problem)}$"):
+        requests.parse_request(obj)
+
+
+@pytest.mark.parametrize("field", ["podUID", "nodeUID", "serviceAccountUID", "podName"])
+def test_an_empty_field_the_api_server_always_sets_is_invalid(field: str) -> None:
+    problem = requests.invalid(requests.parse_request(pcr(**{field: ""})))
+    assert str(problem) == f"spec.{field}: expected a non-empty string"
 
 
 @pytest.mark.parametrize(
@@ -249,8 +339,10 @@ def test_issued_status_carries_the_leaf_times_and_one_condition() -> None:
         not_after=NOW + dt.timedelta(hours=2),
         begin_refresh_at=NOW + dt.timedelta(hours=1),
     )
-    status = settle.issued_status(
-        1, "PEM", plan.not_before, plan.not_after, plan.begin_refresh_at, "issued", NOW
+    status = msgspec.to_builtins(
+        settle.issued_status(
+            1, "PEM", plan.not_before, plan.not_after, plan.begin_refresh_at, "issued", NOW
+        )
     )
     assert status["notBefore"] == "2026-11-29T12:00:00Z"
     assert status["beginRefreshAt"] == "2026-11-29T13:00:00Z"
@@ -263,7 +355,10 @@ def test_issued_status_carries_the_leaf_times_and_one_condition() -> None:
 
 
 def test_a_settled_status_is_one_condition_with_a_bounded_message() -> None:
-    status = settle.settled_status("Denied", "PolicyDenied", "x" * 40000, None, NOW)
+    status = msgspec.to_builtins(
+        settle.settled_status("Denied", "PolicyDenied", "x" * 40000, None, NOW)
+    )
+    assert set(status) == {"conditions"}, "no chain and no times: left out, not written empty"
     (condition,) = status["conditions"]
     assert len(condition["message"]) == settle.MAX_MESSAGE
     assert "observedGeneration" not in condition

@@ -50,11 +50,12 @@ from hypothesis import strategies as st
 
 from bundles import formats, spiffe
 from podcert import auditlog
-from podcert.api import fields, pods
+from podcert.api import fields, keys, pods
 from podcert.api.volumes import path_problem
 from signer.auditlog.writer import AuditLog
-from signer.issue import requested
-from signer.issue.requested import DNS_NAMES_ANNOTATION
+from signer.issue.decide import DNS_NAMES_ANNOTATION
+from tests.auditlog_world import Pki, make_pki
+from tests.auditlog_world import entry as audit_entry
 from tests.hostile_seeds import (
     CERT_SEEDS,
     DONORS,
@@ -84,8 +85,6 @@ from tests.strategies import (
     hostile_json,
     json_mutant,
 )
-from tests.unit.test_auditlog_writer import Pki, make_pki
-from tests.unit.test_auditlog_writer import entry as audit_entry
 
 pytestmark = FUZZ_TIMEOUT
 
@@ -708,7 +707,7 @@ def test_damaged_pods_parse_into_work_items_and_field_errors_without_raising(pod
         paths: list[str] = []
         for source in volume.sources:
             if isinstance(source, pods.CertificateSource):
-                assert source.key_type in requested.KEY_TYPES
+                assert source.key_type in keys.KEY_TYPES
                 assert 3600 <= source.max_expiration_seconds <= 7862400
                 paths += source.paths
             elif isinstance(source, pods.TrustBundleSource):

@@ -1,7 +1,8 @@
 """The v1beta1 form of a request's key (1.35 has no other): `pkixPublicKey` plus
 `proofOfPossession`, a signature over the pod UID. The shim signs it
-(`podcert.api.requests.key_fields`), the signer checks it again (`signer.issue.requested`), for
-every key type; a wrong UID, another key or broken bytes end in a typed denial naming the field.
+(`podcert.api.requests.key_fields`), the signer checks it again (`podcert.api.keys`, through
+`signer.issue.decide`), for every key type; a wrong UID, another key or broken bytes end in a
+typed denial naming the field.
 Which form a server takes is read from its schema (`podcert.api.versions.key_form`), and a server
 that serves no requests at all is one line at start-up, for the signer, the shim and the audit
 alike.
@@ -36,7 +37,7 @@ from podcert.client.discovery import Unserved
 from podcert.client.rest import ApiError
 from signer import build as signer_build
 from signer import model
-from signer.issue import decide, requested
+from signer.issue import decide
 from signer.policy import load_policy
 from tests.signer_world import request_of
 from tests.unit.test_shim_agent import CA, SIGNER, UID, Clock, FakeKube, Rig, cert_volume, make_pod
@@ -80,12 +81,12 @@ def shim_request(key: keys.PrivateKey, pod_uid: str = POD_UID, **spec: Any) -> d
     return body
 
 
-def parsed(pcr: dict[str, Any]) -> requested.ParsedKey:
-    return requested.parse_public_key(request_of(pcr))
+def parsed(pcr: dict[str, Any]) -> keys.RequestedKey:
+    return decide.parse_public_key(request_of(pcr))
 
 
-def denial(pcr: dict[str, Any]) -> requested.CSRError:
-    with pytest.raises(requested.CSRError) as caught:
+def denial(pcr: dict[str, Any]) -> decide.CSRError:
+    with pytest.raises(decide.CSRError) as caught:
         parsed(pcr)
     return caught.value
 

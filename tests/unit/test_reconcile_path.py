@@ -1,11 +1,11 @@
 """One request followed through the signer's reconcile, from the stored request to its status
 write: the product files it visits, counted by tracing an issuance (podcert's own modules
 only; the API adapter is the test's, so `signer/kube.py` and `podcert/client/` are not among
-them). A ratchet: the count may fall, never grow. It is 16 today, against a goal of 12: the
-request checks reach into three `podcert/api` modules (keys, validation, requests) and its
-times (`times`), the audit entry into two (`signer/auditlog/trail.py`, `podcert/auditlog/lines.py`),
-and the pod, node and ServiceAccount are read live here (empty caches, as for a request made
-after the caches listed), which visits `signer/objects.py` and `podcert/reconcile/cache.py"""
+them). At most 12: the request's type and its key (`podcert/api/requests.py`, `keys.py`), the
+facts and their cache (`signer/issue/facts.py`, `podcert/reconcile/cache.py`), the policy, the
+decision, the CA, the leaf, the settlement and its audit entry (`signer/auditlog/trail.py`,
+`podcert/auditlog/lines.py`), and the controller. The pod, node and ServiceAccount are read live
+here (empty caches, as for a request made after the caches listed)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.signer_world import NOW, POLICY, SIGNER, LiveKube, make_request
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT = ("podcert", "signer", "kubelet_shim", "bundles", "audit")
-MOST_FILES = 16
+MOST_FILES = 12
 # The process's log handler runs for the INFO line of an issuance only where some test (or the
 # process) installed it: not part of the request's path, and not counted either way.
 LOG_HANDLER = str(REPO / "podcert" / "logs.py")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from podcert.api import keys
 from podcert.api.requests import PodCertificateRequest
 from signer import certs, model, policy
 from signer.authority import ca
-from signer.issue import decide, requested
+from signer.issue import decide
 from tests.signer_world import (
     DNS_KEY,
     ED_KEY,
@@ -118,30 +119,6 @@ DENIALS = [
         model.KEY_NOT_SERVED,
         "--runtime-config=certificates.k8s.io/v1beta1/podcertificaterequests=true",
         id="denied when no served version shows the key (v1 view of a 1.35 request, no v1beta1)",
-    ),
-    pytest.param(
-        make_request(max_expiration_seconds=3599),
-        make_facts(),
-        POLICY,
-        model.INVALID_REQUEST,
-        "maxExpirationSeconds is 3599",
-        id="denied when maxExpirationSeconds is below the API minimum",
-    ),
-    pytest.param(
-        make_request(pod_uid=""),
-        make_facts(),
-        POLICY,
-        model.INVALID_REQUEST,
-        "spec.podUID is empty",
-        id="denied when the pod UID is empty",
-    ),
-    pytest.param(
-        make_request(service_account_name="../admin"),
-        make_facts(),
-        POLICY,
-        model.INVALID_REQUEST,
-        "spec.serviceAccountName '../admin'",
-        id="denied when the service account name could escape the SPIFFE path",
     ),
     pytest.param(
         make_request(stub_csr=keys.stub_csr(RSA_2048)),
@@ -363,24 +340,6 @@ def test_order_of_checks(
     assert decision.reason == reason
 
 
-@pytest.mark.parametrize(
-    "seconds",
-    [
-        pytest.param(-1, id="negative"),
-        pytest.param(0, id="zero"),
-        pytest.param(7862401, id="one second over 91 days"),
-        pytest.param(2**63, id="absurdly large"),
-    ],
-)
-def test_out_of_range_max_expiration_is_an_invalid_request(seconds: int) -> None:
-    decision = decide.decide(
-        make_request(max_expiration_seconds=seconds), make_facts(), POLICY, NOW
-    )
-    assert isinstance(decision, model.Deny)
-    assert decision.reason == model.INVALID_REQUEST
-    assert f"maxExpirationSeconds is {seconds};" in decision.message
-
-
 def test_unsupported_key_message_suggests_what_policy_accepts() -> None:
     decision = decide.decide(
         make_request(stub_csr=keys.stub_csr(RSA_2048)),
@@ -506,7 +465,7 @@ def test_a_policy_for_another_signer_is_a_programming_error() -> None:
 
 def test_pure_modules_import_neither_kubernetes_nor_aiohttp() -> None:
     modules = [
-        "signer.issue.requested",
+        "podcert.api.keys",
         "signer.certs",
         "signer.authority.ca",
         "signer.policy",
@@ -524,4 +483,112 @@ def test_pure_modules_import_neither_kubernetes_nor_aiohttp() -> None:
 
 
 def test_key_types_named_by_csr_and_policy_agree() -> None:
-    assert POLICY.key_types == frozenset(requested.KEY_TYPES)
+    assert POLICY.key_types == frozenset(keys.KEY_TYPES)
+
+
+# --- what the annotations ask for ----------------------------------------------------------------
+
+SIGNER_NAME = "example.com/podcert"
+DNS_CLOSED = policy.default_policy([SIGNER_NAME], "cluster.local").for_signer(SIGNER_NAME)
+DNS_OPEN = dataclasses.replace(
+    DNS_CLOSED, dns=dataclasses.replace(DNS_CLOSED.dns, allow_requested=True)
+)
+ANNOTATION = decide.DNS_NAMES_ANNOTATION
+
+
+def test_no_annotations_request_nothing() -> None:
+    assert decide.parse_annotations({}, DNS_CLOSED) == decide.RequestedNames(())
+
+
+def test_requested_names_are_trimmed_and_deduplicated_in_order() -> None:
+    parsed = decide.parse_annotations(
+        {ANNOTATION: " b.web.svc,\n  a.web.svc ,b.web.svc\n"}, DNS_OPEN
+    )
+    assert parsed == decide.RequestedNames(("b.web.svc", "a.web.svc"))
+
+
+@pytest.mark.parametrize(
+    ("annotations", "reason", "fragment"),
+    [
+        pytest.param(
+            {"example.com/color": "blue"},
+            model.UNKNOWN_ANNOTATION,
+            "'example.com/color'",
+            id="unknown domain-prefixed key",
+        ),
+        pytest.param(
+            {"dns-names": "a.svc"},
+            model.UNKNOWN_ANNOTATION,
+            "'dns-names'",
+            id="key without the podcert.dev prefix",
+        ),
+        pytest.param(
+            {"z.example/a": "", "a.example/b": "", ANNOTATION: "x.svc"},
+            model.UNKNOWN_ANNOTATION,
+            "'a.example/b' (and 1 more)",
+            id="several unknown keys name the first and count the rest",
+        ),
+        pytest.param(
+            {"x" * 5000: "v"},
+            model.UNKNOWN_ANNOTATION,
+            "'" + "x" * 100 + "'... (5000 characters)",
+            id="absurdly long key is cut in the message",
+        ),
+        pytest.param({ANNOTATION: ""}, model.INVALID_ANNOTATION, "empty entry", id="empty value"),
+        pytest.param(
+            {ANNOTATION: "a.svc,,b.svc"}, model.INVALID_ANNOTATION, "empty entry", id="double comma"
+        ),
+        pytest.param(
+            {ANNOTATION: "a.svc,"}, model.INVALID_ANNOTATION, "empty entry", id="trailing comma"
+        ),
+        pytest.param(
+            {ANNOTATION: "*.web.svc"}, model.INVALID_ANNOTATION, "'*.web.svc'", id="wildcard name"
+        ),
+        pytest.param(
+            {ANNOTATION: "Web.svc"}, model.INVALID_ANNOTATION, "'Web.svc'", id="uppercase name"
+        ),
+        pytest.param(
+            {ANNOTATION: "a" * 64 + ".svc"},
+            model.INVALID_ANNOTATION,
+            "not a valid DNS",
+            id="long label",
+        ),
+        pytest.param(
+            {ANNOTATION: "a.svc."}, model.INVALID_ANNOTATION, "not a valid DNS", id="trailing dot"
+        ),
+        pytest.param(
+            {ANNOTATION: "ok.svc,evil\n.svc"},
+            model.INVALID_ANNOTATION,
+            r"'evil\n.svc'",
+            id="newline escaped",
+        ),
+        pytest.param(
+            {ANNOTATION: ",".join(f"n{i}.svc" for i in range(101))},
+            model.INVALID_ANNOTATION,
+            "lists 101 names; at most 100",
+            id="more than 100 names",
+        ),
+    ],
+)
+def test_bad_annotations_are_denied_with_the_offending_value(
+    annotations: dict[str, str], reason: str, fragment: str
+) -> None:
+    denial = decide.parse_annotations(annotations, DNS_OPEN)
+    assert isinstance(denial, model.Deny)
+    assert denial.reason == reason
+    assert fragment in denial.message
+    assert len(denial.message) < 500
+
+
+def test_requested_names_are_denied_when_policy_does_not_allow_requests() -> None:
+    denial = decide.parse_annotations({ANNOTATION: "a.web.svc"}, DNS_CLOSED)
+    assert isinstance(denial, model.Deny)
+    assert denial.reason == model.DNS_NAME_NOT_ALLOWED
+    assert "allowRequested" in denial.message
+
+
+def test_exactly_100_names_are_fine() -> None:
+    names = [f"n{i}.svc" for i in range(100)]
+    assert decide.parse_annotations(
+        {ANNOTATION: ",".join(names)}, DNS_OPEN
+    ) == decide.RequestedNames(tuple(names))

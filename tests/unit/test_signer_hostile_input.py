@@ -15,7 +15,6 @@ import base64
 import copy
 import dataclasses
 import datetime as dt
-import json
 from typing import Any, Final, get_args
 
 import msgspec
@@ -30,7 +29,7 @@ from podcert.api import keys, requests
 from podcert.api.requests import PodCertificateRequest
 from signer import certs, model, policy
 from signer.authority import ca
-from signer.issue import decide, requested
+from signer.issue import decide
 from signer.issue.settle import issued_status, settled_status
 from tests import strategies
 from tests.hostile_seeds import (
@@ -95,7 +94,7 @@ HOSTILE_DER = strategies.hostile_der(KNOWN_DER)
 
 # Read from the closed type, so a reason added to model.DenyReason is known here at once.
 DENIED_REASONS: Final = frozenset(get_args(model.DenyReason))
-DNS_KEY = requested.DNS_NAMES_ANNOTATION
+DNS_KEY = decide.DNS_NAMES_ANNOTATION
 ENTITLED = sorted(make_facts().service_dns_names)
 POLICIES = [
     POLICY,
@@ -209,6 +208,16 @@ def test_decide_on_hostile_input_ends_in_a_typed_outcome(
     now: dt.datetime,
 ) -> None:
     assert request.spec.signer_name == SIGNER
+    # As the signer reads it: off the wire, where what the API server would not admit (a name
+    # that is none, a lifetime out of range) is refused naming the field, then decided on.
+    read = requests.decode_request(msgspec.json.encode(request))
+    problem = requests.invalid(read)
+    if problem is not None:
+        event("InvalidRequest at the wire")
+        assert 0 < len(str(problem)) < 200
+        return
+    assert isinstance(read, PodCertificateRequest)
+    request = read
     decision = decide.decide(request, facts, signer, now)
     event(getattr(decision, "reason", type(decision).__name__))
     if isinstance(decision, model.Deny):
@@ -235,7 +244,7 @@ def test_decide_on_hostile_input_ends_in_a_typed_outcome(
 @given(annotations=st.dictionaries(st.text(max_size=20_000), st.text(max_size=20_000), max_size=5))
 def test_annotation_parser_never_raises(annotations: dict[str, str]) -> None:
     for signer in POLICIES[:2]:
-        result = requested.parse_annotations(annotations, signer)
+        result = decide.parse_annotations(annotations, signer)
         if isinstance(result, model.Deny):
             assert len(result.message) < 1000
         else:
@@ -296,8 +305,8 @@ def test_key_parser_returns_a_proven_supported_key_or_raises_csr_error(
         changed(BASE_REQUEST, stub_csr=stub, pkix_public_key=pkix, proof_of_possession=proof),
     ):
         try:
-            parsed = requested.parse_public_key(request)
-        except requested.CSRError as exc:
+            parsed = decide.parse_public_key(request)
+        except decide.CSRError as exc:
             event(f"CSRError {exc.reason}")
             assert exc.reason in (
                 model.INVALID_REQUEST,
@@ -307,8 +316,8 @@ def test_key_parser_returns_a_proven_supported_key_or_raises_csr_error(
             assert 0 < len(exc.message) < 600
             continue
         event(f"parsed {parsed.key_type}")
-        assert parsed.key_type in requested.KEY_TYPES
-        assert requested.key_type_of(parsed.public_key) == parsed.key_type
+        assert parsed.key_type in keys.KEY_TYPES
+        assert keys.key_type_of(parsed.public_key) == parsed.key_type
         if request.spec.stub_pkcs10_request:
             # Whatever parsed proved possession: the CSR verifies under the key it names.
             loaded = x509.load_der_x509_csr(request.spec.stub_pkcs10_request)
@@ -458,7 +467,9 @@ def test_damaged_requests_end_in_an_invalid_request_or_a_typed_decision(
         # The controller denies these with InvalidRequest and this message.
         event(f"InvalidRequest at {problem.field.split('.')[0]}")
         assert 0 < len(str(problem)) < 200
-        json.dumps(settled_status("Denied", model.INVALID_REQUEST, str(problem), None, NOW))
+        msgspec.json.encode(
+            settled_status("Denied", model.INVALID_REQUEST, str(problem), None, NOW)
+        )
         return
     assert isinstance(read, requests.PodCertificateRequest)
     request = read
@@ -473,7 +484,9 @@ def test_damaged_requests_end_in_an_invalid_request_or_a_typed_decision(
         assert decision.reason in DENIED_REASONS
         assert 0 < len(decision.message) < 1000
         generation = request.metadata.generation
-        json.dumps(settled_status("Denied", decision.reason, decision.message, generation, now))
+        msgspec.json.encode(
+            settled_status("Denied", decision.reason, decision.message, generation, now)
+        )
         return
     if isinstance(decision, model.Retry):
         assert decision.after > dt.timedelta(0)
@@ -485,7 +498,7 @@ def test_damaged_requests_end_in_an_invalid_request_or_a_typed_decision(
     leaf = x509.load_pem_x509_certificates(chain.encode())[0]
     assert leaf.public_key() == decision.plan.public_key
     plan = decision.plan
-    json.dumps(
+    msgspec.json.encode(
         issued_status(
             None, chain, plan.not_before, plan.not_after, plan.begin_refresh_at, "issued", now
         )
@@ -519,7 +532,7 @@ ANNOTATION_DENIALS: Final = frozenset(
 def test_annotation_parser_returns_valid_names_or_a_denial_naming_the_annotation(
     annotations: dict[str, str], signer: policy.SignerPolicy
 ) -> None:
-    result = requested.parse_annotations(annotations, signer)
+    result = decide.parse_annotations(annotations, signer)
     if isinstance(result, model.Deny):
         event(f"Deny {result.reason}")
         assert result.reason in ANNOTATION_DENIALS
@@ -535,7 +548,7 @@ def test_annotation_parser_returns_valid_names_or_a_denial_naming_the_annotation
     entries = [entry.strip() for entry in annotations[DNS_KEY].split(",")]
     assert signer.dns.allow_requested
     assert result.dns_names == tuple(dict.fromkeys(entries))
-    assert len(result.dns_names) <= requested.MAX_REQUESTED_DNS_NAMES
+    assert len(result.dns_names) <= decide.MAX_REQUESTED_DNS_NAMES
     assert all(policy.is_dns_name(name) for name in result.dns_names)
 
 
@@ -640,7 +653,7 @@ def test_policy_loader_raises_only_policy_errors_naming_the_file(text: str) -> N
 def test_the_seeds_are_valid_so_the_mutants_start_deep() -> None:
     """Each target's seeds pass its parser, so damage is found past the first check."""
     for stub in GOOD_CSRS:
-        requested.parse_public_key(changed(BASE_REQUEST, stub_csr=stub))
+        decide.parse_public_key(changed(BASE_REQUEST, stub_csr=stub))
     for seed in PCR_SEEDS:
         decision = decide.decide(request_of(seed), BASE_FACTS, REQUEST_POLICIES[1], NOW)
         assert isinstance(decision, model.Issue), decision

@@ -10,11 +10,13 @@ import base64
 import datetime as dt
 from typing import Any, cast
 
+import msgspec
 import pytest
 
 from podcert.api import keys, requests
 from podcert.client.rest import Rest
-from signer import certs, model, objects
+from signer import certs, model
+from signer.issue import facts
 from signer.issue.settle import settle
 from signer.kube import SignerKube
 from tests.canned_rest import CannedRest
@@ -125,7 +127,8 @@ def test_the_status_put_carries_identity_guard_and_status_only() -> None:
     assert isinstance(request, requests.PodCertificateRequest)
     settled = settle(request, SIGNED, NOW)
     kube.write_status(settled.target, settled.status)
-    [(method, path, body)] = rest.sent
+    [(method, path, sent)] = rest.sent
+    body = msgspec.json.decode(msgspec.json.encode(sent))  # as the Rest writes it
     assert (method, path) == (
         "PUT",
         "/apis/certificates.k8s.io/v1/namespaces/web/podcertificaterequests/api-0-x7k2p/status",
@@ -140,7 +143,8 @@ def test_the_status_put_carries_identity_guard_and_status_only() -> None:
         "resourceVersion": "812",
     }
     assert body["status"]["conditions"][0]["observedGeneration"] == 1
-    assert body["status"] == settled.status
+    assert body["status"]["notBefore"].endswith("Z"), "metav1.Time, in UTC"
+    assert requests.parse_status(body["status"]) == settled.status
 
 
 def test_an_unreadable_request_in_a_list_is_kept_to_be_denied_by_name() -> None:
@@ -187,19 +191,23 @@ def test_a_live_pod_read_is_decoded_as_the_cache_decodes_it() -> None:
     """The pod comes as the cache's shape (labels raw, annotations never decoded) and means
     what the whole object means, its labels whole for the one decision."""
     rest = CannedRest([huge_pod()])
-    found = SignerKube(cast(Rest, rest)).get_pod("web", "api-0")
-    assert isinstance(found, objects.PodShape)
+    found = SignerKube(cast(Rest, rest)).get_as("pods", "web", "api-0", facts.PodShape)
+    assert isinstance(found, facts.PodShape)
     assert rest.sent == [("GET", "/api/v1/namespaces/web/pods/api-0", None)]
-    assert objects.pod_from(found, whole=True) == objects.pod_from(huge_pod(), whole=True)
-    assert objects.pod_from(found).labels is None, "over the bound: not for a cache"
+    assert facts.pod_from(found, whole=True) == facts.pod_from(huge_pod(), whole=True)
+    assert facts.pod_from(found).labels is None, "over the bound: not for a cache"
 
 
 def test_a_live_node_and_account_read_are_their_shapes() -> None:
     node = {"metadata": {"name": "node-a", "uid": "n1"}, "status": {"images": [{"x": 1}] * 100}}
-    found = SignerKube(cast(Rest, CannedRest([node]))).get_node("node-a")
-    assert isinstance(found, objects.NodeShape)
-    assert objects.node_from(found) == objects.node_from(node)
+    found = SignerKube(cast(Rest, CannedRest([node]))).get_as(
+        "nodes", None, "node-a", facts.NodeShape
+    )
+    assert isinstance(found, facts.NodeShape)
+    assert facts.node_from(found) == facts.node_from(node)
     account = {"metadata": {"namespace": "web", "name": "api", "uid": "s1"}, "secrets": []}
-    got = SignerKube(cast(Rest, CannedRest([account]))).get_service_account("web", "api")
-    assert isinstance(got, objects.ServiceAccountShape)
-    assert objects.service_account_from(got) == objects.service_account_from(account)
+    got = SignerKube(cast(Rest, CannedRest([account]))).get_as(
+        "serviceaccounts", "web", "api", facts.ServiceAccountShape
+    )
+    assert isinstance(got, facts.ServiceAccountShape)
+    assert facts.service_account_from(got) == facts.service_account_from(account)

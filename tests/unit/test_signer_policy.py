@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from podcert.api import keys
 from podcert.reconcile.ratelimit import Rate
 from signer import policy
-from signer.issue import requested
 
 SERVED = ("example.com/podcert", "example.com/other")
 NAME = SERVED[0]
@@ -42,7 +42,7 @@ def test_default_policy_allows_everything_with_all_key_types_and_no_dns_names() 
     signer = policy.default_policy([NAME], "cluster.local").for_signer(NAME)
     assert signer == policy.SignerPolicy(name=NAME, trust_domain="cluster.local")
     assert signer.max_lifetime == dt.timedelta(days=1)
-    assert signer.key_types == frozenset(requested.KEY_TYPES)
+    assert signer.key_types == frozenset(keys.KEY_TYPES)
     assert signer.dns == policy.DNSPolicy(
         services=False, cluster_domain="cluster.local", allow_requested=False
     )

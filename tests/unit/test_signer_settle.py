@@ -61,9 +61,15 @@ REQUEST = make_request(
 # --- the pure step -----------------------------------------------------------------------------
 
 
+def wire(status: requests.Status) -> dict[str, Any]:
+    """The status as its PUT carries it (msgspec writes the Struct under its wire names)."""
+    body: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(status))
+    return body
+
+
 def test_an_issuance_settles_to_the_chain_an_entry_written_ahead_and_no_event() -> None:
     done = settle(REQUEST, SIGNED, NOW)
-    status = done.status
+    status = wire(done.status)
     assert status["certificateChain"] == SIGNED.chain_pem
     assert (status["notBefore"], status["notAfter"], status["beginRefreshAt"]) == (
         "2026-11-29T11:59:00Z",
@@ -113,13 +119,13 @@ def test_a_refusal_settles_to_its_condition_an_entry_after_the_write_and_a_warni
     answer: model.Deny | model.Fail, outcome: str, decision: str
 ) -> None:
     done = settle(REQUEST, answer, NOW)
-    [condition] = done.status["conditions"]
+    [condition] = wire(done.status)["conditions"]
     assert (condition["type"], condition["reason"], condition["message"]) == (
         outcome,
         answer.reason,
         answer.message,
     )
-    assert "certificateChain" not in done.status
+    assert "certificateChain" not in wire(done.status)
     assert not done.write_ahead
     assert done.event is not None
     assert (done.event.type, done.event.reason, done.event.message) == (
@@ -167,11 +173,11 @@ class Fakes:
     fresh: requests.Read | None = None  # what a re-read after a 409 finds
     audit_ok: bool = True
 
-    def write_status(self, target: requests.Metadata, status: dict[str, Any]) -> None:
+    def write_status(self, target: requests.Metadata, status: requests.Status) -> None:
         if self.write_errors:
             self.writes.append(("refused", self.write_errors[0].status))
             raise self.write_errors.pop(0)
-        self.writes.append(("status", status["conditions"][0]["type"]))
+        self.writes.append(("status", status.conditions[0].type))
 
     def get_pcr(self, namespace: str, name: str) -> requests.Read | None:
         self.writes.append(("get", name))
@@ -325,6 +331,6 @@ def test_every_decision_kind_is_settled_once_or_put_off(
         assert count(ctrl, "podcert_signer_retries_total", reason="CATooShort") == 1
     if written == "Issued":
         [issued] = applied
-        chain = issued.status["certificateChain"]
+        chain = issued.status.certificate_chain
         assert chain.startswith("-----BEGIN CERTIFICATE-----")
         assert issued.serial is not None

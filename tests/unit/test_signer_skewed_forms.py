@@ -229,7 +229,7 @@ def reconcile(kube: SignerKube, obj: dict[str, Any], monkeypatch: pytest.MonkeyP
 
 
 def leaf_key(settled: Settlement) -> bytes:
-    chain = settled.status["certificateChain"]
+    chain = settled.status.certificate_chain
     leaf = x509.load_pem_x509_certificates(chain.encode())[0]
     return keys.spki_der(leaf.public_key())
 

@@ -1,11 +1,15 @@
-"""Facts as fresh as the request (`signer.issue.fresh`): a change made before the signer saw a
-request is never missed, however far the watched caches lag, and a start-up backlog costs no GET.
+"""What the signer reads of the cluster beside requests (`signer.issue.facts`).
 
-The order comes from the signer's own monotonic clock (resourceVersions compare only within one
-resource): a cache whose list was asked for after the request was seen is fresh enough, and so
-is a live answer asked for after it; anything older is read again. In CI this was a real miss:
-a ServiceAccount deleted just before the request still stood in the cache, and the signer
-issued (tests/integration/test_signer_facts.py, "service account deleted", under load)."""
+Shapes: pods, nodes, ServiceAccounts and Services in, the signer's model out; broken objects
+name the field; a pod's labels are kept only within their bound.
+
+Freshness: a change made before the signer saw a request is never missed, however far the
+watched caches lag, and a start-up backlog costs no GET. The order comes from the signer's own
+monotonic clock (resourceVersions compare only within one resource): a cache whose list was
+asked for after the request was seen is fresh enough, and so is a live answer asked for after
+it; anything older is read again. In CI this was a real miss: a ServiceAccount deleted just
+before the request still stood in the cache, and the signer issued
+(tests/integration/test_signer_facts.py, "service account deleted", under load)."""
 
 from __future__ import annotations
 
@@ -17,14 +21,16 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import msgspec
+import pytest
 
 from podcert.api import requests
 from podcert.reconcile.reflector import Reflector
-from signer import model, objects
+from signer import model
 from signer.authority.castore import CAStore
+from signer.issue import facts as shapes
 from signer.issue.controller import Controller, utcnow
 from signer.issue.decide import decide
-from signer.issue.fresh import Fresh
+from signer.issue.facts import Fresh
 from signer.kube import SignerKube
 from signer.metrics import Metrics
 from signer.policy import Policy, default_policy
@@ -37,6 +43,188 @@ from tests.signer_world import (
     LiveKube,
     make_request,
 )
+
+# --- shapes --------------------------------------------------------------------------------------
+
+
+def test_service_names_come_only_from_selecting_services() -> None:
+    services = {"api": {"app": "api"}, "manual": {}, "other": {"app": "x"}}
+    names = shapes.service_names(services, "ns", {"app": "api", "tier": "1"}, "cluster.local")
+    assert names == {"api.ns.svc", "api.ns.svc.cluster.local"}
+
+
+# --- the caches read pods, nodes and ServiceAccounts as shapes ------------------------------------
+
+POD = {
+    "metadata": {
+        "namespace": "shop",
+        "name": "web-1",
+        "uid": "pod-uid",
+        "resourceVersion": "41",
+        "labels": {"app": "web", "tier": "front"},
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+    },
+    "spec": {"nodeName": "node-a", "serviceAccountName": "web", "containers": [{"name": "c"}]},
+    "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+}
+
+
+def test_a_pod_read_as_a_shape_is_the_pod_read_as_a_dict() -> None:
+    shape = msgspec.json.decode(json.dumps(POD), type=shapes.PodShape)
+    assert shapes.pod_from(shape) == shapes.pod_from(POD)
+    assert shapes.key_of(shape) == shapes.key_of(POD) == ("shop", "web-1")
+    deleting = {**POD, "metadata": {**POD["metadata"], "deletionTimestamp": "2026-11-29T12:00:00Z"}}
+    shape = msgspec.json.decode(json.dumps(deleting), type=shapes.PodShape)
+    assert shapes.pod_from(shape).deleting
+
+
+def test_pods_with_the_same_labels_share_one_read_only_mapping() -> None:
+    other = {**POD, "metadata": {**POD["metadata"], "name": "web-2", "uid": "u2"}}
+    first, second = shapes.pod_from(POD), shapes.pod_from(other)
+    assert first.labels is second.labels
+    assert dict(first.labels) == {"app": "web", "tier": "front"}
+    with pytest.raises(TypeError):
+        first.labels["app"] = "db"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        pytest.param(
+            {"metadata": {"name": "p", "uid": "u"}}, "namespace", id="pod without namespace"
+        ),
+        pytest.param({"metadata": {"namespace": "n", "name": "p"}}, "uid", id="pod without UID"),
+    ],
+)
+def test_a_pod_shape_missing_a_field_names_it(body: dict[str, Any], field: str) -> None:
+    with pytest.raises(shapes.ObjectError, match=field):
+        shapes.pod_from(msgspec.json.decode(json.dumps(body), type=shapes.PodShape))
+
+
+def test_nodes_and_service_accounts_read_as_shapes() -> None:
+    node = msgspec.json.decode(
+        b'{"metadata": {"name": "node-a", "uid": "n1"}, "status": {"images": [{"names": ["x"]}]}}',
+        type=shapes.NodeShape,
+    )
+    assert shapes.node_from(node) == model.Node("node-a", "n1")
+    assert shapes.name_of(node) == "node-a"
+    sa = msgspec.json.decode(
+        b'{"metadata": {"namespace": "shop", "name": "web", "uid": "s1"}}',
+        type=shapes.ServiceAccountShape,
+    )
+    assert shapes.service_account_from(sa) == model.ServiceAccount("shop", "web", "s1")
+
+
+# --- a pod's labels are kept only while small; Services give names by type ------------------------
+
+HUGE_LABELS = {f"tenant.example/k{i:05d}": "v" * 40 for i in range(7000)}
+
+
+def pod_json(labels: Any) -> bytes:
+    """A pod as the API server writes it (no spaces)."""
+    body = {**POD, "metadata": {**POD["metadata"], "labels": labels}}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def test_labels_size_is_the_bytes_the_api_server_writes() -> None:
+    for labels in ({}, {"app": "web"}, {"app": "web", "tier": "front"}, HUGE_LABELS):
+        assert shapes.labels_size(labels) == len(json.dumps(labels, separators=(",", ":")))
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda body: msgspec.json.decode(body, type=shapes.PodShape), id="shape"),
+        pytest.param(lambda body: json.loads(body), id="dict"),
+    ],
+)
+def test_a_pod_holds_its_labels_only_up_to_the_bound(read: Any) -> None:
+    def labels_at(size: int) -> dict[str, str]:
+        """One label whose map is `size` bytes of JSON."""
+        return {"k": "v" * (size - len('{"k":""}'))}
+
+    at_bound = labels_at(shapes.LABELS_KEPT)
+    assert shapes.pod_from(read(pod_json(at_bound))).labels == at_bound
+    assert shapes.pod_from(read(pod_json(labels_at(shapes.LABELS_KEPT + 1)))).labels is None
+    pod = shapes.pod_from(read(pod_json(HUGE_LABELS)))
+    assert pod.labels is None
+    assert (pod.namespace, pod.name, pod.uid, pod.node_name) == (
+        "shop",
+        "web-1",
+        "pod-uid",
+        "node-a",
+    )
+
+
+def test_labels_over_the_bound_are_never_decoded_from_a_shape() -> None:
+    """Not even read as strings: a map of numbers this large fails nothing, and builds nothing."""
+    numbers = {f"k{i:05d}": i for i in range(1000)}
+    shape = msgspec.json.decode(pod_json(numbers), type=shapes.PodShape)
+    assert shapes.pod_from(shape).labels is None
+    wrong = msgspec.json.decode(pod_json({"app": 1}), type=shapes.PodShape)
+    with pytest.raises(shapes.ObjectError, match=r"metadata\.labels"):
+        shapes.pod_from(wrong)
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda body: msgspec.json.decode(body, type=shapes.PodShape), id="shape"),
+        pytest.param(lambda body: json.loads(body), id="dict"),
+    ],
+)
+def test_a_pod_read_whole_has_every_label_and_kept_drops_them(read: Any) -> None:
+    whole = shapes.pod_from(read(pod_json(HUGE_LABELS)), whole=True)
+    assert whole.labels == HUGE_LABELS
+    kept = shapes.kept(whole)
+    assert kept is not None and kept.labels is None
+    assert msgspec.structs.replace(kept, labels=whole.labels) == whole
+    small = shapes.pod_from(POD, whole=True)
+    assert shapes.kept(small) is small
+    assert shapes.kept(None) is None
+
+
+def service(type_: str | None, selector: Any, **spec: Any) -> shapes.ServiceShape:
+    body: dict[str, Any] = {"selector": selector, **spec}
+    if type_ is not None:
+        body["type"] = type_
+    obj = {"metadata": {"namespace": "shop", "name": "api", "resourceVersion": "9"}, "spec": body}
+    return msgspec.json.decode(json.dumps(obj), type=shapes.ServiceShape)
+
+
+@pytest.mark.parametrize(
+    ("shape", "gives"),
+    [
+        pytest.param(service("ClusterIP", {"app": "api"}), True, id="ClusterIP gives its name"),
+        pytest.param(
+            service("ClusterIP", {"app": "api"}, clusterIP="None"),
+            True,
+            id="headless gives its name",
+        ),
+        pytest.param(service("NodePort", {"app": "api"}), True, id="NodePort gives its name"),
+        pytest.param(
+            service("LoadBalancer", {"app": "api"}), True, id="LoadBalancer gives its name"
+        ),
+        pytest.param(service(None, {"app": "api"}), True, id="no type is ClusterIP"),
+        pytest.param(
+            service("ExternalName", {"app": "api"}, externalName="evil.example"),
+            False,
+            id="ExternalName with a selector gives no name",
+        ),
+        pytest.param(service("Tunnel", {"app": "api"}), False, id="an unknown type gives none"),
+        pytest.param(service("ClusterIP", None), False, id="no selector gives none"),
+        pytest.param(service("ClusterIP", {}), False, id="an empty selector gives none"),
+        pytest.param(service("ClusterIP", {"app": 1}), False, id="a broken selector gives none"),
+        pytest.param(service("ClusterIP", ["app"]), False, id="a selector not a map gives none"),
+    ],
+)
+def test_only_services_that_route_to_their_pods_give_names(
+    shape: shapes.ServiceShape, gives: bool
+) -> None:
+    assert shapes.service_selector(shape) == ({"app": "api"} if gives else None)
+
+
+# --- as fresh as the request ---------------------------------------------------------------------
 
 
 class Clock:
@@ -318,19 +506,20 @@ class LabelledKube(LiveKube):
         super().__init__()
         self.labels = labels
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = super().get_pod(namespace, name)
-        assert found is not None
-        found["metadata"]["labels"] = self.labels
+    def objects(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        found = super().objects(resource, namespace, name)
+        if resource == "pods" and found is not None:
+            found["metadata"]["labels"] = self.labels
         return found
 
-    def list_services(self) -> Any:
+    def list_all(self, resource: str, shape: Any) -> Any:
         raise AssertionError("the tests hand the Services in")
 
-    watch_services = list_services
+    def watch_all(self, resource: str, resource_version: str, shape: Any) -> Any:
+        raise AssertionError("the tests hand the Services in")
 
-    def list_services_in(self, namespace: str) -> Any:
-        self.reads.append(f"services in {namespace}")
+    def list_in(self, resource: str, namespace: str, shape: Any) -> Any:
+        self.reads.append(f"{resource} in {namespace}")
         return iter(SERVICES)
 
 
@@ -342,7 +531,7 @@ SERVICES = [
                 "spec": {"type": kind, "selector": sel},
             }
         ),
-        type=objects.ServiceShape,
+        type=shapes.ServiceShape,
     )
     for name, kind, sel in [
         ("api", "ClusterIP", {"app": "api"}),
@@ -374,7 +563,7 @@ def test_a_pod_whose_labels_the_cache_does_not_keep_is_read_live_for_its_names()
     live = LabelledKube(HUGE)
     ctrl = services_controller(live, Clock(100.0))
     stale_caches(ctrl, listed_at=50.0)
-    pod = live.get_pod("web", "api-0")
+    pod = live.objects("pods", "web", "api-0")
     live.reads.clear()
     ctrl.bindings.pods._on_event("MODIFIED", pod)
     assert (cached := ctrl.bindings.pods.get(("web", "api-0"))) is not None
@@ -411,7 +600,7 @@ def test_small_labels_come_from_the_cache_with_no_live_read() -> None:
     live = LabelledKube({"app": "api"})
     ctrl = services_controller(live, Clock(100.0))
     stale_caches(ctrl, listed_at=50.0)
-    ctrl.bindings.pods._on_event("MODIFIED", live.get_pod("web", "api-0"))
+    ctrl.bindings.pods._on_event("MODIFIED", live.objects("pods", "web", "api-0"))
     live.reads.clear()
     facts = ctrl.facts(make_request(), seen_at=40.0)
     assert live.reads == []
@@ -422,7 +611,7 @@ def test_without_service_names_a_pod_without_kept_labels_costs_no_read() -> None
     live = LabelledKube(HUGE)
     ctrl = controller(live, [SIGNER], Clock(100.0))
     stale_caches(ctrl, listed_at=50.0)
-    ctrl.bindings.pods._on_event("MODIFIED", live.get_pod("web", "api-0"))
+    ctrl.bindings.pods._on_event("MODIFIED", live.objects("pods", "web", "api-0"))
     live.reads.clear()
     facts = ctrl.facts(make_request(), seen_at=40.0)
     assert live.reads == []
@@ -435,7 +624,7 @@ def test_before_the_services_are_listed_a_decision_reads_its_namespaces_services
     live = LabelledKube({"app": "api"})
     ctrl = services_controller(live, Clock(100.0), listed=False)
     stale_caches(ctrl, listed_at=50.0)
-    ctrl.bindings.pods._on_event("MODIFIED", live.get_pod("web", "api-0"))
+    ctrl.bindings.pods._on_event("MODIFIED", live.objects("pods", "web", "api-0"))
     live.reads.clear()
     facts = ctrl.facts(make_request(), seen_at=40.0)
     assert live.reads == ["services in web"]
