@@ -1,20 +1,16 @@
 """One PodCertificateRequest, typed, for the signer, the node shim, the audit and the tests.
 
-`PodCertificateRequest` is a msgspec Struct of the API object's metadata, spec and status under
-their wire names: list pages, watch events and reads decode straight into it (`decode_request`,
-`podcert.client.rest.REQUESTS`), and dicts convert into it (`parse_request`). An object that
-is not a request of that shape never raises out of the wire: it becomes `Unreadable`, which holds
-what of its metadata and spec reads as strings and the `RequestError` naming the first bad
-field, so the signer can deny it by name and go on with the rest of the page. Fields the API
-server always sets read as "" when absent: whether a missing one matters is the reader's call
-(`invalid`). `outcome` is the tolerant one-liner for dicts in caches and filters: it never
-raises, and reads a status of the wrong shape as "not settled".
+A msgspec Struct of the API object under its wire names: list pages, watch events and reads
+decode straight into it (`decode_request`, `podcert.client.rest.REQUESTS`), dicts convert into
+it (`parse_request`). An object of another shape never raises out of the wire: it is
+`Unreadable`, holding what of it reads as strings and the `RequestError` naming its first bad
+field, so the signer denies it by name and goes on with the page. Whether a request can be
+decided on at all is `invalid`'s call. `outcome` reads a dict's status tolerantly, never raising.
 
 The node proves it holds the subject key in one of two forms (`KeyForm`): a stub PKCS#10 request
-(v1; v1beta1 from 1.36) or the key with a proof of possession (v1beta1 only; the only form 1.35
-has). `subject_key` reads which one a request carries, under the API server's "exactly one"
-rule; `key_fields` writes one. The status a signer PUTs is built by `signer.issue.settle`.
-Pure: no I/O, no clock.
+(v1; v1beta1 from 1.36) or the key with a proof of possession (v1beta1 only, 1.35's one form);
+`subject_key` reads which one a request carries ("exactly one"), `key_fields` writes one. The
+status a signer PUTs is built by `signer.issue.settle`. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -29,17 +25,12 @@ from typing import Annotated, Any, Final, Literal, cast, get_args
 import msgspec
 from cryptography import x509
 
-from podcert.api import keys
-from podcert.api.validation import (
-    DEFAULT_MAX_EXPIRATION_SECONDS,
-    DNSLabel,
-    DNSName,
-    MaxExpirationSeconds,
-)
+from podcert.api import keys, validation
+from podcert.api.validation import DEFAULT_MAX_EXPIRATION_SECONDS, DNS_LABEL, DNS_NAME
+from podcert.errors import show
 
 Outcome = Literal["Issued", "Denied", "Failed"]
-"""The condition a settled request carries (exactly one, and terminal). The one such type: the
-signer writes it, and the node shim, the audit and the tests read it."""
+"""The condition a settled request carries (exactly one, terminal): the signer writes it."""
 OUTCOMES: Final[frozenset[str]] = frozenset(get_args(Outcome))
 
 
@@ -53,8 +44,7 @@ class RequestError(ValueError):
         self.problem = problem
 
 
-# Times the API server writes: RFC 3339, always with a zone (a time without one is refused, as
-# a naive datetime could not be compared with any other).
+# Times the API server writes: RFC 3339 with a zone (a naive datetime compares with nothing).
 Time = Annotated[dt.datetime, msgspec.Meta(tz=True)]
 
 
@@ -64,7 +54,7 @@ class Metadata(msgspec.Struct, frozen=True, gc=False):
     skipped unread: managedFields alone are as large as the spec."""
 
     name: str = ""
-    namespace: DNSLabel = ""
+    namespace: str = ""
     uid: str = ""
     resource_version: str = msgspec.field(default="", name="resourceVersion")
     generation: int | None = None
@@ -76,19 +66,17 @@ class Spec(msgspec.Struct, frozen=True, gc=False):
     """spec: immutable after creation. Bytes fields are base64 on the wire, decoded here."""
 
     signer_name: str = msgspec.field(default="", name="signerName")
-    pod_name: DNSName = msgspec.field(default="", name="podName")
+    pod_name: str = msgspec.field(default="", name="podName")
     pod_uid: str = msgspec.field(default="", name="podUID")
-    service_account_name: DNSName = msgspec.field(default="", name="serviceAccountName")
+    service_account_name: str = msgspec.field(default="", name="serviceAccountName")
     service_account_uid: str = msgspec.field(default="", name="serviceAccountUID")
-    node_name: DNSName = msgspec.field(default="", name="nodeName")
+    node_name: str = msgspec.field(default="", name="nodeName")
     node_uid: str = msgspec.field(default="", name="nodeUID")
-    max_expiration_seconds: MaxExpirationSeconds = msgspec.field(
+    max_expiration_seconds: int = msgspec.field(
         default=DEFAULT_MAX_EXPIRATION_SECONDS, name="maxExpirationSeconds"
     )
-    # DER PKCS#10 made by the node with the subject key (v1, and v1beta1 from 1.36); absent
-    # (None, or empty), and then a v1beta1 object carries the key as DER SubjectPublicKeyInfo
-    # instead. v1beta1 writes the form it does not use as null, so None is as common as b"":
-    # typed so, these objects decode in one pass like the others.
+    # The key's two forms (`subject_key`), DER. v1beta1 writes the form it does not use as null,
+    # so None is as common as b"": typed so, these objects decode in one pass like the others.
     stub_pkcs10_request: bytes | None = msgspec.field(default=None, name="stubPKCS10Request")
     pkix_public_key: bytes | None = msgspec.field(default=None, name="pkixPublicKey")
     proof_of_possession: bytes | None = msgspec.field(default=None, name="proofOfPossession")
@@ -190,11 +178,10 @@ class PodCertificateRequest(msgspec.Struct, frozen=True, gc=False):
 
 @dataclass(frozen=True)
 class Unreadable:
-    """An object read where a request was expected that does not decode as one. `metadata`
-    and `spec` hold what of them reads as strings (for its key, its status write and its audit
-    entry), `status` only whether it is settled (read as tolerantly as `outcome` reads a dict);
-    `problem` names the first field that broke. Never decided on: the signer denies a pending
-    one InvalidRequest with `problem` as the message."""
+    """An object read where a request was expected that does not decode as one: what of its
+    metadata and spec reads as strings (its key, status write and audit entry), whether it is
+    settled (as tolerantly as `outcome` reads a dict), and `problem`, its first broken field.
+    Never decided on: a pending one is denied InvalidRequest with `problem` as the message."""
 
     metadata: Metadata
     spec: Spec
@@ -354,8 +341,6 @@ _WORDING: Final = (
     (re.compile(r"Invalid base64 encoded string"), "not valid base64"),
     (re.compile(r"Expected `datetime` with a timezone component"), "expected an RFC 3339 time"),
     (re.compile(r"Invalid RFC3339 encoded datetime"), "expected an RFC 3339 time"),
-    (re.compile(r"Expected `str` matching regex .*"), "expected a lowercase RFC 1123 name"),
-    (re.compile(r"Expected `(\w+)` (of length )?([<>]=) (\d+)"), r"expected \1 \2\3 \4"),
 )
 
 
@@ -430,16 +415,28 @@ def _b64(data: bytes) -> str:
 
 
 def invalid(request: Read) -> RequestError | None:
-    """Why `request` cannot be decided on: it did not decode as a request, or it lacks a field
-    the API server always sets. The signer denies it InvalidRequest with this as the message."""
+    """Why `request` cannot be decided on: it did not decode as a request, it lacks a field the
+    API server always sets, or a field holds what the API server would not admit (names reach
+    messages, namespace and service account a SPIFFE ID's path). Checked per decision, not per
+    decode (most decoded requests are a signer's own writes coming back); the signer denies it
+    InvalidRequest with this as the message."""
     if isinstance(request, Unreadable):
         return request.problem
+    meta, spec = request.metadata, request.spec
     for name in ("namespace", "name", "uid"):
-        if not getattr(request.metadata, name):
+        if not getattr(meta, name):
             return RequestError(f"metadata.{name}", "expected a non-empty string")
-    for api_name, attr in _SPEC_FIELDS.items():
-        if not getattr(request.spec, attr):
+    named = (("metadata.namespace", meta.namespace, DNS_LABEL),)
+    for api_name, (attr, rule) in _SPEC_FIELDS.items():
+        value = getattr(spec, attr)
+        if not value:
             return RequestError(f"spec.{api_name}", "expected a non-empty string")
+        named += ((f"spec.{api_name}", value, rule),) if rule is not None else ()
+    for path, value, rule in named:
+        if rule.fullmatch(value) is None:
+            return RequestError(path, f"{show(value)} is not a lowercase RFC 1123 name")
+    if (seconds := spec.max_expiration_seconds) not in _LIFETIMES:
+        return RequestError("spec.maxExpirationSeconds", f"{seconds} is not in {_LIFETIMES_SHOWN}")
     return None
 
 
@@ -485,13 +482,18 @@ def outcome(pcr: Mapping[str, object]) -> Outcome | None:
 
 # --- fields -----------------------------------------------------------------------------------
 
-# The spec's string fields (API name -> attribute); the API server requires every one of them.
-_SPEC_FIELDS: Final[Mapping[str, str]] = {
-    "signerName": "signer_name",
-    "podName": "pod_name",
-    "podUID": "pod_uid",
-    "serviceAccountName": "service_account_name",
-    "serviceAccountUID": "service_account_uid",
-    "nodeName": "node_name",
-    "nodeUID": "node_uid",
+_LIFETIMES: Final = range(
+    validation.MIN_MAX_EXPIRATION_SECONDS, validation.MAX_MAX_EXPIRATION_SECONDS + 1
+)
+_LIFETIMES_SHOWN: Final = f"[{_LIFETIMES.start}, {_LIFETIMES.stop - 1}]"
+# The spec's string fields (API name -> attribute, and the rule a name must follow); the API
+# server requires every one of them.
+_SPEC_FIELDS: Final[Mapping[str, tuple[str, re.Pattern[str] | None]]] = {
+    "signerName": ("signer_name", None),
+    "podName": ("pod_name", DNS_NAME),
+    "podUID": ("pod_uid", None),
+    "serviceAccountName": ("service_account_name", DNS_NAME),
+    "serviceAccountUID": ("service_account_uid", None),
+    "nodeName": ("node_name", DNS_NAME),
+    "nodeUID": ("node_uid", None),
 }

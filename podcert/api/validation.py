@@ -1,46 +1,36 @@
 """What the API server admits, where podcert must decide the same: the names of objects and
 signers (apimachinery's `util/validation`), and how long a pod certificate may live and where its
 refresh point may lie (the certificates API's validation of a PodCertificateRequest's spec and of
-an Issued status). Each rule is written once here, for the signer, the shim and the audit, as a
-check and, where a request's field must obey it, as the type the field decodes as (`DNSLabel`,
-`DNSName`, `MaxExpirationSeconds`: checked by msgspec at the wire). Pure.
+an Issued status). Each rule is written once here, for the signer, the shim and the audit (a
+request's own fields: `podcert.api.requests.invalid`). Pure.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Annotated, Final
-
-import msgspec
+from typing import Final
 
 # --- names ---------------------------------------------------------------------------------------
 
 # RFC 1123 label, lowercase: what a namespace's name must be, and each label of a DNS subdomain.
-_LABEL: Final = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
-_DNS_LABEL: Final = re.compile(_LABEL)
 MAX_DNS_NAME: Final = 253
-
-# A request's name fields as they decode: empty (absent: `requests.invalid` says so), or a name
-# Kubernetes admits. The names reach messages, and namespace and service account a SPIFFE ID's
-# path, so a request that bypassed the API server's validation must not carry anything else.
-# \A and \Z, not ^ and $: msgspec searches with `re`, whose $ also matches before a final "\n".
-DNSLabel = Annotated[str, msgspec.Meta(pattern=rf"\A(?:{_LABEL})?\Z")]
-DNSName = Annotated[
-    str, msgspec.Meta(pattern=rf"\A(?:{_LABEL}(?:\.{_LABEL})*)?\Z", max_length=MAX_DNS_NAME)
-]
+_LABEL: Final = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+DNS_LABEL: Final = re.compile(_LABEL)
+# An RFC 1123 subdomain: labels joined by dots, 253 characters at most. Both for `fullmatch`.
+DNS_NAME: Final = re.compile(rf"(?=.{{1,{MAX_DNS_NAME}}}\Z){_LABEL}(?:\.{_LABEL})*")
 
 
 def is_dns_label(name: str) -> bool:
     """An RFC 1123 label in Kubernetes' lowercase form (a namespace's name): 1 to 63 characters
     of lowercase letters, digits and dashes, starting and ending with a letter or digit."""
-    return _DNS_LABEL.fullmatch(name) is not None
+    return DNS_LABEL.fullmatch(name) is not None
 
 
 def is_dns_name(name: str) -> bool:
     """An RFC 1123 subdomain in Kubernetes' lowercase form (no wildcards, no trailing dot): the
     names of pods, nodes and service accounts, and the DNS names a leaf may carry."""
-    return len(name) <= MAX_DNS_NAME and all(is_dns_label(label) for label in name.split("."))
+    return DNS_NAME.fullmatch(name) is not None
 
 
 # Signer names under these domains are Kubernetes' own (kubernetes.io/kube-apiserver-client-pod,
@@ -77,9 +67,6 @@ def signer_name_problem(name: str, *, builtin_ok: bool = False) -> str | None:
 DEFAULT_MAX_EXPIRATION_SECONDS: Final = 86400
 MIN_MAX_EXPIRATION_SECONDS: Final = 3600
 MAX_MAX_EXPIRATION_SECONDS: Final = 7862400  # 91 days
-MaxExpirationSeconds = Annotated[
-    int, msgspec.Meta(ge=MIN_MAX_EXPIRATION_SECONDS, le=MAX_MAX_EXPIRATION_SECONDS)
-]
 # Signers under kubernetes.io/ may not go beyond a day.
 KUBERNETES_IO_MAX_EXPIRATION_SECONDS: Final = 86400
 

@@ -13,8 +13,8 @@ annotations ask for (`parse_annotations`). Only `podcert.dev/dns-names` is under
 comma-separated list of DNS names; unknown keys are denied rather than ignored, since a key we do
 not understand may be a request the user believes is honoured. Whether the pod is entitled to the
 names is decided against the Services that select it, and whether they are honoured at all is
-policy (`dnsNames.allowRequested`). The spec's names and lifetime are checked where the request
-is decoded (`podcert.api.requests.Spec`): a request the API server would not admit never
+policy (`dnsNames.allowRequested`). The spec's names and lifetime are checked before any
+decision (`podcert.api.requests.invalid`): a request the API server would not admit never
 reaches here.
 """
 
@@ -57,8 +57,8 @@ def decide(
     refresh_fraction: float = certs.DEFAULT_REFRESH_FRACTION,
 ) -> model.Decision:
     """What to do with `request`, given `facts` read just now and the signer's `policy`.
-    `request` is as decoded (`podcert.api.requests`), so its names and maxExpirationSeconds are
-    within what the API server admits."""
+    `request` is one `podcert.api.requests.invalid` finds nothing wrong with: its names and
+    maxExpirationSeconds are within what the API server admits."""
     spec = request.spec
     if spec.signer_name != policy.name:
         raise ValueError(f"policy for {policy.name} applied to a request for {spec.signer_name}")

@@ -208,12 +208,12 @@ def test_decide_on_hostile_input_ends_in_a_typed_outcome(
     now: dt.datetime,
 ) -> None:
     assert request.spec.signer_name == SIGNER
-    # As the signer reads it: off the wire, where what the API server would not admit (a name
-    # that is none, a lifetime out of range) is refused naming the field, then decided on.
+    # As the signer takes it: off the wire, then refused naming the field where the API server
+    # would not admit it (`invalid`: a name that is none, a lifetime out of range), or decided.
     read = requests.decode_request(msgspec.json.encode(request))
     problem = requests.invalid(read)
     if problem is not None:
-        event("InvalidRequest at the wire")
+        event("InvalidRequest before the decision")
         assert 0 < len(str(problem)) < 200
         return
     assert isinstance(read, PodCertificateRequest)
