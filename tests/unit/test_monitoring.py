@@ -208,14 +208,3 @@ def test_the_dashboard_is_importable() -> None:
     shown = {s.name for _, e in dashboard_queries() for s in selectors(promql_parser.parse(e))}
     alerted = {s.name for r in rules() for s in selectors(promql_parser.parse(r["expr"]))}
     assert alerted <= shown, alerted - shown
-
-
-def test_every_ca_state_is_exported_zeros_too() -> None:
-    """`podcert_signer_ca_generations{state="prepared"}` exists at 0, so the expiry alert's
-    `unless` has a series to compare with."""
-    m = signer_metrics.Metrics()
-    m.observe_generations(["active", "retired", "retired"])
-    text = m.render().decode()
-    assert 'podcert_signer_ca_generations{state="prepared"} 0.0' in text
-    assert 'podcert_signer_ca_generations{state="active"} 1.0' in text
-    assert 'podcert_signer_ca_generations{state="retired"} 2.0' in text

@@ -11,7 +11,6 @@ import base64
 import datetime as dt
 import json
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
@@ -29,6 +28,7 @@ from signer.auditlog.writer import AuditLog, Entry
 from signer.authority import schedule, spiffebundle
 from signer.authority.castore import FORMAT_KEY, CAStore
 from signer.kube import SignerKube
+from tests.ca_secrets import SecretKube, secret_event
 
 DATA = Path(__file__).parent / "data" / "release-0.1.0"
 WRITTEN_AT = dt.datetime(2026, 12, 1, 16, 0, 0, tzinfo=dt.UTC)  # make.py's NOW
@@ -41,45 +41,8 @@ def release_secret() -> dict[str, bytes]:
     return {k: base64.b64decode(v) for k, v in raw.items()}
 
 
-class SecretKube:
-    """The three calls CAStore makes of the API, on one Secret in memory; counts the writes."""
-
-    def __init__(self, data: Mapping[str, bytes] | None) -> None:
-        self.data = dict(data) if data is not None else None
-        self.version = 1
-        self.writes = 0
-
-    def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
-        return None if self.data is None else (dict(self.data), str(self.version))
-
-    def create_secret(
-        self, namespace: str, name: str, data: Mapping[str, bytes], labels: Mapping[str, str]
-    ) -> bool:
-        self.writes += 1
-        self.data = dict(data)
-        return True
-
-    def replace_secret(
-        self,
-        namespace: str,
-        name: str,
-        data: Mapping[str, bytes],
-        resource_version: str,
-        labels: Mapping[str, str],
-    ) -> str:
-        assert resource_version == str(self.version)
-        self.writes += 1
-        self.data, self.version = dict(data), self.version + 1
-        return str(self.version)
-
-
 def store(kube: SecretKube) -> CAStore:
     return CAStore(cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: LATER)
-
-
-def secret_event(data: Mapping[str, bytes], version: str) -> dict[str, object]:
-    encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
-    return {"metadata": {"resourceVersion": version}, "data": encoded}
 
 
 def too_new_line(what: str, found: int = 2) -> str:

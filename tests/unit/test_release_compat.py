@@ -29,9 +29,9 @@ from signer.auditlog.writer import AuditLog
 from signer.authority import schedule
 from signer.authority.castore import FORMAT_KEY, CAStore
 from signer.kube import SignerKube
+from tests.ca_secrets import SecretKube
 from tests.unit.test_persisted import (
     LATER,
-    SecretKube,
     audit_signer,
     entry,
     release_roots,

@@ -12,7 +12,7 @@ from typing import get_args
 import pytest
 from mypy import api
 
-from signer import metrics, model
+from signer import model
 from signer.admission import review
 from signer.issue import decide
 
@@ -125,17 +125,3 @@ def test_the_binding_reasons_are_the_denied_reasons_of_the_node_restriction_chec
         model.SERVICE_ACCOUNT_MISMATCH,
     } == model.BINDING_REASONS
     assert set(get_args(model.DenyReason)) > model.BINDING_REASONS
-
-
-@pytest.mark.parametrize(
-    ("status", "label"),
-    [
-        pytest.param(503, "API503", id="a status the API server sends is its own label"),
-        pytest.param(429, "API429", id="throttled"),
-        pytest.param(0, "APIUnavailable", id="no answer at all"),
-        pytest.param(418, "APIOther", id="any other status joins one label"),
-    ],
-)
-def test_api_errors_are_counted_under_a_closed_set_of_labels(status: int, label: str) -> None:
-    assert metrics.api_retry_label(status) == label
-    assert label in get_args(metrics.ApiRetryLabel)

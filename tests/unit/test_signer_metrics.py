@@ -1,0 +1,84 @@
+"""signer.metrics: the signer's registry and its small HTTP face. An API error is counted under a
+closed set of status labels; every CA state is exported, zeros too; and /metrics, /healthz and
+/readyz answer from the registry and the checks they are given."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import get_args
+
+import pytest
+
+from signer import metrics
+
+
+@pytest.mark.parametrize(
+    ("status", "label"),
+    [
+        pytest.param(503, "API503", id="a status the API server sends is its own label"),
+        pytest.param(429, "API429", id="throttled"),
+        pytest.param(0, "APIUnavailable", id="no answer at all"),
+        pytest.param(418, "APIOther", id="any other status joins one label"),
+    ],
+)
+def test_api_errors_are_counted_under_a_closed_set_of_labels(status: int, label: str) -> None:
+    assert metrics.api_retry_label(status) == label
+    assert label in get_args(metrics.ApiRetryLabel)
+
+
+def test_every_ca_state_is_exported_zeros_too() -> None:
+    """`podcert_signer_ca_generations{state="prepared"}` exists at 0, so the expiry alert's
+    `unless` has a series to compare with."""
+    m = metrics.Metrics()
+    m.observe_generations(["active", "retired", "retired"])
+    text = m.render().decode()
+    assert 'podcert_signer_ca_generations{state="prepared"} 0.0' in text
+    assert 'podcert_signer_ca_generations{state="active"} 1.0' in text
+    assert 'podcert_signer_ca_generations{state="retired"} 2.0' in text
+
+
+class Checks:
+    def __init__(self) -> None:
+        self.ready = False
+        self.healthy = True
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[metrics.Metrics, Checks, str]]:
+    registry, checks = metrics.Metrics(), Checks()
+    server = metrics.serve(
+        registry, 0, lambda: checks.ready, lambda: checks.healthy, host="127.0.0.1"
+    )
+    try:
+        yield registry, checks, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 (a local test URL)
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_the_http_face_serves_this_registry_and_answers_each_check_as_it_stands(
+    served: tuple[metrics.Metrics, Checks, str],
+) -> None:
+    registry, checks, url = served
+    registry.count_retry("API503")
+
+    status, text = get(f"{url}/metrics")
+    assert status == 200
+    assert 'podcert_signer_retries_total{reason="API503"} 1.0' in text
+
+    assert get(f"{url}/readyz") == (503, "not ready\n")
+    checks.ready = True
+    assert get(f"{url}/readyz") == (200, "ok\n")
+    assert get(f"{url}/healthz") == (200, "ok\n")
+    checks.healthy = False
+    assert get(f"{url}/healthz") == (503, "unhealthy\n")
