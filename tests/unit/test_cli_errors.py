@@ -19,7 +19,6 @@ import yaml
 from devcluster.supervise import free_port
 from devcluster.testing import eventually
 from podcert import cli
-from podcert.errors import Refused, refusal_is_final
 
 REPO = Path(__file__).resolve().parents[2]
 CA_ACTIONS = ("status", "prepare", "activate", "retire")
@@ -369,27 +368,3 @@ def test_ca_takes_its_flags_before_and_after_the_action(
         code, err = answer(argv, capsys)
         assert code == 2
         assert_one_line(err, f"kubeconfig {named}: no such file")
-
-
-class Answer(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(f"{status} from the API server")
-        self.status = status
-
-
-def test_a_refusal_is_final_only_when_it_persists() -> None:
-    """At start-up a 401/403 may be a binding the authorizer has not seen yet: the first few
-    pass through to the retry loop, the fourth in a row ends it. Anything else resets the
-    count; other errors are never turned into a refusal."""
-    answers = iter([403, 403, 503, 401, 401, 401, 401])
-
-    def attempt() -> str:
-        raise Answer(next(answers))
-
-    checked = refusal_is_final(attempt, tries=4)
-    for expected in (403, 403, 503, 401, 401, 401):
-        with pytest.raises(Answer) as caught:
-            checked()
-        assert caught.value.status == expected
-    with pytest.raises(Refused, match=r"credentials are not valid.*401 from the API server"):
-        checked()

@@ -1,11 +1,11 @@
 """podcert.client.refusals: an identity the API server keeps refusing (a node certificate that
 expired unrenewed) turns /healthz unhealthy, with one line naming the identity and never the secret,
 and healthy again once a call succeeds. The rule is pure (`podcert.client.refusals`); `Rest` tells
-it every answer; the shim's and the signer's /healthz ask it."""
+it every answer; the shim's and the signer's /healthz ask it (the shim's, as
+`kubelet_shim.build` wires it, is test_shim_build.py's)."""
 
 from __future__ import annotations
 
-import http.client
 import logging
 import socket
 import threading
@@ -16,7 +16,6 @@ import pytest
 from podcert.client.kubeconfig import ClientSettings
 from podcert.client.refusals import HEALTHY, WINDOW, Record, Refusals, observe, refuses, unhealthy
 from podcert.client.rest import ApiError, Rest
-from podcert.serving import health
 
 TOKEN = "secret-token-that-must-never-show"
 
@@ -180,54 +179,3 @@ def test_rest_tells_its_refusals_every_answer(
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "bearer token from /t" in text and TOKEN not in text
     rest.close()
-
-
-# --- /healthz: the shim's and the signer's ----------------------------------------------------
-
-
-def probe(server: health.BoundedHTTPServer) -> int:
-    host, port = server.server_address[:2]
-    connection = http.client.HTTPConnection(str(host), port, timeout=5)
-    try:
-        connection.request("GET", "/healthz")
-        return connection.getresponse().status
-    finally:
-        connection.close()
-
-
-def test_the_shims_healthz_says_unhealthy_while_its_node_identity_is_refused() -> None:
-    from kubelet_shim.build import Config, Shim
-    from podcert.reconcile.runtime import Runtime
-
-    class Metrics:
-        def render(self) -> bytes:
-            return b""
-
-    class Agent:
-        def __init__(self) -> None:
-            self.reflectors: list[object] = []
-            self.metrics = Metrics()
-
-        def pool(self) -> object:
-            from podcert.reconcile.runtime import WorkerPool
-            from podcert.reconcile.workqueue import WorkQueue
-
-            return WorkerPool("agent", WorkQueue[str](), lambda key: None, workers=1)
-
-    runtime = Runtime("shim")
-    clock = Clock()
-    refusals = Refusals(lambda: "node", clock=clock)
-    shim = Shim(Config(node_name="a", metrics_port=0), runtime, Agent())  # type: ignore[arg-type]
-    shim.identity_healthy = refusals.healthy
-    shim.start()
-    try:
-        assert shim.server is not None
-        assert probe(shim.server) == 200
-        refusals.answer("GET", 401)
-        clock.now += WINDOW
-        refusals.answer("GET", 401)
-        assert probe(shim.server) == 503
-        refusals.answer("GET", 200)
-        assert probe(shim.server) == 200
-    finally:
-        runtime.stop(timeout=5)

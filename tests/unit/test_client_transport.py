@@ -1,11 +1,11 @@
-"""`podcert.client.rest.Rest` over its own HTTP/1.1 connections (`podcert.client.transport`),
-against a small scripted server on loopback: kept-alive connections are reused, one the server
-closed is replaced (a GET it dropped unread is sent again, once; a POST it may have applied never
-is), a watch streams its events line by line across chunks, and every way the server can go away is
-a retryable `ApiError` naming where it was.
-
-Found earlier by tests/integration/test_faults.py: an API server going away mid-watch must be a
-plain retry for the reflectors, not an unexpected error with a traceback.
+"""`podcert.client.transport`, the API client's own HTTP/1.1 connections, driven through `Rest`
+against a small scripted server on loopback (`tests.canned_rest.Server`): kept-alive connections
+are reused, one the server closed is replaced (a GET it dropped unread is sent again, once; a POST
+it may have applied never is), a client certificate is presented and the server's name checked, a
+proxy is tunnelled through with CONNECT, the idle connections kept are bounded, and every way the
+server can go away, or answer what is not HTTP/1.1, is a retryable `ApiError` naming where it was.
+(What `Rest` makes of the answers, errors, watches and lists, is test_client_rest.py's; the
+framing of an answer, pinned to h11, test_http_framing.py's.)
 """
 
 from __future__ import annotations
@@ -15,130 +15,23 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import msgspec
 import pytest
 import trustme
 
 from devcluster.testing import eventually
-from podcert.client import pages, transport
-from podcert.client.kubeconfig import ClientConfigError, ClientSettings
-from podcert.client.rest import ApiError, Gone, Rest
-
-
-@dataclass
-class Request:
-    method: str
-    target: str
-    headers: dict[str, str]
-    body: bytes
-
-
-def read_request(reader: BinaryIO) -> Request | None:
-    line = reader.readline()
-    if not line:
-        return None
-    method, target, _ = line.decode().split(" ", 2)
-    headers = {}
-    while (header := reader.readline()) not in (b"\r\n", b""):
-        name, _, value = header.decode().partition(":")
-        headers[name.strip().lower()] = value.strip()
-    body = reader.read(int(headers.get("content-length", "0")))
-    return Request(method, target, headers, body)
-
-
-def answer(status: int, body: Any, close: bool = False) -> bytes:
-    data = json.dumps(body).encode()
-    head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
-    head += f"Content-Length: {len(data)}\r\n" + ("Connection: close\r\n" if close else "")
-    return head.encode() + b"\r\n" + data
-
-
-def chunked(*chunks: bytes) -> bytes:
-    head = (
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-    )
-    return head + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
-
-
-def event(kind: str, obj: dict[str, Any]) -> bytes:
-    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-
-
-# What the server does on one connection: (connection number, its reader, its socket).
-Handler = Callable[[int, BinaryIO, socket.socket], None]
-
-
-@dataclass
-class Server:
-    """A TCP server on loopback running `handler` for each connection it accepts."""
-
-    handler: Handler
-    context: ssl.SSLContext | None = None
-    requests: list[Request] = field(default_factory=list)
-    connections: int = 0
-
-    def __post_init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            self.socks.append(sock)
-            number = self.connections
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(number, sock), daemon=True).start()
-
-    def _serve(self, number: int, sock: socket.socket) -> None:
-        try:
-            if self.context is not None:
-                sock = self.context.wrap_socket(sock, server_side=True)
-            self.handler(number, sock.makefile("rb"), sock)
-        except OSError:
-            pass
-        finally:
-            sock.close()
-
-    def read(self, reader: BinaryIO) -> Request | None:
-        request = read_request(reader)
-        if request is not None:
-            self.requests.append(request)
-        return request
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.context else 'http'}://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self.socks:
-            sock.close()
+from podcert.client import transport
+from podcert.client.kubeconfig import ClientSettings
+from podcert.client.rest import ApiError, Rest
+from tests.canned_rest import Request, Server, answer, read_request, rest_for, scripted_servers
 
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., Server]]:
-    servers: list[Server] = []
-
-    def start(handler: Handler, context: ssl.SSLContext | None = None) -> Server:
-        servers.append(Server(handler, context))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-def rest_for(server: Server, **kwargs: Any) -> Rest:
-    return Rest(ClientSettings(server.url, None, **kwargs), timeout=5.0)
+    with scripted_servers() as start:
+        yield start
 
 
 # --- connections ----------------------------------------------------------------------------------
@@ -348,47 +241,6 @@ def test_an_answer_that_does_not_come_times_out(serve: Callable[..., Server]) ->
     done.set()
 
 
-def test_error_answers_keep_their_status_and_reason(serve: Callable[..., Server]) -> None:
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while (request := server.read(reader)) is not None:
-            if request.target.startswith("/missing"):
-                status = {"kind": "Status", "code": 404, "reason": "NotFound", "message": "no"}
-                sock.sendall(answer(404, status))
-            elif request.target == "/text":
-                sock.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 5\r\n\r\noops!")
-            else:
-                conflict = {"kind": "Status", "reason": "Conflict", "message": "changed"}
-                sock.sendall(answer(409, conflict))
-
-    server = serve(handler)
-    rest = rest_for(server)
-    assert rest.get("/missing") is None
-    with pytest.raises(ApiError) as raised:
-        rest.request("PUT", "/conflict", body={})
-    assert (raised.value.status, raised.value.reason, raised.value.message) == (
-        409,
-        "Conflict",
-        "changed",
-    )
-    with pytest.raises(ApiError, match="502 Error: oops!"):
-        rest.request("GET", "/text")
-    with pytest.raises(ApiError) as raised:
-        rest.write("PUT", "/conflict", body={})  # an answer not decoded, its status still checked
-    assert (raised.value.status, raised.value.message) == (409, "changed")
-    assert server.connections == 1  # error answers leave the connection usable
-
-
-def test_a_query_is_encoded_and_a_path_prefix_kept(serve: Callable[..., Server]) -> None:
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while server.read(reader) is not None:
-            sock.sendall(answer(200, {}))
-
-    server = serve(handler)
-    rest = Rest(ClientSettings(server.url + "/k8s", None))
-    rest.request("GET", "/api/v1/pods", query={"labelSelector": "a=b,c", "watch": True})
-    assert server.requests[0].target == "/k8s/api/v1/pods?labelSelector=a%3Db%2Cc&watch=true"
-
-
 def test_a_client_certificate_over_tls(serve: Callable[..., Server], tmp_path: Path) -> None:
     ca = trustme.CA()
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -454,112 +306,6 @@ def relay(a: socket.socket, b: socket.socket) -> None:
     pump(a, b)
 
 
-# --- watches --------------------------------------------------------------------------------------
-
-
-def test_a_watch_streams_events_split_across_chunks(serve: Callable[..., Server]) -> None:
-    pods = [{"metadata": {"name": f"p{i}", "resourceVersion": str(i)}} for i in range(3)]
-    stream = b"".join(event("ADDED", pod) for pod in pods)
-    released = threading.Event()
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while (request := server.read(reader)) is not None:
-            if "watch=true" in request.target:
-                sock.sendall(chunked(stream[:10], stream[10:70], stream[70:]) + b"0\r\n\r\n")
-            else:
-                sock.sendall(answer(200, {}))
-                released.set()
-
-    server = serve(handler)
-    rest = rest_for(server)
-    events = list(rest.watch("/api/v1/pods", "1", timeout_seconds=5))
-
-    assert [e["object"] for e in events] == pods
-    assert "resourceVersion=1" in server.requests[0].target
-    assert "allowWatchBookmarks=true" in server.requests[0].target
-    rest.get("/after")  # the watch's connection, read to its end, is reused
-    assert server.connections == 1
-
-
-def test_a_watch_stream_cut_short_is_an_unavailable_api_error(
-    serve: Callable[..., Server],
-) -> None:
-    pod = {"metadata": {"name": "p", "resourceVersion": "7"}}
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        server.read(reader)
-        sock.sendall(chunked(event("ADDED", pod)) + b'40\r\n{"type":')  # then gone
-        sock.shutdown(socket.SHUT_RDWR)
-
-    server = serve(handler)
-    events = rest_for(server).watch("/api/v1/pods", "1")
-    assert next(events)["object"] == pod
-    with pytest.raises(ApiError) as broke:
-        next(events)
-    assert (broke.value.status, broke.value.reason) == (0, "Unavailable")
-    assert broke.value.retryable
-    assert "watch stream broke" in str(broke.value)
-
-
-def test_an_expired_watch_raises_gone(serve: Callable[..., Server]) -> None:
-    status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while server.read(reader) is not None:
-            sock.sendall(chunked(event("ERROR", status)) + b"0\r\n\r\n")
-
-    server = serve(handler)
-    with pytest.raises(Gone, match="410 Expired: too old"):
-        list(rest_for(server).watch("/api/v1/pods", "1"))
-
-
-def test_a_watch_left_half_way_does_not_leave_its_connection_for_others(
-    serve: Callable[..., Server],
-) -> None:
-    pod = {"metadata": {"name": "p", "resourceVersion": "7"}}
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while (request := server.read(reader)) is not None:
-            if "watch=true" in request.target:
-                sock.sendall(chunked(event("ADDED", pod), event("ADDED", pod)))
-            else:
-                sock.sendall(answer(200, {"plain": True}))
-
-    server = serve(handler)
-    rest = rest_for(server)
-    events = rest.watch("/api/v1/pods", "1")
-    next(events)
-    events.close()  # the caller stopped: the rest of the stream is unread
-
-    assert rest.get("/x") == {"plain": True}
-    assert server.connections == 2
-
-
-def test_a_status_line_that_is_not_http_is_unavailable(serve: Callable[..., Server]) -> None:
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        server.read(reader)
-        sock.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-
-    server = serve(handler)
-    with pytest.raises(ApiError, match=r"not an HTTP/1\.1 answer"):
-        rest_for(server).get("/x")
-
-
-def test_dropping_a_rest_closes_its_idle_connections(serve: Callable[..., Server]) -> None:
-    closed = threading.Event()
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while server.read(reader) is not None:
-            sock.sendall(answer(200, {}))
-        closed.set()
-
-    server = serve(handler)
-    rest = rest_for(server)
-    rest.get("/x")
-    rest.close()
-    assert closed.wait(5)
-
-
 def test_idle_connections_kept_are_bounded() -> None:
     pool = transport.Pool(transport.Endpoint("127.0.0.1", 1, None, "127.0.0.1", ""), keep=1)
 
@@ -581,6 +327,16 @@ def test_idle_connections_kept_are_bounded() -> None:
 
 
 # --- odd answers: each one a typed error ----------------------------------------------------------
+
+
+def test_a_status_line_that_is_not_http_is_unavailable(serve: Callable[..., Server]) -> None:
+    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+        server.read(reader)
+        sock.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    server = serve(handler)
+    with pytest.raises(ApiError, match=r"not an HTTP/1\.1 answer"):
+        rest_for(server).get("/x")
 
 
 @pytest.mark.parametrize(
@@ -616,177 +372,3 @@ def test_an_odd_answer_is_a_bad_response_api_error(
         rest_for(server).request("GET", "/api/v1/x")
     assert (raised.value.status, raised.value.reason) == (0, "BadResponse")
     assert raised.value.retryable
-
-
-def test_a_watch_error_event_with_an_odd_code_is_an_api_error(
-    serve: Callable[..., Server],
-) -> None:
-    status = {"kind": "Status", "code": "gone", "reason": "Expired", "message": "?"}
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        server.read(reader)
-        sock.sendall(chunked(event("ERROR", status)) + b"0\r\n\r\n")
-
-    server = serve(handler)
-    with pytest.raises(ApiError) as raised:
-        list(rest_for(server).watch("/api/v1/pods", "1"))
-    assert (raised.value.status, raised.value.reason) == (500, "Expired")
-
-
-def test_a_token_that_is_no_header_value_is_refused_not_sent(
-    serve: Callable[..., Server],
-) -> None:
-    server = serve(lambda _n, reader, _sock: server.read(reader))
-    rest = Rest(ClientSettings(server.url, None, token=lambda: "t€ken", source="kubeconfig k"))
-    with pytest.raises(ClientConfigError) as raised:
-        rest.get("/x")
-    assert str(raised.value) == "kubeconfig k: the bearer token is not one line of ASCII"
-    assert "t€ken" not in str(raised.value)
-    assert server.requests == []
-
-
-# --- lists and shaped reads -----------------------------------------------------------------------
-
-
-class PodName(msgspec.Struct, frozen=True):
-    class Meta(msgspec.Struct, frozen=True):
-        name: str = ""
-
-    metadata: Meta = Meta()
-
-
-def test_a_list_page_is_decoded_as_it_arrives(serve: Callable[..., Server]) -> None:
-    """The first pod is handed out while the rest of its page is still to come: a page is never
-    held whole (the server sends the rest only once the client has the first), only a buffer
-    of about `pages.PIECE` bytes."""
-    first_seen = threading.Event()
-    rest_sent: list[bool] = []
-    pods = [{"metadata": {"name": f"p{i}"}, "spec": {"x": "y" * 100_000}} for i in range(20)]
-    body = json.dumps({"metadata": {"resourceVersion": "42"}, "items": pods}).encode()
-    cut = body.index(b'{"metadata": {"name": "p15"}')
-    assert cut > pages.PIECE
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        server.read(reader)
-        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-        sock.sendall(head + b"%x\r\n%s\r\n" % (cut, body[:cut]))
-        rest_sent.append(first_seen.wait(5))
-        sock.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body) - cut, body[cut:]))
-
-    server = serve(handler)
-    items, version = rest_for(server).list("/api/v1/pods", PodName)
-    assert version == "42"
-    assert next(items).metadata.name == "p0"
-    first_seen.set()
-    assert [p.metadata.name for p in items] == [f"p{i}" for i in range(1, 20)]
-    assert rest_sent == [True], "the client waited for the whole page before its first pod"
-
-
-def test_a_list_reads_every_page_and_its_version_from_the_first(
-    serve: Callable[..., Server],
-) -> None:
-    answers = {
-        "": {"metadata": {"resourceVersion": "9", "continue": "c1"}, "items": [{"n": 0}]},
-        # A later page's metadata after its items: its continue token is still read.
-        "c1": {
-            "items": [{"n": 1}, {"n": 2}],
-            "metadata": {"resourceVersion": "9", "continue": "c2"},
-        },
-        "c2": {"items": [{"n": 3}], "metadata": {"resourceVersion": "9"}},
-    }
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while (request := server.read(reader)) is not None:
-            token = request.target.partition("continue=")[2]
-            sock.sendall(chunked(json.dumps(answers[token]).encode()) + b"0\r\n\r\n")
-
-    server = serve(handler)
-    items, version = rest_for(server).list("/api/v1/pods", limit=1)
-    assert version == "9"
-    assert list(items) == [{"n": 0}, {"n": 1}, {"n": 2}, {"n": 3}]
-    assert all("limit=1" in r.target for r in server.requests)
-    assert server.connections == 1, "each page read to its end leaves the connection reusable"
-
-
-def test_a_first_page_with_its_metadata_after_the_items_still_gives_the_version(
-    serve: Callable[..., Server],
-) -> None:
-    page = {"items": [{"n": 0}, {"n": 1}], "metadata": {"resourceVersion": "5"}}
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        server.read(reader)
-        sock.sendall(answer(200, page))
-
-    items, version = rest_for(server := serve(handler)).list("/api/v1/pods")
-    assert version == "5"
-    assert list(items) == page["items"]
-
-
-def test_a_list_left_half_way_closes_its_connection(serve: Callable[..., Server]) -> None:
-    body = {"metadata": {"resourceVersion": "1"}, "items": [{"n": "x" * pages.PIECE}] * 3}
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while (request := server.read(reader)) is not None:
-            if "limit=" in request.target:
-                sock.sendall(answer(200, body))
-            else:
-                sock.sendall(answer(200, {"plain": True}))
-
-    server = serve(handler)
-    rest = rest_for(server)
-    items, _ = rest.list("/api/v1/pods")
-    next(items)
-    items.close()  # the caller stopped with the page unread
-
-    assert rest.get("/x") == {"plain": True}
-    assert server.connections == 2
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        pytest.param(b'{"metadata":{},"items":[{"n":1},', id="a page cut short"),
-        pytest.param(b'{"metadata":{},"items":[{"n":1}}', id="a page not JSON"),
-        pytest.param(b'{"metadata":{},"items":[1]}', id="an item not an object"),
-        pytest.param(b'{"metadata":{},"items":[]} {}', id="more after the page"),
-        pytest.param(b'{"items":[],"items":[]}', id="items twice"),
-    ],
-)
-@pytest.mark.parametrize("framing", ["chunked", "to the end"])
-def test_a_broken_list_page_is_a_bad_response(
-    serve: Callable[..., Server], body: bytes, framing: str
-) -> None:
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        server.read(reader)
-        if framing == "chunked":  # no last chunk: the server went away after the body
-            sock.sendall(chunked(body))
-        else:
-            sock.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
-        sock.shutdown(socket.SHUT_RDWR)
-
-    server = serve(handler)
-    with pytest.raises(ApiError) as failed:
-        items, _ = rest_for(server).list("/api/v1/pods")
-        list(items)
-    assert (failed.value.status, failed.value.reason) == (0, "BadResponse"), failed.value
-    assert failed.value.retryable
-
-
-def test_a_shaped_get_decodes_only_the_shape(serve: Callable[..., Server]) -> None:
-    pod = {"metadata": {"name": "p", "annotations": {"a": "b" * 1000}}, "spec": {}}
-
-    def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
-        while (request := server.read(reader)) is not None:
-            if request.target.endswith("/gone"):
-                sock.sendall(answer(404, {"kind": "Status", "reason": "NotFound"}))
-            elif request.target.endswith("/odd"):
-                sock.sendall(answer(200, [1, 2]))
-            else:
-                sock.sendall(answer(200, pod))
-
-    rest = rest_for(server := serve(handler))
-    assert rest.get_as("/api/v1/pods/p", PodName) == PodName(PodName.Meta("p"))
-    assert rest.get_as("/api/v1/pods/gone", PodName) is None
-    with pytest.raises(ApiError) as odd:
-        rest.get_as("/api/v1/pods/odd", PodName)
-    assert (odd.value.status, odd.value.reason) == (0, "BadResponse")

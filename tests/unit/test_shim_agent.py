@@ -31,7 +31,6 @@ from kubelet_shim import projection
 from kubelet_shim.agent import Agent, Settings
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.build import Config, Shim
-from kubelet_shim.certificates import request_event
 from kubelet_shim.kube import ROTATE_ANNOTATION, ForeignRequest, PodRef, same_request
 from kubelet_shim.projection import ProjectionState
 from kubelet_shim.storage import FileSpec, MemoryStorage
@@ -353,43 +352,6 @@ def test_a_chain_that_does_not_hold_the_requested_key_is_never_written(rig: Rig)
     assert isinstance(rig.state(pod), projection.Failed)
     assert rig.files() == {}
     assert rig.kube.reasons() == ["CertificateFailed"]
-
-
-@pytest.mark.parametrize(
-    ("status", "expected"),
-    [
-        pytest.param(None, projection.RequestVanished, id="gone from the cache"),
-        pytest.param({}, projection.RequestPending, id="no status yet"),
-        pytest.param(
-            {"conditions": [{"type": "Denied", "status": "False"}]},
-            projection.RequestPending,
-            id="a False condition is no answer",
-        ),
-        pytest.param(
-            {"conditions": [{"type": "Failed", "status": "True", "reason": "X", "message": "m"}]},
-            projection.RequestFailed,
-            id="failed",
-        ),
-        pytest.param(
-            {"conditions": [{"type": "Issued", "status": "True"}]},
-            projection.RequestFailed,
-            id="issued without a chain",
-        ),
-        pytest.param(
-            {
-                "conditions": [{"type": "Issued", "status": "True"}],
-                "certificateChain": "not pem",
-                "notBefore": "2026-11-29T20:00:00Z",
-                "notAfter": "2026-11-30T20:00:00Z",
-            },
-            projection.RequestFailed,
-            id="issued with a chain that does not parse",
-        ),
-    ],
-)
-def test_request_objects_read_as_projection_events(status: JSON | None, expected: type) -> None:
-    pcr = None if status is None else {"metadata": {"name": "r"}, "status": status}
-    assert isinstance(request_event("r", None if pcr is None else read_request(pcr)), expected)
 
 
 # --- refresh and rotation -------------------------------------------------------------------------
