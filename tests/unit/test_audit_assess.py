@@ -8,8 +8,6 @@ pod's identity or a copy of another projection's credential. Each planted fault 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -25,21 +23,8 @@ from tests.audit_world import (
     World,
     healthy,
     kinds,
-    new_signer_ca,
-    open_world,
     pem,
 )
-
-
-@pytest.fixture(scope="module")
-def signer_ca() -> ca.CABundle:
-    return new_signer_ca()
-
-
-@pytest.fixture
-def world(tmp_path: Path, signer_ca: ca.CABundle) -> Iterator[World]:
-    with open_world(tmp_path, signer_ca) as opened:
-        yield opened
 
 
 def test_a_request_answered_in_normal_time_is_pending_not_a_finding(world: World) -> None:

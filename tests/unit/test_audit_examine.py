@@ -5,10 +5,7 @@ bundle, a key and the chain it certifies, a trust bundle) and each chain checked
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from cryptography.hazmat.primitives import serialization
 
 from audit import VolumeFiles, audit_findings, examine_volume
@@ -22,24 +19,11 @@ from tests.audit_world import (
     World,
     healthy,
     kinds,
-    new_signer_ca,
-    open_world,
     pem,
     pkcs8,
 )
 
 UID = "uid-web"
-
-
-@pytest.fixture(scope="module")
-def signer_ca() -> ca.CABundle:
-    return new_signer_ca()
-
-
-@pytest.fixture
-def world(tmp_path: Path, signer_ca: ca.CABundle) -> Iterator[World]:
-    with open_world(tmp_path, signer_ca) as opened:
-        yield opened
 
 
 def test_a_torn_key_and_chain_pair_on_disk_is_found(world: World) -> None:

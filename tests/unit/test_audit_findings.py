@@ -12,7 +12,6 @@ import datetime as dt
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +32,8 @@ from tests.audit_world import (
     World,
     healthy,
     kinds,
-    new_signer_ca,
-    open_world,
     wire_time,
 )
-
-
-@pytest.fixture(scope="module")
-def signer_ca() -> ca.CABundle:
-    return new_signer_ca()
-
-
-@pytest.fixture
-def world(tmp_path: Path, signer_ca: ca.CABundle) -> Iterator[World]:
-    with open_world(tmp_path, signer_ca) as opened:
-        yield opened
-
 
 # --- healthy --------------------------------------------------------------------------------------
 

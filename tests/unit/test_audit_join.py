@@ -6,16 +6,12 @@ audit log, an object that is no request left out, and the scope filters.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from pathlib import Path
 
 import msgspec
-import pytest
 
 from audit import Settings, audit_findings
 from podcert.api.pods import CertificateSource, parse_pod
 from podcert.api.requests import Unreadable, decode_request
-from signer.authority import ca
 from tests.audit_world import (
     NOW,
     NS,
@@ -23,20 +19,7 @@ from tests.audit_world import (
     T0,
     World,
     healthy,
-    new_signer_ca,
-    open_world,
 )
-
-
-@pytest.fixture(scope="module")
-def signer_ca() -> ca.CABundle:
-    return new_signer_ca()
-
-
-@pytest.fixture
-def world(tmp_path: Path, signer_ca: ca.CABundle) -> Iterator[World]:
-    with open_world(tmp_path, signer_ca) as opened:
-        yield opened
 
 
 def test_the_audit_reads_a_pods_sources_as_the_shim_does(world: World) -> None:

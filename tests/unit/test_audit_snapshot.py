@@ -4,7 +4,6 @@ the way a pod sees its volumes (one consistent version through `..data`, PEM fil
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,26 +12,12 @@ from audit.snapshot import SnapshotError, read_audit_log, read_root
 from kubelet_shim.atomic import AtomicDirStorage
 from kubelet_shim.storage import FileSpec
 from podcert.api import volumes
-from signer.authority import ca
 from tests.audit_world import (
     T0,
     World,
-    new_signer_ca,
-    open_world,
     pem,
     pkcs8,
 )
-
-
-@pytest.fixture(scope="module")
-def signer_ca() -> ca.CABundle:
-    return new_signer_ca()
-
-
-@pytest.fixture
-def world(tmp_path: Path, signer_ca: ca.CABundle) -> Iterator[World]:
-    with open_world(tmp_path, signer_ca) as opened:
-        yield opened
 
 
 def test_a_volume_not_written_by_an_atomic_writer_is_read_from_its_visible_files(

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from cryptography.hazmat.primitives import serialization
 
 from audit import Finding, Settings, Snapshot, TrustSource, VolumeFacts, audit_findings
@@ -22,21 +19,8 @@ from tests.audit_world import (
     World,
     healthy,
     kinds,
-    new_signer_ca,
-    open_world,
     pem,
 )
-
-
-@pytest.fixture(scope="module")
-def signer_ca() -> ca.CABundle:
-    return new_signer_ca()
-
-
-@pytest.fixture
-def world(tmp_path: Path, signer_ca: ca.CABundle) -> Iterator[World]:
-    with open_world(tmp_path, signer_ca) as opened:
-        yield opened
 
 
 def test_a_trust_root_that_expires_soon_is_found(world: World) -> None:
