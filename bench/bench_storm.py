@@ -4,7 +4,7 @@ it fair between nodes, is every request answered exactly once, and does it stay 
 within its memory limit while it does?
 
     .venv/bin/python -m bench.bench_storm [--requests 20000] [--nodes 200] [--workers 8]
-        [--no-peer] [--peer PATH]
+        [--no-peer] [--peer PATH] [--profile DIR]
 
 On a fresh devcluster 1.37: `--requests` pods spread evenly over `--nodes` nodes and one pending
 PodCertificateRequest each, made as its pod's node (through NodeRestriction), all before the
@@ -21,9 +21,9 @@ while:
 - "answered once": every request ends with exactly one terminal condition, and the audit log
   holds exactly one decision per request.
 
-Unless `--no-peer`, the Go signer of `bench.peer` then drains a storm of the same size of its own
-(made after podcert's is deleted: it reconciles every request in the cluster), for the rate
-ratio, timed by the same watch. The Go signer has no /healthz here and no audit log.
+Unless `--no-peer`, the Go signer of `bench.peer` then drains a storm of the same size on a fresh
+devcluster of its own (it reconciles every request in the cluster), for the rate ratio, timed by
+the same watch. The Go signer has no /healthz here and no audit log.
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import tempfile
 import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -43,7 +45,7 @@ from typing import Final
 import yaml
 
 from bench import peer
-from bench.bench_issuance import PCRS, clear, compiled, load, make_requests, podcert_signer
+from bench.bench_issuance import PCRS, compiled, load, make_requests, podcert_signer, py_spy
 from devcluster import cluster, kube
 from podcert.api.requests import outcome as pcr_outcome
 from podcert.client.rest import Rest, path_of
@@ -207,6 +209,7 @@ def podcert_drain(root: Path, work: Path, args: argparse.Namespace) -> Drain:
     proc.start()
     assert proc.proc is not None
     probe = Probe(proc.metrics_port)
+    spy = py_spy(proc.proc.pid, args.profile / "storm.txt") if args.profile else None
     try:
         watch.wait(args.timeout)
         seconds = time.monotonic() - watch.start
@@ -214,12 +217,14 @@ def podcert_drain(root: Path, work: Path, args: argparse.Namespace) -> Drain:
         rss = peak_rss_mib(proc.proc.pid)
     finally:
         probe.stop()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
+            spy.wait(60)
         if not proc.running:
             print(proc.output()[-2000:])
         proc.stop()
     logged = decisions_per_request((work / namespace / "audit.jsonl").read_text().splitlines())
-    clear(root, namespace)
-    return Drain(
+    drain = Drain(
         "podcert",
         watch.rate(),
         seconds,
@@ -232,6 +237,8 @@ def podcert_drain(root: Path, work: Path, args: argparse.Namespace) -> Drain:
         longest_gap_s=probe.longest_gap,
         decisions_logged=logged,
     )
+    print(show(drain), flush=True)
+    return drain
 
 
 def peer_drain(root: Path, work: Path, args: argparse.Namespace, binary: Path) -> Drain:
@@ -245,10 +252,11 @@ def peer_drain(root: Path, work: Path, args: argparse.Namespace, binary: Path) -
         seconds = time.monotonic() - watch.start
     finally:
         proc.stop()
-    clear(root, namespace)
-    return Drain(
+    drain = Drain(
         "peer", watch.rate(), seconds, watch.fairness(), dict(watch.outcomes), watch.resettled
     )
+    print(show(drain), flush=True)
+    return drain
 
 
 def show(drain: Drain) -> str:
@@ -278,25 +286,31 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one drain")
     parser.add_argument("--peer", type=Path, help="the Go signer's module")
     parser.add_argument("--no-peer", action="store_true", help="leave the Go signer out")
+    parser.add_argument("--profile", type=Path, help="py-spy podcert's drain into this folder")
     args = parser.parse_args()
     binary = None if args.no_peer else peer.ensure(peer.source(args.peer))
     compiled(REPO)
+    print(
+        f"storm: {args.requests} requests over {args.nodes} nodes, {args.workers} workers, "
+        f"load average {load()}",
+        flush=True,
+    )
+    drains = [on_fresh_cluster(lambda root, work: podcert_drain(root, work, args))]
+    if binary is not None:
+        drains.append(on_fresh_cluster(lambda root, work: peer_drain(root, work, args, binary)))
+        print(f"podcert / Go signer, drain rate: {drains[0].rate / drains[1].rate:.2f}")
+    print(f"load average at the end: {load()}")
+
+
+def on_fresh_cluster(drain: Callable[[Path, Path], Drain]) -> Drain:
+    """Each side on a devcluster of its own: deleting tens of thousands of objects takes the
+    API server longer than making a new cluster, and the Go signer reconciles every request
+    it can see."""
     with tempfile.TemporaryDirectory(prefix="podcert-storm-") as tmp:
         root = Path(tmp) / "cluster"
         cluster.up(root)
         try:
-            print(
-                f"storm: {args.requests} requests over {args.nodes} nodes, {args.workers} "
-                f"workers, load average {load()}",
-                flush=True,
-            )
-            drains = [podcert_drain(root, Path(tmp), args)]
-            print(show(drains[0]), flush=True)
-            if binary is not None:
-                drains.append(peer_drain(root, Path(tmp), args, binary))
-                print(show(drains[1]), flush=True)
-                print(f"podcert / Go signer, drain rate: {drains[0].rate / drains[1].rate:.2f}")
-            print(f"load average at the end: {load()}")
+            return drain(root, Path(tmp))
         finally:
             cluster.down(root)
 
