@@ -140,8 +140,8 @@ class SignerKube:
         return self.rest.get_as(path_of("v1", resource, namespace, name), shape)
 
     def list_all(self, resource: str, shape: type[T]) -> tuple[Iterator[T], str]:
-        """Every object of a core/v1 resource (pods, nodes, serviceaccounts) across namespaces,
-        paged, each decoded as `shape` (the fields the caches keep, nothing else)."""
+        """Every object of a core/v1 resource (pods, nodes, serviceaccounts, services) across
+        namespaces, paged, each decoded as `shape` (the fields the caches keep, nothing else)."""
         return self.rest.list(path_of("v1", resource), shape)
 
     def watch_all(self, resource: str, resource_version: str, shape: type[Any]) -> Iterator[JSON]:
