@@ -46,6 +46,7 @@ import yaml
 
 from bench import peer
 from bench.bench_issuance import PCRS, compiled, load, make_requests, podcert_signer, py_spy
+from bench.bench_time_to_credential import rss_mib
 from devcluster import cluster, kube
 from podcert.api.requests import outcome as pcr_outcome
 from podcert.client.rest import Rest, path_of
@@ -119,7 +120,8 @@ def fairness(node_last: dict[str, float]) -> float:
 class Probe:
     """/healthz every PROBE_EVERY seconds while the drain runs, from its first 200 on (before
     it, the process is still starting): answers that were not 200 since, and the longest time
-    between two 200s."""
+    between two 200s. Lighter than `bench_scale.Watcher`'s back-to-back probes, which would
+    take CPU from the drain being timed."""
 
     def __init__(self, port: int) -> None:
         self.url = f"http://127.0.0.1:{port}/healthz"
@@ -169,14 +171,6 @@ class Drain:
     decisions_logged: Counter[int] | None = None  # entries per request -> how many requests
 
 
-def peak_rss_mib(pid: int) -> float:
-    """VmHWM: the most resident memory the process has had, in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmHWM for {pid}")
-
-
 def shipped_limit_mib() -> float:
     """The signer container's memory limit in manifests/signer/deployment.yaml."""
     doc = yaml.safe_load((REPO / "manifests" / "signer" / "deployment.yaml").read_text())
@@ -214,7 +208,7 @@ def podcert_drain(root: Path, work: Path, args: argparse.Namespace) -> Drain:
         watch.wait(args.timeout)
         seconds = time.monotonic() - watch.start
         probe.stop()
-        rss = peak_rss_mib(proc.proc.pid)
+        rss = rss_mib(proc.proc.pid, "VmHWM")
     finally:
         probe.stop()
         if spy is not None:
