@@ -357,8 +357,10 @@ def signer_phase(
     proc.start()
     assert proc.proc is not None
     pid = pids[side] = proc.proc.pid
-    spy = py_spy(pid, profile / f"{namespace}.txt") if profile is not None else None
+    spy = None
     try:
+        # Inside the try: a py-spy that cannot start must not leave the signer running.
+        spy = py_spy(pid, profile / f"{namespace}.txt") if profile is not None else None
         phase = observer.result()
         whole = observer.last_cpu.get(side)
         if whole is None:  # the process was gone: read it now (it cannot have grown)

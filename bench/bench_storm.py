@@ -203,8 +203,9 @@ def podcert_drain(root: Path, work: Path, args: argparse.Namespace) -> Drain:
     proc.start()
     assert proc.proc is not None
     probe = Probe(proc.metrics_port)
-    spy = py_spy(proc.proc.pid, args.profile / "storm.txt") if args.profile else None
+    spy = None
     try:
+        spy = py_spy(proc.proc.pid, args.profile / "storm.txt") if args.profile else None
         watch.wait(args.timeout)
         seconds = time.monotonic() - watch.start
         probe.stop()
