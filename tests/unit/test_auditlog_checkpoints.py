@@ -41,16 +41,6 @@ from tests.auditlog_world import (
 )
 
 
-@pytest.fixture(scope="module")
-def pki() -> Pki:
-    return make_pki("podcert")
-
-
-@pytest.fixture(scope="module")
-def rogue() -> Pki:
-    return make_pki("rogue")
-
-
 def test_intact_log_verifies_and_is_anchored(tmp_path: Path, pki: Pki) -> None:
     path = tmp_path / "audit.log"
     write_log(path, pki, 10)

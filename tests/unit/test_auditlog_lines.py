@@ -19,19 +19,8 @@ from signer.auditlog.writer import GENESIS, AuditLog
 from tests.auditlog_world import (
     Pki,
     entry,
-    make_pki,
     read_lines,
 )
-
-
-@pytest.fixture(scope="module")
-def pki() -> Pki:
-    return make_pki("podcert")
-
-
-@pytest.fixture(scope="module")
-def rogue() -> Pki:
-    return make_pki("rogue")
 
 
 def test_iter_entries_gives_back_what_was_appended(tmp_path: Path, pki: Pki) -> None:

@@ -40,21 +40,9 @@ from tests.auditlog_world import (
     entry,
     line_hash,
     make_cert,
-    make_pki,
     read_lines,
     write_log,
 )
-
-
-@pytest.fixture(scope="module")
-def pki() -> Pki:
-    return make_pki("podcert")
-
-
-@pytest.fixture(scope="module")
-def rogue() -> Pki:
-    return make_pki("rogue")
-
 
 # --- the lines ------------------------------------------------------------------------------------
 
