@@ -426,15 +426,14 @@ def invalid(request: Read) -> RequestError | None:
     for name in ("namespace", "name", "uid"):
         if not getattr(meta, name):
             return RequestError(f"metadata.{name}", "expected a non-empty string")
-    named = (("metadata.namespace", meta.namespace, DNS_LABEL),)
+    if DNS_LABEL.fullmatch(meta.namespace) is None:
+        return RequestError("metadata.namespace", f"{show(meta.namespace)} {_NOT_A_NAME}")
     for api_name, (attr, rule) in _SPEC_FIELDS.items():
         value = getattr(spec, attr)
         if not value:
             return RequestError(f"spec.{api_name}", "expected a non-empty string")
-        named += ((f"spec.{api_name}", value, rule),) if rule is not None else ()
-    for path, value, rule in named:
-        if rule.fullmatch(value) is None:
-            return RequestError(path, f"{show(value)} is not a lowercase RFC 1123 name")
+        if rule is not None and rule.fullmatch(value) is None:
+            return RequestError(f"spec.{api_name}", f"{show(value)} {_NOT_A_NAME}")
     if (seconds := spec.max_expiration_seconds) not in _LIFETIMES:
         return RequestError("spec.maxExpirationSeconds", f"{seconds} is not in {_LIFETIMES_SHOWN}")
     return None
@@ -486,6 +485,7 @@ _LIFETIMES: Final = range(
     validation.MIN_MAX_EXPIRATION_SECONDS, validation.MAX_MAX_EXPIRATION_SECONDS + 1
 )
 _LIFETIMES_SHOWN: Final = f"[{_LIFETIMES.start}, {_LIFETIMES.stop - 1}]"
+_NOT_A_NAME: Final = "is not a lowercase RFC 1123 name"
 # The spec's string fields (API name -> attribute, and the rule a name must follow); the API
 # server requires every one of them.
 _SPEC_FIELDS: Final[Mapping[str, tuple[str, re.Pattern[str] | None]]] = {
