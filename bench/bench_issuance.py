@@ -3,6 +3,7 @@ signer it is measured against (`bench.peer`), and the API server's status-write 
 
     .venv/bin/python -m bench.bench_issuance [--requests 1000] [--nodes 2] [--workers 1 2 4 8]
         [--rounds 3] [--pin] [--profile DIR] [--peer PATH | --no-peer] [--tree PATH]
+        [--apiserver-profile DIR]
 
 On a fresh devcluster, each round runs every side once, at each worker count, in the order
 ceiling, podcert, peer (then `--tree`'s) in even rounds and the reverse in odd ones, so the VM's
@@ -34,7 +35,10 @@ included, over N); "first" is exec to the first issuance. "GETs" is podcert's li
 nodes and ServiceAccounts (`podcert_signer_live_reads_total`). The summary gives each ratio as
 the median of the round-by-round ratios (both sides of a ratio ran in the same round), because
 a shared two-core VM drifts by +-20% from one minute to the next. `--profile DIR` records each
-podcert run with py-spy (on-CPU samples of the thread holding the interpreter lock).
+podcert run with py-spy (on-CPU samples of the thread holding the interpreter lock);
+`--apiserver-profile DIR` takes the API server's own CPU profile (pprof, the cluster started
+with profiling on) of every side from its 10 % mark, and reports the API server's CPU per write
+of each side from it (`ServerProfile`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as dt
+import http.client
 import os
+import re
 import shutil
 import signal
 import socket
@@ -65,6 +71,8 @@ import msgspec
 from bench import peer
 from bench.bench_time_to_credential import component_pids, cpu_of, cpu_seconds
 from devcluster import cluster, kube, planestate, processes
+from devcluster.identities import Paths, admin_ssl
+from devcluster.planestate import read_state
 from podcert.api import keys
 from podcert.api.requests import outcome as pcr_outcome
 from podcert.api.requests import parse_request
@@ -145,7 +153,18 @@ class Observer:
     settled (the watch stops waiting for it) but reported apart, so a signer that denies fast
     cannot look like one that issues fast."""
 
-    def __init__(self, root: Path, namespace: str, count: int, pids: dict[str, int]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        namespace: str,
+        count: int,
+        pids: dict[str, int],
+        server_profile: Path | None = None,
+    ) -> None:
+        self.root = root
+        self.server_profile = server_profile
+        self.profiler: threading.Thread | None = None
+        self.profiled: tuple[float, bytes] | None = None  # (its start, the pprof answer)
         self.rest = Rest(kube.admin_client(root))
         self.path = path_of(PCRS, "podcertificaterequests", namespace)
         self.version = self.rest.request("GET", self.path)["metadata"]["resourceVersion"]
@@ -157,6 +176,7 @@ class Observer:
         self.times: list[float] = []
         self.cpu: list[dict[str, float]] = []
         self.first: float | None = None  # monotonic time of the first issuance
+        self.issued_at: list[float] = []  # monotonic time of every issuance, in order
         self.last_cpu: dict[str, float] = {}  # CPU seconds by process when the last settled
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -171,14 +191,51 @@ class Observer:
                 if outcome and name not in self.settled:
                     self.settled.add(name)
                     self.outcomes[outcome] += 1
+                    if outcome == "Issued":
+                        self.issued_at.append(time.monotonic())
                     if self.first is None and outcome == "Issued":
                         self.first = time.monotonic()
                     if outcome == "Issued" and self.outcomes["Issued"] in self.marks:
                         self.times.append(time.monotonic())
                         self.cpu.append(cpu_of(self.pids))
+                        if self.server_profile is not None and self.profiler is None:
+                            self.profiler = threading.Thread(target=self._profile, daemon=True)
+                            self.profiler.start()
                     if len(self.settled) >= self.count:
                         self.last_cpu = cpu_of(self.pids)
                         return
+
+    def _profile(self) -> None:
+        """The API server's own CPU profile over PROFILE_SECONDS from the 10 % mark on."""
+        paths = Paths(self.root.resolve())
+        state = read_state(paths)
+        if state is None:
+            raise RuntimeError(f"no devcluster under {self.root}")
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", state.apiserver_port, context=admin_ssl(paths), timeout=60
+        )
+        start = time.monotonic()
+        try:
+            conn.request("GET", f"/debug/pprof/profile?seconds={PROFILE_SECONDS}")
+            answer = conn.getresponse()
+            data = answer.read()
+        finally:
+            conn.close()
+        if answer.status != 200:
+            raise RuntimeError(f"the API server's profile: {answer.status} {data[:200]!r}")
+        self.profiled = (start, data)
+
+    def server(self) -> ServerProfile | None:
+        """What the API server spent per issuance while it profiled (the profile saved beside
+        its `go tool pprof -top -cum`), or None without a profile."""
+        if self.profiler is None or self.server_profile is None:
+            return None
+        self.profiler.join(PROFILE_SECONDS + 60)
+        if self.profiled is None:
+            raise RuntimeError("the API server's profile did not come")
+        start, data = self.profiled
+        writes = sum(start <= t < start + PROFILE_SECONDS for t in self.issued_at)
+        return ServerProfile.saved(self.server_profile, data, writes)
 
     def result(self, timeout: float = 600.0) -> Phase:
         self.thread.join(timeout)
@@ -196,7 +253,11 @@ class Observer:
             name: (last[name] - first[name]) * 1000 / issued for name in last if name in first
         }
         return Phase(
-            issued / max(self.times[1] - self.times[0], 1e-3), cpu_ms, denied=denied, failed=failed
+            issued / max(self.times[1] - self.times[0], 1e-3),
+            cpu_ms,
+            denied=denied,
+            failed=failed,
+            server=self.server(),
         )
 
 
@@ -210,6 +271,39 @@ class Phase:
     first_s: float | None = None  # the signer's process start -> first issuance, seconds
     live_reads: int | None = None  # the signer's GETs of pods/nodes/ServiceAccounts (backlog: 0)
     own_ms: float | None = None  # the signer's own CPU ms per request in the window ("steady")
+    server: ServerProfile | None = None  # the API server's own profile of part of the window
+
+
+PROFILE_SECONDS: Final = 3  # of the API server's profile; a batch of 2,000+ outlasts it at 500/s
+_TOTAL: Final = re.compile(r"Total samples = ([0-9.]+)(ms|s)\b")
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """The API server's own CPU profile (`/debug/pprof/profile`, Go's sampler at 100 Hz) over
+    PROFILE_SECONDS of a side's steady state: its on-CPU milliseconds per issuance of that side
+    in those seconds, against the /proc figures of the same process over the 10-90 % window."""
+
+    path: Path  # the profile; `path.with_suffix(".top.txt")` holds its `-top -cum`
+    writes: int  # issuances in the profile's seconds
+    cpu_ms: float  # the API server's sampled CPU ms per issuance
+
+    @classmethod
+    def saved(cls, path: Path, data: bytes, writes: int) -> ServerProfile:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        top = subprocess.run(
+            ["go", "tool", "pprof", "-top", "-cum", "-nodecount=60", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        path.with_suffix(".top.txt").write_text(top)
+        found = _TOTAL.search(top)
+        if found is None:
+            raise RuntimeError(f"no 'Total samples' in the profile's summary ({path})")
+        ms = float(found[1]) * (1000 if found[2] == "s" else 1)
+        return cls(path, writes, ms / max(writes, 1))
 
 
 # --- the ceiling: the fastest status writer ----------------------------------------------------
@@ -271,7 +365,12 @@ class RawWriter:
 
 
 def ceiling(
-    root: Path, namespace: str, pcrs: list[JSON], workers: int, pids: dict[str, int]
+    root: Path,
+    namespace: str,
+    pcrs: list[JSON],
+    workers: int,
+    pids: dict[str, int],
+    server_profile: Path | None = None,
 ) -> Phase:
     """The fastest writer (`RawWriter`) with `workers` threads, as the signer's own
     ServiceAccount: the API server authenticates, authorizes (RBAC, and `sign` on the signer
@@ -324,7 +423,7 @@ def ceiling(
             errors.append(err)
 
     threads = [threading.Thread(target=write, args=(requests[i::workers],)) for i in range(workers)]
-    observer = Observer(root, namespace, len(pcrs), pids)
+    observer = Observer(root, namespace, len(pcrs), pids, server_profile)
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -345,6 +444,7 @@ def signer_phase(
     count: int,
     profile: Path | None = None,
     reads: Callable[[], int | None] = lambda: None,
+    server_profile: Path | None = None,
 ) -> Phase:
     """One signer process, started once its batch exists, timed by the watch: the rate and
     CPU per request in the 10-90 % window, its whole-process CPU from exec to the last settled
@@ -352,7 +452,7 @@ def signer_phase(
     # The watch starts first, so no issuance can come before it; the process's pid joins the
     # ones it samples as soon as there is one (it first samples at the 10 % mark).
     pids = component_pids(root)
-    observer = Observer(root, namespace, count, pids)
+    observer = Observer(root, namespace, count, pids, server_profile)
     started = time.monotonic()
     proc.start()
     assert proc.proc is not None
@@ -374,6 +474,7 @@ def signer_phase(
             first_s=(observer.first - started) if observer.first is not None else None,
             live_reads=reads(),
             own_ms=phase.cpu_ms.get(side),
+            server=phase.server,
         )
     finally:
         if spy is not None:
@@ -478,6 +579,12 @@ def main() -> None:
         "--peer", type=Path, help="the Go signer's module (default: PODCERT_PEER, ../shared/peer)"
     )
     parser.add_argument("--no-peer", action="store_true", help="leave the Go signer out")
+    parser.add_argument(
+        "--apiserver-profile",
+        type=Path,
+        help="take the API server's own CPU profile (pprof) of each side into this folder "
+        "(use --requests 2000 or more, so the steady state outlasts the profile)",
+    )
     args = parser.parse_args()
     sides = ["ceiling", "podcert"]
     if not args.no_peer:
@@ -494,7 +601,7 @@ def main() -> None:
         compiled(REPO)
     with tempfile.TemporaryDirectory(prefix="podcert-bench-") as tmp:
         root = Path(tmp) / "cluster"
-        state = cluster.up(root)
+        state = cluster.up(root, apiserver_profiling=args.apiserver_profile is not None)
         if args.pin:
             pin(state)
         try:
@@ -530,12 +637,13 @@ def run_side(
     signer = f"bench.podcert.dev/{round_name}-{side}"
     count = args.requests
     pcrs = make_requests(root, namespace, signer, count, args.nodes)
+    server = args.apiserver_profile / f"{namespace}.pb.gz" if args.apiserver_profile else None
     try:
         if side == "ceiling":
-            return ceiling(root, namespace, pcrs, workers, component_pids(root))
+            return ceiling(root, namespace, pcrs, workers, component_pids(root), server)
         if side == "peer":
             proc = peer.Peer.for_cluster(args.peer_binary, root, work, signer, workers)
-            return signer_phase(root, side, proc, namespace, count)
+            return signer_phase(root, side, proc, namespace, count, server_profile=server)
         tree = args.tree if side == "other" else None
         podcert = podcert_signer(root, work, signer, namespace, workers, tree)
         return signer_phase(
@@ -546,6 +654,7 @@ def run_side(
             count,
             args.profile,
             reads=lambda: live_reads(podcert.metrics()),
+            server_profile=server,
         )
     finally:
         clear(root, namespace)
@@ -579,6 +688,15 @@ def summary(table: Sequence[Rows]) -> None:
             )
         ceil = median(rows.ratios("podcert", "ceiling", rate))
         print(f"podcert / ceiling, {w} workers: {ceil:.2f} (>= 0.8)")
+        profiled = {
+            side: [p.server.cpu_ms for p in phases if p.server is not None]
+            for side, phases in rows.sides.items()
+        }
+        if any(profiled.values()):
+            print(
+                f"the API server's own profile, CPU ms per write, {w} workers: "
+                + ", ".join(f"{side} {median(ms):.2f}" for side, ms in profiled.items() if ms)
+            )
 
 
 def compiled(tree: Path) -> None:
@@ -643,6 +761,9 @@ def show_phase(workers: int, round_no: int, side: str, phase: Phase) -> str:
         if phase.denied or phase.failed
         else "",
         f"[{show_cpu(phase.cpu_ms)}]",
+        f"pprof api {phase.server.cpu_ms:.2f} ms over {phase.server.writes}"
+        if phase.server is not None
+        else "",
     ]
     return "  ".join(part for part in parts if part)
 

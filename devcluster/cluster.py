@@ -59,9 +59,11 @@ def up(
     binaries: Binaries | None = None,
     progress: Progress = lambda _line: None,
     timeout: float = READY_TIMEOUT,
+    apiserver_profiling: bool = False,
 ) -> State:
-    """Start the control plane of `kube_version` under `root` and wait until every part answers.
-    Idempotent for the same version."""
+    """Start the control plane of `kube_version` under `root` and wait until every part answers
+    (with `apiserver_profiling`, the API server serves /debug/pprof to the admin). Idempotent
+    for the same version."""
     paths = Paths(root.resolve())
     paths.root.mkdir(parents=True, exist_ok=True)
     current = running(paths)
@@ -103,6 +105,7 @@ def up(
         scheduler_port=scheduler_port,
         controller_manager_version=kube_version,
         scheduler_version=kube_version,
+        apiserver_profiling=apiserver_profiling,
     )
     save(paths, state)
     deadline = time.monotonic() + timeout
@@ -115,7 +118,14 @@ def up(
         )
         progress(f"starting kube-apiserver {kube_version} on 127.0.0.1:{api_port}")
         api = spawn(
-            apiserver_args(bins.kube_apiserver, paths, etcd_port, api_port, kube_version),
+            apiserver_args(
+                bins.kube_apiserver,
+                paths,
+                etcd_port,
+                api_port,
+                kube_version,
+                profiling=apiserver_profiling,
+            ),
             logs["kube-apiserver"],
         )
         state = State(**{**asdict(state), "apiserver_pid": api.pid})
@@ -196,6 +206,7 @@ def restart_apiserver(root: Path, timeout: float = READY_TIMEOUT) -> State:
         state.etcd_port,
         state.apiserver_port,
         state.kube_version,
+        profiling=state.apiserver_profiling,
     )
     proc = spawn(args, log)
     state = State(**{**asdict(state), "apiserver_pid": proc.pid})

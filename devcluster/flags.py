@@ -70,6 +70,8 @@ def apiserver_args(
     etcd_port: int,
     port: int,
     kube_version: str = DEFAULT_KUBE_VERSION,
+    *,
+    profiling: bool = False,
 ) -> list[str]:
     p = paths.pki
     return [
@@ -101,7 +103,7 @@ def apiserver_args(
         f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
         f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
         "--allow-privileged=true",
-        "--profiling=false",
+        f"--profiling={str(profiling).lower()}",
         "--v=1",
     ]
 

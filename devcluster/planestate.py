@@ -30,6 +30,8 @@ class State:
     # The API server runs `kube_version`; these two lag it during an upgrade ("": the same).
     controller_manager_version: str = ""
     scheduler_version: str = ""
+    # The API server serves /debug/pprof (benchmarks profile it); off as in a hardened cluster.
+    apiserver_profiling: bool = False
 
     @property
     def server(self) -> str:

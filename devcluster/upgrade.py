@@ -132,7 +132,12 @@ def _upgrade_component(
     if component == skew.KUBE_APISERVER:
         stop(state.apiserver_pid, state.apiserver_binary, 10.0)
         args = apiserver_args(
-            bins.kube_apiserver, paths, state.etcd_port, state.apiserver_port, version
+            bins.kube_apiserver,
+            paths,
+            state.etcd_port,
+            state.apiserver_port,
+            version,
+            profiling=state.apiserver_profiling,
         )
         proc = spawn(args, log)
         # Its pid first (so `down` stops it whatever happens), its version once it answers.

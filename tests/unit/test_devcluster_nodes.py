@@ -44,6 +44,14 @@ def test_the_controller_manager_runs_all_but_the_node_lifecycle_controller() -> 
     assert "--controllers=*,-node-lifecycle-controller" in kcm
 
 
+def test_the_api_server_serves_pprof_only_when_a_benchmark_asks() -> None:
+    paths = identities.Paths(Path("/dc"))
+    assert "--profiling=false" in flags.apiserver_args(Path("kube-apiserver"), paths, 1, 2)
+    profiled = flags.apiserver_args(Path("kube-apiserver"), paths, 1, 2, profiling=True)
+    assert "--profiling=true" in profiled
+    assert "--profiling=false" not in profiled
+
+
 def test_each_minor_is_built_from_its_own_release() -> None:
     assert build.kubernetes_component("kubelet", "1.35").version == "v1.35.4"
     assert build.kubernetes_component("kube-apiserver", "1.36").replace_version == "v0.36.3"
