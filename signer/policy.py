@@ -50,7 +50,7 @@ import types
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import yaml
 from yaml.nodes import Node, SequenceNode
@@ -79,6 +79,24 @@ MAX_BURST: Final = 100000
 
 # Globs over Kubernetes names: lowercase name characters plus fnmatch's * ? [ ] !.
 _NAME_GLOB = re.compile(r"[a-z0-9.*?\[\]!-]+")
+
+# The keys of each mapping in a `signers:` entry: what the reader accepts, and what
+# `entry_schema` describes (the two cannot drift apart).
+SIGNER_KEYS: Final = (
+    "name",
+    "trustDomain",
+    "maxLifetimeSeconds",
+    "keyTypes",
+    "dnsNames",
+    "allow",
+    "rateLimit",
+)
+DNS_KEYS: Final = ("services", "clusterDomain", "allowRequested")
+RULE_KEYS: Final = ("namespaces", "serviceAccounts")
+RATE_LIMIT_KEYS: Final = ("perNode",)
+PER_NODE_KEYS: Final = ("requestsPerSecond", "burst")
+# Filled in by whoever writes the file (the chart: from signerNames and trustDomain).
+_IDENTITY_KEYS: Final = ("name", "trustDomain")
 
 
 @dataclass(frozen=True)
@@ -199,6 +217,70 @@ def load_policy_file(path: Path, served: Sequence[str], default_trust_domain: st
     return load_policy(text, str(path), served, default_trust_domain)
 
 
+def entry_schema() -> dict[str, Any]:
+    """The JSON schema (draft 7) of a `signers:` entry's policy fields, every key but `name` and
+    `trustDomain`: what the chart's `policy` value holds (values.schema.json carries it, made by
+    `make chart`). Built from the reader's own key sets, key types and bounds, so whatever the
+    schema refuses the signer refuses too; the signer checks more at start-up (a cluster domain
+    is a DNS name, ...)."""
+    globs = {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "string", "pattern": f"^{_NAME_GLOB.pattern}$"},
+    }
+    per_node = _object(
+        PER_NODE_KEYS,
+        {
+            "requestsPerSecond": {
+                "type": "number",
+                "minimum": MIN_RATE_PER_SECOND,
+                "maximum": MAX_RATE_PER_SECOND,
+            },
+            "burst": {"type": "integer", "minimum": 1, "maximum": MAX_BURST},
+        },
+        required=PER_NODE_KEYS,
+    )
+    fields = {
+        "maxLifetimeSeconds": {
+            "type": "integer",
+            "minimum": MIN_MAX_EXPIRATION_SECONDS,
+            "maximum": MAX_MAX_EXPIRATION_SECONDS,
+        },
+        "keyTypes": {"type": "array", "minItems": 1, "items": {"enum": list(KEY_TYPES)}},
+        "dnsNames": _object(
+            DNS_KEYS,
+            {
+                "services": {"type": "boolean"},
+                "clusterDomain": {"type": "string", "minLength": 1},
+                "allowRequested": {"type": "boolean"},
+            },
+        ),
+        "allow": {
+            "type": "array",
+            "items": _object(RULE_KEYS, {"namespaces": globs, "serviceAccounts": globs}),
+        },
+        "rateLimit": _object(RATE_LIMIT_KEYS, {"perNode": per_node}),
+    }
+    keys = tuple(k for k in SIGNER_KEYS if k not in _IDENTITY_KEYS)
+    return _object(keys, fields)
+
+
+def _object(
+    keys: Sequence[str], properties: dict[str, Any], required: Sequence[str] = ()
+) -> dict[str, Any]:
+    """A closed JSON schema object with exactly `keys` (a mismatch is this module's bug)."""
+    if set(properties) != set(keys):
+        raise ValueError(f"schema properties {sorted(properties)} are not the keys {sorted(keys)}")
+    schema: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {key: properties[key] for key in keys},
+    }
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
 def _any_glob(patterns: Collection[str], name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
@@ -215,19 +297,7 @@ class _Reader(PolicyReader):
     def signer(
         self, node: Node, path: str, served: Sequence[str], default_trust_domain: str
     ) -> SignerPolicy:
-        keys = self.mapping(
-            node,
-            path,
-            {
-                "name",
-                "trustDomain",
-                "maxLifetimeSeconds",
-                "keyTypes",
-                "dnsNames",
-                "allow",
-                "rateLimit",
-            },
-        )
+        keys = self.mapping(node, path, SIGNER_KEYS)
         if "name" not in keys:
             raise self.error(node, f"{path}.name", "required: the signer name this entry is for")
         name_node = keys["name"][1]
@@ -279,13 +349,13 @@ class _Reader(PolicyReader):
         return policy
 
     def rate_limit(self, node: Node, path: str) -> Rate | None:
-        keys = self.mapping(node, path, {"perNode"})
+        keys = self.mapping(node, path, RATE_LIMIT_KEYS)
         if "perNode" not in keys:
             return None  # `rateLimit: {}` says "no limit" explicitly
         value = keys["perNode"][1]
         path = f"{path}.perNode"
-        fields = self.mapping(value, path, {"requestsPerSecond", "burst"})
-        for name in ("requestsPerSecond", "burst"):
+        fields = self.mapping(value, path, PER_NODE_KEYS)
+        for name in PER_NODE_KEYS:
             if name not in fields:
                 raise self.error(value, f"{path}.{name}", "required when perNode is set")
         rate_node = fields["requestsPerSecond"][1]
@@ -323,7 +393,7 @@ class _Reader(PolicyReader):
         return frozenset(found)
 
     def dns(self, node: Node, path: str) -> DNSPolicy:
-        keys = self.mapping(node, path, {"services", "clusterDomain", "allowRequested"})
+        keys = self.mapping(node, path, DNS_KEYS)
         policy = DNSPolicy()
         if "services" in keys:
             policy = dataclasses.replace(
@@ -343,7 +413,7 @@ class _Reader(PolicyReader):
         return policy
 
     def rule(self, node: Node, path: str) -> AllowRule:
-        keys = self.mapping(node, path, {"namespaces", "serviceAccounts"})
+        keys = self.mapping(node, path, RULE_KEYS)
         rule = AllowRule()
         if "namespaces" in keys:
             rule = dataclasses.replace(
