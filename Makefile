@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint unit integration controlplane image lock clean
+.PHONY: demo test lint unit integration controlplane image lock clean chart
 
 # Exactly the locked versions, every file checked against its hash, then podcert itself with
 # nothing left to resolve (locks/README.md says what each lock holds). The editable install maps
@@ -39,6 +39,12 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# Regenerate the chart's generated files after editing values.yaml, Chart.yaml or the signer's
+# policy reader: values.schema.json's `policy` and README.md (devcluster/chartfiles.py; a unit
+# test fails while they are stale).
+chart: $(VENV)/.installed
+	$(BIN)/python -m devcluster.chartfiles
 
 # Install what a real node needs from Debian (apt-get, only when something is missing), then build
 # (once, cached outside the repo) the devcluster's binaries, showing progress: the whole cluster

@@ -1,7 +1,8 @@
 """The Helm chart (charts/podcert) renders the kustomize bases' objects, field for field:
-the signer base with default values, and the shim, the example pair and the webhook-free
+the signer base with default values (and the base's webhook peers, which the chart has no
+default for and refuses to render without), and the shim, the example pair and the webhook-free
 admission policy each behind one value; only the chart's checksum of the policy on the signer's
-pod template is its own (what rolls the pods on `helm upgrade`). `helm lint` passes it (its
+pod template, its recommended labels and its `helm test` pod are its own. `helm lint` passes it (its
 values schema refuses bad values), and what it renders passes server-side dry-run on the real
 API server, with default and with changed values. test_helm_install installs it for real. helm
 is built from the Go module (devcluster/tools.py), as the control plane is."""
@@ -12,6 +13,7 @@ import copy
 import json
 import secrets
 import subprocess
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,9 @@ import pytest
 import yaml
 
 from devcluster import build, kube, tools
+from devcluster.identities import Paths
 from devcluster.testing import DevCluster
+from podcert import __version__
 from podcert.client.rest import ApiError, Rest
 from signer.policy import load_policy
 from tests.integration.test_manifests import MANIFESTS, documents, dry_run, renamed
@@ -46,19 +50,67 @@ def run(helm: list[str], *args: str, check: bool = True) -> subprocess.Completed
     return done
 
 
-def render(helm: list[str], **values: Any) -> list[dict[str, Any]]:
-    """`helm template` of the chart with these values (nested keys with dots, JSON values)."""
-    sets = [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
+def base_webhook_peers() -> list[dict[str, Any]]:
+    """The kustomize base's webhook peers (its placeholder), which the chart has no default for."""
+    [policy] = documents([MANIFESTS / "signer" / "networkpolicy.yaml"])
+    peers: list[dict[str, Any]] = policy["spec"]["ingress"][0]["from"]
+    return peers
+
+
+# What every render sets unless told otherwise: the chart refuses to render without it.
+WEBHOOK_FROM = "networkPolicy.webhookFrom"
+
+
+def sets(values: dict[str, Any]) -> list[str]:
+    """--set-json flags: nested keys with dots, JSON values; the base's webhook peers unless
+    `values` names them (None: left unset)."""
+    values = {WEBHOOK_FROM: base_webhook_peers(), **values}
+    return [f"--set-json={k}={json.dumps(v)}" for k, v in values.items() if v is not None]
+
+
+def template(helm: list[str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     version = build.KUBERNETES_VERSIONS[build.DEFAULT_KUBE_VERSION]
-    out = run(helm, "template", "podcert", str(CHART), f"--kube-version={version}", *sets).stdout
+    return run(
+        helm, "template", "podcert", str(CHART), f"--kube-version={version}", *args, check=check
+    )
+
+
+def render(helm: list[str], **values: Any) -> list[dict[str, Any]]:
+    """`helm template` of the chart with these values (`sets`), the `helm test` pod left out."""
+    out = template(helm, "--skip-tests", *sets(values)).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
+# The recommended labels the chart puts on every object and pod template: which release, chart
+# and version made it are Helm's to know, and the bases carry the name label only where a
+# selector needs it (compared in the selectors, which carry nothing else).
+RECOMMENDED = {
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+}
+
+
+def unlabelled(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` without the recommended labels, on it and on its pod template."""
+    doc = copy.deepcopy(doc)
+    for meta in (doc["metadata"], doc.get("spec", {}).get("template", {}).get("metadata")):
+        if meta is not None and "labels" in meta:
+            meta["labels"] = {k: v for k, v in meta["labels"].items() if k not in RECOMMENDED}
+            if not meta["labels"]:
+                del meta["labels"]
+    return doc
+
+
 def comparable(docs: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
-    """Objects by kind, namespace and name; the policy ConfigMap's file as parsed YAML (its
-    comments differ)."""
+    """Objects by kind, namespace and name, without the recommended labels; the policy
+    ConfigMap's file as parsed YAML (its comments differ)."""
     out: dict[Key, dict[str, Any]] = {}
-    for doc in docs:
+    for doc in map(unlabelled, docs):
         meta = doc["metadata"]
         key = (doc["kind"], meta.get("namespace", ""), meta["name"])
         assert key not in out, f"{key} twice"
@@ -331,3 +383,281 @@ def test_the_least_privilege_policies_and_the_network_policy_follow_the_values(
     )
     policy = objects[("NetworkPolicy", "pki", "podcert-signer")]["spec"]
     assert [rule["from"] for rule in policy["ingress"]][1] == scraper
+
+
+# --- the chart's conventions: what only the chart has ----------------------------------------
+
+
+def test_without_the_api_servers_addresses_the_chart_refuses_to_render_in_one_line(
+    helm: list[str],
+) -> None:
+    """With no webhook peers the API server cannot reach the fail-closed webhook on an enforcing
+    CNI, so every request for the signer would be refused: the chart says what to set instead."""
+    done = template(helm, *sets({WEBHOOK_FROM: None}), check=False)
+    assert done.returncode != 0
+    [line] = [line for line in done.stderr.splitlines() if "networkPolicy.webhookFrom" in line]
+    assert "give the API server's addresses" in line
+    assert "networkPolicy.enabled=false" in line
+    # The same with the NetworkPolicy on but the webhook off: the webhook port opens to no one.
+    kinds = {
+        d["kind"] for d in render(helm, **{WEBHOOK_FROM: None, "networkPolicy.enabled": False})
+    }
+    assert "NetworkPolicy" not in kinds and "ValidatingWebhookConfiguration" in kinds
+    objects = comparable(
+        render(helm, **{WEBHOOK_FROM: None, "admission.webhook": False, "admission.policy": True})
+    )
+    policy = objects[("NetworkPolicy", "podcert-system", "podcert-signer")]["spec"]
+    assert [rule["ports"][0]["port"] for rule in policy["ingress"]] == ["metrics"]
+
+
+def test_the_api_servers_addresses_are_the_webhook_ports_only_peers(helm: list[str]) -> None:
+    peers = [{"ipBlock": {"cidr": "10.0.0.10/32"}}, {"ipBlock": {"cidr": "10.0.0.11/32"}}]
+    objects = comparable(render(helm, **{WEBHOOK_FROM: peers}))
+    policy = objects[("NetworkPolicy", "podcert-system", "podcert-signer")]["spec"]
+    assert policy["ingress"][0] == {
+        "ports": [{"port": "webhook", "protocol": "TCP"}],
+        "from": peers,
+    }
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({}, id="default values"),
+        pytest.param(
+            {"shim.enabled": True, "examples.enabled": True, "admission.policy": True},
+            id="every part on",
+        ),
+    ],
+)
+def test_every_object_and_pod_carries_the_recommended_labels(
+    helm: list[str], values: dict[str, Any]
+) -> None:
+    out = template(helm, "--namespace=infra", *sets(values)).stdout
+    docs = [doc for doc in yaml.safe_load_all(out) if doc]
+    assert any(d["kind"] == "Pod" for d in docs)  # the helm test pod too
+    for doc in docs:
+        for meta in (doc["metadata"], doc.get("spec", {}).get("template", {}).get("metadata")):
+            if meta is None:
+                continue
+            labels = meta.get("labels", {})
+            component = labels.get("app.kubernetes.io/component")
+            assert labels.keys() >= RECOMMENDED, f"{doc['kind']}/{doc['metadata']['name']}"
+            assert labels["app.kubernetes.io/name"] == f"podcert-{component}"
+            assert labels["app.kubernetes.io/instance"] == "podcert"
+            assert labels["app.kubernetes.io/managed-by"] == "Helm"
+            assert labels["app.kubernetes.io/part-of"] == "podcert"
+            assert labels["app.kubernetes.io/version"] == __version__
+            assert labels["helm.sh/chart"].startswith("podcert-")
+
+
+def pod_spec(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    [found] = [d for d in docs if (d["kind"], d["metadata"]["name"]) == (kind, name)]
+    spec: dict[str, Any] = found["spec"]["template"]["spec"]
+    return spec
+
+
+SCHEDULING: dict[str, Any] = {
+    "nodeSelector": {"node-role.kubernetes.io/infra": ""},
+    "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "podcert-signer"}},
+        }
+    ],
+    "priorityClassName": "infra-critical",
+}
+DEFAULT_ANTI_AFFINITY = yaml.safe_load((CHART / "values.yaml").read_text())["affinity"]
+PODS: dict[str, Any] = {
+    "podLabels": {"team": "pki"},
+    "podAnnotations": {"example.com/scrape": "true"},
+    "extraArgs": ["--workers=8"],
+    "extraEnv": [{"name": "PYTHONFAULTHANDLER", "value": "1"}],
+    "logLevel": "DEBUG",
+    "serviceAccount": {"annotations": {"iam.example.com/role": "pki"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("prefix", "kind", "name", "account", "flag"),
+    [
+        pytest.param("", "Deployment", "podcert-signer", "podcert-signer", "signer", id="signer"),
+        pytest.param(
+            "shim.", "DaemonSet", "podcert-shim", "podcert-shim-cleanup", "shim", id="shim"
+        ),
+    ],
+)
+def test_the_standard_knobs_reach_the_pods_they_name(
+    helm: list[str], prefix: str, kind: str, name: str, account: str, flag: str
+) -> None:
+    secrets_ = [{"name": "regcred"}]
+    values = {f"{prefix}{k}": v for k, v in {**SCHEDULING, **PODS}.items()}
+    docs = render(helm, **values, imagePullSecrets=secrets_, **{"shim.enabled": True})
+    spec = pod_spec(docs, kind, name)
+    # Helm merges a map into the default: the signer keeps its anti-affinity beside it.
+    kept = {} if prefix else DEFAULT_ANTI_AFFINITY
+    assert spec["affinity"] == SCHEDULING["affinity"] | kept
+    for key in SCHEDULING.keys() - {"affinity"}:
+        assert spec[key] == SCHEDULING[key], key
+    assert spec["imagePullSecrets"] == secrets_
+    [workload] = [d for d in docs if (d["kind"], d["metadata"]["name"]) == (kind, name)]
+    template_meta = workload["spec"]["template"]["metadata"]
+    assert template_meta["labels"]["team"] == "pki"
+    assert template_meta["annotations"]["example.com/scrape"] == "true"
+    assert workload["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": name}
+    [container] = spec["containers"]
+    assert container["args"][0] == flag
+    assert container["args"][-2:] == ["--log-level=DEBUG", "--workers=8"]
+    assert container["env"][-1] == {"name": "PYTHONFAULTHANDLER", "value": "1"}
+    [sa] = [d for d in docs if (d["kind"], d["metadata"]["name"]) == ("ServiceAccount", account)]
+    assert sa["metadata"]["annotations"] == {"iam.example.com/role": "pki"}
+    # The other workload keeps its defaults.
+    other = pod_spec(
+        docs, *(("DaemonSet", "podcert-shim") if prefix == "" else ("Deployment", "podcert-signer"))
+    )
+    assert "nodeSelector" not in other and "imagePullSecrets" in other
+
+
+def test_the_signer_is_cluster_critical_and_the_shim_node_critical_by_default(
+    helm: list[str],
+) -> None:
+    docs = render(helm, **{"shim.enabled": True})
+    assert pod_spec(docs, "Deployment", "podcert-signer")["priorityClassName"] == (
+        "system-cluster-critical"
+    )
+    shim = pod_spec(docs, "DaemonSet", "podcert-shim")
+    assert shim["priorityClassName"] == "system-node-critical"
+    assert shim["tolerations"] == [{"operator": "Exists"}]
+    assert "imagePullSecrets" not in shim
+    args = shim["containers"][0]["args"]
+    assert "--kubeconfig=/var/lib/kubelet/kubeconfig" in args
+    assert not any(a.startswith("--log-level") for a in args)
+    assert [v["name"] for v in shim["volumes"]] == ["kubelet"]  # the kubeconfig lies inside it
+
+
+def test_a_kubeadm_nodes_kubeconfig_is_mounted_from_the_node(helm: list[str]) -> None:
+    path = "/etc/kubernetes/kubelet.conf"
+    shim = pod_spec(
+        render(helm, **{"shim.enabled": True, "shim.kubeconfig": path}), "DaemonSet", "podcert-shim"
+    )
+    [container] = shim["containers"]
+    assert f"--kubeconfig={path}" in container["args"]
+    assert {"name": "kubeconfig", "mountPath": path, "readOnly": True} in container["volumeMounts"]
+    assert {"name": "kubeconfig", "hostPath": {"path": path, "type": "File"}} in shim["volumes"]
+    done = template(
+        helm, *sets({"shim.enabled": True, "shim.kubeconfig": "kubelet.conf"}), check=False
+    )
+    assert done.returncode != 0
+
+
+def test_the_helm_test_pod_checks_a_credential_of_the_first_signer_name(helm: list[str]) -> None:
+    values = {
+        "signerNames": ["example.com/workload", "example.com/batch"],
+        "trustDomain": "example.org",
+    }
+    out = template(helm, "--show-only=templates/tests/credential.yaml", *sets(values)).stdout
+    [pod] = [d for d in yaml.safe_load_all(out) if d]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["namespace"] == "podcert-system"
+    [container] = pod["spec"]["containers"]
+    assert container["command"] == ["python", "-c"]
+    assert container["args"][1:] == [
+        "spiffe://example.org/ns/podcert-system/sa/default",
+        "example.com/workload",
+    ]
+    compile(container["args"][0], "helm-test", "exec")  # the check itself is valid Python
+    sources = pod["spec"]["volumes"][0]["projected"]["sources"]
+    assert {
+        s.get("podCertificate", s.get("clusterTrustBundle"))["signerName"] for s in sources
+    } == {"example.com/workload"}
+    off = template(
+        helm,
+        "--show-only=templates/tests/credential.yaml",
+        *sets({"tests.enabled": False}),
+        check=False,
+    )
+    assert off.returncode != 0  # nothing to show
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param('--set-json=global={"imageRegistry":"r.example.com"}', id="global"),
+        pytest.param("--set-json=enabled=true", id="enabled"),
+    ],
+)
+def test_a_parent_charts_global_and_enabled_are_accepted(helm: list[str], value: str) -> None:
+    out = run(helm, "lint", "--strict", str(CHART), *sets({}), value).stdout
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"policy.maxLifetimeSeconds": 60}, id="a lifetime under an hour"),
+        pytest.param({"policy.keyTypes": ["DSA"]}, id="an unknown key type"),
+        pytest.param({"policy.keyTypes": []}, id="no key type"),
+        pytest.param({"policy.allow": [{"namespaces": ["Prod"]}]}, id="a glob no name matches"),
+        pytest.param({"policy.allow": [{"namespace": ["prod"]}]}, id="a misspelt rule key"),
+        pytest.param({"policy.dnsNames.services": "yes"}, id="a string for a boolean"),
+        pytest.param({"policy.rateLimit.perNode.burst": 0}, id="a burst of zero"),
+        pytest.param({"policy.maxLifetime": 3600}, id="an unknown policy key"),
+        pytest.param({"logLevel": "verbose"}, id="an unknown log level"),
+        pytest.param({"shim.kubeconfig": "kubelet.conf"}, id="a relative kubeconfig"),
+        pytest.param({"imagePullSecrets": ["regcred"]}, id="a pull secret as a bare name"),
+    ],
+)
+def test_the_schema_refuses_what_the_signer_would_refuse(
+    helm: list[str], bad: dict[str, Any]
+) -> None:
+    done = run(helm, "lint", "--strict", str(CHART), *sets(bad), check=False)
+    assert done.returncode != 0, f"helm lint accepted {bad}"
+
+
+def test_notes_say_what_was_installed_how_to_check_it_and_warn_of_risky_values(
+    devcluster: DevCluster, helm: list[str]
+) -> None:
+    """Rendered by a client-side dry run (`helm template` renders no NOTES), into a namespace
+    of its own: Helm refuses a dry run over objects it does not own, as a real install."""
+    kubeconfig = Paths(devcluster.root.resolve()).admin_kubeconfig
+    namespace = f"notes-{secrets.token_hex(3)}"
+    dry = [*helm, f"--kubeconfig={kubeconfig}", "install", "podcert", str(CHART), "--dry-run"]
+    dry += [f"--set=namespace={namespace}"]
+    notes = run(dry, *sets({})).stdout.partition("\nNOTES:\n")[2]
+    assert "serves:\n  - podcert.dev/workload" in notes
+    assert f"kubectl -n {namespace} logs -l app.kubernetes.io/name=podcert-signer" in notes
+    assert "helm test podcert" in notes
+    sample = notes[notes.index("  apiVersion: v1") : notes.index("If it stays")]
+    pod = yaml.safe_load(textwrap.dedent(sample))
+    source = pod["spec"]["volumes"][0]["projected"]["sources"][0]
+    assert source["podCertificate"]["signerName"] == "podcert.dev/workload"
+    # The shipped policy lets everyone get a certificate: said, and nothing else is.
+    warnings = notes.partition("WARNINGS:\n")[2].splitlines()
+    assert len(warnings) == 1 and "policy.allow" in warnings[0]
+    risky = {
+        "networkPolicy.enabled": False,
+        "priorityClassName": "",
+        "replicas": 1,
+        "policy.maxLifetimeSeconds": 604800,
+        "admission.webhook": False,
+    }
+    warned = run(dry, *sets(risky)).stdout.partition("WARNINGS:\n")[2]
+    for value in (
+        "networkPolicy.enabled=false",
+        "replicas < 2",
+        "maxLifetimeSeconds=604800",
+        "admission.webhook and admission.policy are both off",
+    ):
+        assert value in warned, value

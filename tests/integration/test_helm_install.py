@@ -1,13 +1,19 @@
-"""The Helm chart installed for real. `helm install podcert charts/podcert` (default
-values: the objects `kubectl apply -k manifests/signer` applies), with the devcluster's admin
-kubeconfig, runs the signer on the real node from its image as shipped (imported into the node's
-containerd, as test_in_cluster does); its 2 replicas become Ready, and the real kubelet projects a
-pod's credential that the chart's signer issued. `helm upgrade` with another policy (a shorter
-maxLifetimeSeconds) rolls the pods (the chart puts the policy's checksum on their template; the
-signer reads its policy at start) and the new ones issue under it. `helm uninstall` leaves none
-of the objects the release applied, and with its namespace goes what the signer made there (the
-CA Secret, the Lease). Kept by design: the ClusterTrustBundle the signer published, made at run
-time and not part of the release, which pods that project it keep reading.
+"""The Helm chart installed for real. `helm install podcert charts/podcert` with default values
+is refused, naming the value to set (networkPolicy.webhookFrom: without the API server's
+addresses its fail-closed webhook is unreachable on an enforcing CNI), and leaves no release.
+With networkPolicy.enabled=false (what that message says for a CNI that enforces no
+NetworkPolicy, as the devcluster's bridge CNI enforces none), with the devcluster's admin
+kubeconfig, it runs the signer on the real node from its image as shipped (imported into the
+node's containerd, as test_in_cluster does); its 2 replicas become Ready, and the real kubelet
+projects a pod's credential that the chart's signer issued. `helm test` runs the chart's test
+pod, which gets a credential the same way and checks its chain and SPIFFE ID; a second release
+is refused (one per cluster), naming the one installed. `helm upgrade` with another policy (a
+shorter maxLifetimeSeconds) rolls the pods (the chart puts the policy's checksum on their
+template; the signer reads its policy at start) and the new ones issue under it. `helm
+uninstall` leaves none of the objects the release applied, and with its namespace goes what the
+signer made there (the CA Secret, the Lease). Kept by design: the ClusterTrustBundle the signer
+published, made at run time and not part of the release, which pods that project it keep
+reading.
 
 test_in_cluster applies the same objects (same names, podcert-system), so each module starts
 from none of them and leaves none behind: the two share a session, and the real node in turn."""
@@ -49,6 +55,8 @@ RELEASE = "podcert"
 RELEASE_NAMESPACE = "default"
 TRUST_BUNDLE = "podcert.dev:workload:roots"  # signer/authority/trustbundles.py bundle_name
 SHORTER = 3600  # the upgrade's policy.maxLifetimeSeconds (shipped: 86400)
+# The devcluster's bridge CNI enforces no NetworkPolicy: the chart's message says to turn it off.
+NO_NETWORK_POLICY = ("--set=networkPolicy.enabled=false",)
 
 pytestmark = pytest.mark.timeout(900)  # the first test also builds or loads the image
 
@@ -132,7 +140,11 @@ def installed(
     docs = render(helm)
     load = functools.partial(load_shipped_image, real_kubelet, folder)
     with chart_node(devcluster, real_kubelet, docs, load) as rest:
-        run(cluster_helm, "install", RELEASE, str(CHART))
+        refused = run(cluster_helm, "install", RELEASE, str(CHART), check=False)
+        assert refused.returncode != 0
+        assert "networkPolicy.webhookFrom is not set" in refused.stderr
+        assert run(cluster_helm, "status", RELEASE, check=False).returncode != 0
+        run(cluster_helm, "install", RELEASE, str(CHART), *NO_NETWORK_POLICY)
         try:
             yield rest
         finally:
@@ -209,6 +221,30 @@ def test_the_real_kubelet_projects_a_credential_from_the_chart_installed_signer(
     assert lifetime(leaf) > dt.timedelta(hours=23)  # the shipped policy: up to 24 h
 
 
+def test_helm_test_gets_a_credential_and_checks_its_chain_and_spiffe_id(
+    installed: Rest, cluster_helm: list[str]
+) -> None:
+    ready_replicas(installed)
+    done = run(cluster_helm, "test", RELEASE, "--timeout=4m", "--logs", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Phase:          Succeeded" in done.stdout
+    assert "ok: spiffe://cluster.local/ns/podcert-system/sa/default from podcert.dev/workload" in (
+        done.stdout
+    )
+
+
+def test_a_second_release_is_refused_naming_the_installed_one(
+    installed: Rest, cluster_helm: list[str]
+) -> None:
+    done = run(cluster_helm, "install", "another", str(CHART), *NO_NETWORK_POLICY, check=False)
+    assert done.returncode != 0
+    assert (
+        "podcert is installed once per cluster and is already installed here (ClusterRole "
+        f"podcert-signer belongs to release {RELEASE} in namespace {RELEASE_NAMESPACE})"
+    ) in done.stderr
+    assert run(cluster_helm, "status", "another", check=False).returncode != 0
+
+
 def test_helm_upgrade_with_another_policy_rolls_the_signer_out(
     installed: Rest, devcluster: DevCluster, real_kubelet: Kubelet, cluster_helm: list[str]
 ) -> None:
@@ -218,6 +254,7 @@ def test_helm_upgrade_with_another_policy_rolls_the_signer_out(
         "upgrade",
         RELEASE,
         str(CHART),
+        *NO_NETWORK_POLICY,
         f"--set-json=policy.maxLifetimeSeconds={SHORTER}",
     )
     assert release(cluster_helm)["version"] == 2

@@ -6,7 +6,8 @@ values, so its signer runs `ghcr.io/podcert/podcert:0.1.0`, the image its appVer
 image is release 0.1.0's kept wheel installed as the tree's Dockerfile installs the tree (the
 same base, user and runtime lock; the lock has not changed since 0.1.0), built here with podman
 beside the tree's own image, and both are imported into the node's containerd. A pod on the
-real node gets its credential from 0.1.0's signer. Then `helm upgrade` to charts/podcert:
+real node gets its credential from 0.1.0's signer. Then `helm upgrade` to charts/podcert (with
+0.1.0's NetworkPolicy peers, which the tree's chart requires to be given):
 
 - the release is at revision 2 at the tree's chart version and appVersion, deployed;
 - both replicas are replaced by ones running the tree's image, and one of them leads;
@@ -41,7 +42,7 @@ from podcert import __version__
 from podcert.client.rest import ApiError, Rest, path_of
 from signer.authority import schedule
 from tests.integration.kubelet_helpers import BUNDLE, certificates_in
-from tests.integration.test_chart import CHART, helm, render, run
+from tests.integration.test_chart import CHART, helm, render, run, sets
 from tests.integration.test_helm_install import RELEASE, chart_node, cluster_helm, issuing_ca
 from tests.integration.test_in_cluster import (
     NAMESPACE,
@@ -224,7 +225,9 @@ def test_helm_upgrade_from_0_1_0_keeps_the_ca_and_the_credentials_it_issued(
     leaf = issued_to(real_kubelet, uid, namespace)[0]
     leaf.verify_directly_issued_by(ca)
 
-    run(cluster_helm, "upgrade", RELEASE, str(CHART))
+    # 0.1.0's NetworkPolicy had the placeholder peers the tree's chart no longer defaults to
+    # (it refuses to render without peers): the same ones, given, so that only the chart changes.
+    run(cluster_helm, "upgrade", RELEASE, str(CHART), *sets({}))
 
     tree = f"podcert-{chart_version(CHART)}"
     assert at(listed(cluster_helm)) == (tree, __version__, "2", "deployed")

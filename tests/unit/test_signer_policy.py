@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 import sys
 import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -523,3 +527,93 @@ def test_a_deep_nesting_is_refused_the_same_whatever_the_recursion_limit(limit: 
             load("[" * 5000)
     finally:
         sys.setrecursionlimit(before)
+
+
+# --- the JSON schema of an entry's policy fields (the chart's values.schema.json) -------------
+
+
+def entry(fields: dict[str, object]) -> str:
+    """A policy file with one entry: the served name and these fields, as JSON (valid YAML)."""
+    return json.dumps({"signers": [{"name": NAME, **fields}]})
+
+
+def objects(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object schema inside `schema`, with its path in the entry."""
+    if schema.get("type") == "object":
+        yield path, schema
+        for key, sub in schema["properties"].items():
+            yield from objects(sub, f"{path}.{key}".lstrip("."))
+    if schema.get("type") == "array":
+        yield from objects(schema["items"], path)
+
+
+def test_the_schema_has_exactly_the_keys_the_reader_accepts_in_every_mapping() -> None:
+    found = {path: schema for path, schema in objects(policy.entry_schema())}
+    assert {path: tuple(s["properties"]) for path, s in found.items()} == {
+        "": tuple(k for k in policy.SIGNER_KEYS if k not in ("name", "trustDomain")),
+        "dnsNames": policy.DNS_KEYS,
+        "allow": policy.RULE_KEYS,
+        "rateLimit": policy.RATE_LIMIT_KEYS,
+        "rateLimit.perNode": policy.PER_NODE_KEYS,
+    }
+    assert all(s["additionalProperties"] is False for s in found.values())
+    # A key the schema does not name, the reader refuses too.
+    for path in found:
+        misspelt: dict[str, object] = {"keyTypo": 1}
+        for key in reversed(path.split(".") if path else []):
+            misspelt = {key: [misspelt] if key == "allow" else misspelt}
+        with pytest.raises(policy.PolicyError, match="unknown key"):
+            load(entry(misspelt))
+
+
+@pytest.mark.parametrize(
+    ("path", "build"),
+    [
+        pytest.param(
+            ("maxLifetimeSeconds",), lambda v: {"maxLifetimeSeconds": v}, id="maxLifetimeSeconds"
+        ),
+        pytest.param(
+            ("rateLimit", "perNode", "requestsPerSecond"),
+            lambda v: {"rateLimit": {"perNode": {"requestsPerSecond": v, "burst": 1}}},
+            id="requestsPerSecond",
+        ),
+        pytest.param(
+            ("rateLimit", "perNode", "burst"),
+            lambda v: {"rateLimit": {"perNode": {"requestsPerSecond": 1, "burst": v}}},
+            id="burst",
+        ),
+    ],
+)
+def test_the_schemas_bounds_are_the_readers(
+    path: tuple[str, ...], build: Callable[[object], dict[str, object]]
+) -> None:
+    schema = policy.entry_schema()
+    for key in path:
+        schema = schema["properties"][key]
+    low, high = schema["minimum"], schema["maximum"]
+    step = 1 if schema["type"] == "integer" else low / 2
+    for inside in (low, high):
+        load(entry(build(inside)))
+    for outside in (low - step, high + step):
+        with pytest.raises(policy.PolicyError, match="out of range"):
+            load(entry(build(outside)))
+
+
+def test_the_schemas_key_types_are_the_ones_the_reader_takes() -> None:
+    names = policy.entry_schema()["properties"]["keyTypes"]["items"]["enum"]
+    assert set(load(entry({"keyTypes": names})).for_signer(NAME).key_types) == set(names)
+    with pytest.raises(policy.PolicyError, match="unknown key type"):
+        load(entry({"keyTypes": ["DSA"]}))
+
+
+@pytest.mark.parametrize("glob", ["prod-*", "web", "team-[ab]", "a.b?", "*", "Prod", "a b", "é"])
+def test_the_schemas_glob_pattern_matches_what_the_reader_takes(glob: str) -> None:
+    rule = policy.entry_schema()["properties"]["allow"]["items"]["properties"]["namespaces"]
+    matches = re.fullmatch(rule["items"]["pattern"].strip("^$"), glob) is not None
+    try:
+        load(entry({"allow": [{"namespaces": [glob]}]}))
+    except policy.PolicyError:
+        taken = False
+    else:
+        taken = True
+    assert matches == taken
