@@ -30,8 +30,8 @@ _COMMENT = re.compile(r"^(?P<indent> *)#\s?(?P<text>.*)$")
 
 @dataclass(frozen=True)
 class Row:
-    """One documented value: its dotted path, its default (None for a section whose own keys
-    have rows), and the comment above it."""
+    """One documented value: its dotted path, its default (None for a section with a documented
+    key anywhere below it), and the comment above it."""
 
     path: str
     default: str | None
@@ -68,7 +68,7 @@ def rows(values_text: str) -> list[Row]:
         if comment and _lookup(values, path) is not _MISSING:
             found.append((path, " ".join(comment)))
         comment = []
-    sections = {path[:-1] for path, _ in found}
+    sections = {path[:i] for path, _ in found for i in range(1, len(path))}
     return [
         Row(
             ".".join(path),

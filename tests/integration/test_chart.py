@@ -197,6 +197,11 @@ def test_default_values_render_the_signer_base(helm: list[str]) -> None:
             documents([MANIFESTS / "signer" / "admission-policy.yaml"]),
             id="webhook-free admission policy",
         ),
+        pytest.param(
+            {"monitoring.podMonitor.enabled": True},
+            documents([MANIFESTS / "monitoring" / "podmonitor.yaml"]),
+            id="the signer's PodMonitor",
+        ),
     ],
 )
 def test_each_optional_part_renders_its_kustomize_objects(
@@ -408,6 +413,20 @@ def test_without_the_api_servers_addresses_the_chart_refuses_to_render_in_one_li
     )
     policy = objects[("NetworkPolicy", "podcert-system", "podcert-signer")]["spec"]
     assert [rule["ports"][0]["port"] for rule in policy["ingress"]] == ["metrics"]
+
+
+def test_the_pod_monitor_carries_the_labels_prometheus_selects_by(helm: list[str]) -> None:
+    docs = render(
+        helm,
+        **{
+            "monitoring.podMonitor.enabled": True,
+            "monitoring.podMonitor.labels": {"release": "kube-prometheus-stack"},
+            "monitoring.podMonitor.interval": "15s",
+        },
+    )
+    [monitor] = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "interval": "15s"}]
 
 
 def test_the_api_servers_addresses_are_the_webhook_ports_only_peers(helm: list[str]) -> None:

@@ -46,6 +46,11 @@ VALUES = textwrap.dedent(
       repository: r.example.com/podcert
       tag: ""
     undocumented: 1
+    # Its keys are documented further down.
+    monitoring:
+      podMonitor:
+        # On or off.
+        enabled: false
     # A list: its items' keys are its default, not rows.
     peers:
       # Not a row.
@@ -65,6 +70,8 @@ def test_a_comment_right_above_a_key_makes_its_row() -> None:
     assert chartfiles.rows(VALUES) == [
         Row("image", None, "The image."),
         Row("image.repository", '"r.example.com/podcert"', "Where from."),
+        Row("monitoring", None, "Its keys are documented further down."),
+        Row("monitoring.podMonitor.enabled", "false", "On or off."),
         Row(
             "peers",
             '[{"ipBlock": {"cidr": "10.0.0.0/8"}}]',
