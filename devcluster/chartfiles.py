@@ -143,7 +143,7 @@ helm test podcert --namespace default
   `kubectl apply -k manifests/signer`) is refused with a message naming it. Serve more names
   from the one release (`signerNames`). The release record may live in any namespace; the
   objects go to `namespace`.
-- `helm test` starts a pod in the signer's namespace that projects a credential of the first
+- `helm test` starts a pod in the release's namespace that projects a credential of the first
   signer name with its trust bundle, and checks the chain and its SPIFFE ID.
 - Every object carries the recommended labels (`app.kubernetes.io/name`, `instance`, `version`,
   `component`, `part-of`, `managed-by`, and `helm.sh/chart`); the selectors use

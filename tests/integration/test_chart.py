@@ -586,14 +586,15 @@ def test_the_helm_test_pod_checks_a_credential_of_the_first_signer_name(helm: li
         "signerNames": ["example.com/workload", "example.com/batch"],
         "trustDomain": "example.org",
     }
-    out = template(helm, "--show-only=templates/tests/credential.yaml", *sets(values)).stdout
+    shown = ("--show-only=templates/tests/credential.yaml", "--namespace=platform")
+    out = template(helm, *shown, *sets(values)).stdout
     [pod] = [d for d in yaml.safe_load_all(out) if d]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
-    assert pod["metadata"]["namespace"] == "podcert-system"
+    assert pod["metadata"]["namespace"] == "platform"  # the release's: where --logs looks
     [container] = pod["spec"]["containers"]
     assert container["command"] == ["python", "-c"]
     assert container["args"][1:] == [
-        "spiffe://example.org/ns/podcert-system/sa/default",
+        "spiffe://example.org/ns/platform/sa/default",
         "example.com/workload",
     ]
     compile(container["args"][0], "helm-test", "exec")  # the check itself is valid Python

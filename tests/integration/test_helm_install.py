@@ -228,9 +228,8 @@ def test_helm_test_gets_a_credential_and_checks_its_chain_and_spiffe_id(
     done = run(cluster_helm, "test", RELEASE, "--timeout=4m", "--logs", check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Phase:          Succeeded" in done.stdout
-    assert "ok: spiffe://cluster.local/ns/podcert-system/sa/default from podcert.dev/workload" in (
-        done.stdout
-    )
+    identity = f"spiffe://cluster.local/ns/{RELEASE_NAMESPACE}/sa/default"
+    assert f"ok: {identity} from podcert.dev/workload, valid until" in done.stdout
 
 
 def test_a_second_release_is_refused_naming_the_installed_one(

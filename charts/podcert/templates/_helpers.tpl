@@ -85,9 +85,10 @@ nothing under `helm template` and client-side dry runs, where nothing is install
 {{- end -}}
 {{- end }}
 
-{{/* The pod-level knobs every podcert workload takes, from a values map with nodeSelector,
-tolerations, affinity, topologySpreadConstraints and priorityClassName (`include
-"podcert.scheduling" .Values.shim`), and the chart-wide imagePullSecrets (second argument). */}}
+{{/* The pod-level knobs every podcert pod takes: from a values map with nodeSelector,
+tolerations, affinity, topologySpreadConstraints and priorityClassName, and the chart-wide
+imagePullSecrets (`include "podcert.scheduling" (list .Values.shim .Values.imagePullSecrets)`).
+Each only when set; callers trim it, so that nothing set leaves no blank line. */}}
 {{- define "podcert.scheduling" -}}
 {{- $values := index . 0 -}}
 {{- with $values.priorityClassName }}
