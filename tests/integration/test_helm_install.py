@@ -55,6 +55,12 @@ RELEASE = "podcert"
 RELEASE_NAMESPACE = "default"
 TRUST_BUNDLE = "podcert.dev:workload:roots"  # signer/authority/trustbundles.py bundle_name
 SHORTER = 3600  # the upgrade's policy.maxLifetimeSeconds (shipped: 86400)
+# The chart's `helm test` pod (templates/tests/credential.yaml), in the release's namespace.
+TEST_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "podcert-test-credential", "namespace": RELEASE_NAMESPACE},
+}
 # The devcluster's bridge CNI enforces no NetworkPolicy: the chart's message says to turn it off.
 NO_NETWORK_POLICY = ("--set=networkPolicy.enabled=false",)
 
@@ -225,7 +231,11 @@ def test_helm_test_gets_a_credential_and_checks_its_chain_and_spiffe_id(
     installed: Rest, cluster_helm: list[str]
 ) -> None:
     ready_replicas(installed)
-    done = run(cluster_helm, "test", RELEASE, "--timeout=4m", "--logs", check=False)
+    try:
+        done = run(cluster_helm, "test", RELEASE, "--timeout=4m", "--logs", check=False)
+    finally:
+        # Helm keeps a test pod until the next `helm test` (and past `helm uninstall`).
+        clear(installed, [TEST_POD])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Phase:          Succeeded" in done.stdout
     identity = f"spiffe://cluster.local/ns/{RELEASE_NAMESPACE}/sa/default"
