@@ -7,7 +7,7 @@ node-a each mount one projected volume with `--sources` podCertificate sources f
 (default 1,000 x 1 = 1,000 projections); the benchmark waits until the shim's metrics show every
 projection fresh. Then the shim gets SIGTERM and a new shim process starts on the same root.
 Reported: PodCertificateRequests created by the restart (counted both in the API and in the new
-process's podcert_shim_requests_created; target 0, DESIGN.md section 5), volumes it rewrote, the
+process's podcert_shim_requests_total; target 0, DESIGN.md section 5), volumes it rewrote, the
 time to /readyz (caches synced) and to every projection fresh again (credentials adopted from
 disk), and how long the SIGTERM'd shim took to exit.
 """
@@ -141,7 +141,7 @@ def main() -> None:
             wait_until(lambda: fresh(shim) >= wanted, args.timeout, "all projections fresh", 0.02)
             all_fresh = time.monotonic() - launched
             metrics = second.metrics()
-            created = metric_total(metrics, "podcert_shim_requests_created_total")
+            created = metric_total(metrics, "podcert_shim_requests_total")
             writes = metric_total(metrics, "podcert_shim_volume_writes_total")
             after = count_pcrs(rest, stack.namespace)
             rewritten = sum(1 for k, v in data_links(first.root).items() if links.get(k) != v)
@@ -157,7 +157,7 @@ def main() -> None:
     )
     print(
         f"PodCertificateRequests in the API: {before} before, {after} after "
-        f"(+{after - before}); podcert_shim_requests_created of the new process: {created:.0f}"
+        f"(+{after - before}); podcert_shim_requests_total of the new process: {created:.0f}"
     )
     print(
         f"volumes rewritten by the restart: {rewritten} of {len(links)} "

@@ -476,7 +476,7 @@ def start(shim: Shim, files: Files, t0: float, steady: float) -> None:
         f"shim start -> ready {ready - t0:.2f} s; -> first credential {first - t0:.2f} s; -> all "
         f"{len(files.uids)} credentials and trust files {done - t0:.2f} s; "
         f"{cpu_seconds(shim.pid):.1f} CPU-s; "
-        f"{shim.metric('podcert_shim_requests_created_total'):.0f} requests made",
+        f"{shim.metric('podcert_shim_requests_total'):.0f} requests made",
         flush=True,
     )
     shim.report("  start", t0, done)
@@ -490,7 +490,7 @@ def bulk(shim: Shim, files: Files, name: str, what: str, act: Callable[[], None]
     """`act` (in a thread: what it does may take a while), and the time until every pod's
     `name` file was rewritten."""
     before = files.inodes(name)
-    made = shim.metric("podcert_shim_requests_created_total")
+    made = shim.metric("podcert_shim_requests_total")
     cpu = cpu_seconds(shim.pid)
     acted = 0.0
 
@@ -504,7 +504,7 @@ def bulk(shim: Shim, files: Files, name: str, what: str, act: Callable[[], None]
     thread.start()
     first, last = files.wait_changed(name, before, 300.0, shim.alive)
     thread.join()
-    made = shim.metric("podcert_shim_requests_created_total") - made
+    made = shim.metric("podcert_shim_requests_total") - made
     shim.report(
         f"{what}: {acted - t0:.2f} s to act; -> first {name} {first - t0:.2f} s, -> all "
         f"{len(files.uids)} {last - t0:.2f} s",

@@ -211,18 +211,18 @@ class CertificateSources:
         event = request_event(state.request_name, pcr, state.key)
         signer = source.signer_name
         if isinstance(event, projection.RequestIssued):
-            self.metrics.outcomes.labels(signer=signer, outcome="issued").inc()
+            self.metrics.count_outcome(signer, "Issued")
             elapsed = max(0.0, (now - state.created_at).total_seconds())
-            self.metrics.latency.labels(signer=signer).observe(elapsed)
+            self.metrics.latency.labels(signer_name=signer).observe(elapsed)
             log.info(
                 "request issued, seen %.3f s after it was made",
                 elapsed,
                 extra={**log_context(pod, source.volume), "request": state.request_name},
             )
         elif isinstance(event, projection.RequestDenied):
-            self.metrics.outcomes.labels(signer=signer, outcome="denied").inc()
+            self.metrics.count_outcome(signer, "Denied")
         elif isinstance(event, projection.RequestFailed):
-            self.metrics.outcomes.labels(signer=signer, outcome="failed").inc()
+            self.metrics.count_outcome(signer, "Failed")
         return event
 
     def _create(
@@ -278,7 +278,7 @@ class CertificateSources:
         del memory.unanswered[work]
         name = str(created["metadata"]["name"])
         memory.noted.discard(("refused", source.volume, source.index))
-        self.metrics.requests.labels(signer=source.signer_name, reason=reason).inc()
+        self.metrics.requests.labels(signer_name=source.signer_name, reason=reason).inc()
         log.info(
             "requested a certificate from %s (%s)",
             source.signer_name,

@@ -1,18 +1,20 @@
 """The shim's Prometheus metrics and its small HTTP face: /metrics, /healthz, /readyz.
 
-`podcert_shim_projections{signer,state}` mirrors the kubelet's podcertificate gauges: it is
-computed at scrape time from the agent's projection states, so a credential turning overdue or
-expired shows without waiting for the agent to wake. Labels are signer names and states only;
-nothing derived from key material is ever exported.
+`podcert_shim_projections{signer_name,state}` mirrors the kubelet's own gauge,
+`kubelet_podcertificate_states{signer_name,state}`, label for label and state for state, so one
+rule watches kubelet-projected and shim-projected nodes alike. It is computed at scrape time from
+the agent's projection states, so a credential turning overdue or expired shows without waiting
+for the agent to wake. Labels are signer names and states only; nothing derived from key
+material is ever exported.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
+from typing import Final
 
 from prometheus_client import (
-    CollectorRegistry,
     Counter,
     Histogram,
     generate_latest,
@@ -21,8 +23,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kubelet_shim.projection import ProjectionState
+from podcert.api.requests import Outcome
 from podcert.serving import health
 from podcert.serving.connections import Limits
+
+KUBELET_GAUGE: Final = "kubelet_podcertificate_states"
+"""The kubelet's gauge of its podCertificate projections (pkg/kubelet/metrics/collectors)."""
+PROJECTION_LABELS: Final = ("signer_name", "state")
+"""The labels of the kubelet's gauge, and so of `podcert_shim_projections`."""
 
 # (signer name, state) of every projection the agent serves, read at scrape time.
 Snapshot = Callable[[], Iterable[tuple[str, ProjectionState]]]
@@ -35,8 +43,8 @@ class _Projections(Collector):
     def collect(self) -> Iterator[Metric]:
         gauge = GaugeMetricFamily(
             "podcert_shim_projections",
-            "podCertificate projections on this node, by signer and state.",
-            labels=["signer", "state"],
+            "podCertificate projections on this node, by signer name and state.",
+            labels=list(PROJECTION_LABELS),
         )
         counts = Tally(self._snapshot())
         signers = sorted({signer for signer, _ in counts})
@@ -48,28 +56,30 @@ class _Projections(Collector):
 
 
 class Metrics:
-    """One registry per shim process (tests build their own, so nothing is global)."""
+    """One registry per shim process (tests build their own, so nothing is global), with
+    `health.registry`'s build, process and GC metrics."""
 
     def __init__(self, snapshot: Snapshot = lambda: ()) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = health.registry("shim")
         self.registry.register(_Projections(snapshot))
         self.requests = Counter(
-            "podcert_shim_requests_created",
-            "PodCertificateRequests created, by signer and why (initial, refresh, forced, "
+            "podcert_shim_requests",
+            "PodCertificateRequests created, by signer name and why (initial, refresh, forced, "
             "replace_abandoned).",
-            ["signer", "reason"],
+            ["signer_name", "reason"],
             registry=self.registry,
         )
-        self.outcomes = Counter(
+        self._outcomes = Counter(
             "podcert_shim_request_outcomes",
-            "Answers seen to our requests, by signer and outcome (issued, denied, failed).",
-            ["signer", "outcome"],
+            "Answers seen to our requests, by signer name and outcome (Issued, Denied, Failed: "
+            "the condition types, as the signer's metrics write them).",
+            ["signer_name", "outcome"],
             registry=self.registry,
         )
         self.latency = Histogram(
             "podcert_shim_issue_latency_seconds",
             "From creating a request to seeing it issued.",
-            ["signer"],
+            ["signer_name"],
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
@@ -85,6 +95,11 @@ class Metrics:
             ["operation"],
             registry=self.registry,
         )
+
+    def count_outcome(self, signer_name: str, outcome: Outcome) -> None:
+        """One answer seen to a request of ours (the only way to count one: `outcome` is
+        checked, so the casing cannot drift from the signer's)."""
+        self._outcomes.labels(signer_name=signer_name, outcome=outcome).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -6,7 +6,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Literal, get_args
 
 from prometheus_client import (
-    CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
@@ -64,20 +63,22 @@ def api_retry_label(status: int) -> ApiRetryLabel:
 
 
 class Metrics:
-    """One registry per signer process (tests build their own, so nothing is global)."""
+    """One registry per signer process (tests build their own, so nothing is global), with
+    `health.registry`'s build, process and GC metrics. The signer's label is `signer_name`, the
+    kubelet's name for it, so one query joins the signer's series with the nodes'."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = health.registry("signer")
         self.requests = Counter(
             "podcert_signer_requests",
-            "PodCertificateRequests settled, by signer, outcome and reason.",
-            ["signer", "outcome", "reason"],
+            "PodCertificateRequests settled, by signer name, outcome and reason.",
+            ["signer_name", "outcome", "reason"],
             registry=self.registry,
         )
         self.latency = Histogram(
             "podcert_signer_issue_latency_seconds",
             "Time from PodCertificateRequest creation to the status write that settled it.",
-            ["signer", "outcome"],
+            ["signer_name", "outcome"],
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
@@ -93,8 +94,8 @@ class Metrics:
         self.rate_limited = Counter(
             "podcert_signer_rate_limited",
             "Reconciles held back by a rate limit (requeued for later, never denied), by signer "
-            "and limit; never by node, to keep the series few (the log names the node).",
-            ["signer", "reason"],
+            "name and limit; never by node, to keep the series few (the log names the node).",
+            ["signer_name", "reason"],
             registry=self.registry,
         )
         self.live_reads = Counter(

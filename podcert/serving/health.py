@@ -1,4 +1,5 @@
-"""The small HTTP face every podcert process has: /metrics, /healthz and /readyz.
+"""The small HTTP face every podcert process has: /metrics, /healthz and /readyz, and the
+registry behind /metrics.
 
 A thread per connection (http.server), bounded by `podcert.serving.connections`: at most
 `Limits.max_connections` handler threads; a new connection to a full port closes the one idle
@@ -11,19 +12,62 @@ after as long. Each connection carries one request (HTTP/1.0).
 from __future__ import annotations
 
 import contextlib
+import platform
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
+from podcert import __version__
 from podcert.serving.connections import Limits, Table
 
 METRICS_LIMITS = Limits(max_connections=32)
+
+Component = Literal["signer", "shim"]
+"""Which process a registry belongs to: the `component` label of `podcert_build_info`."""
+
+BUILD_INFO = "podcert_build_info"
+
+
+def registry(component: Component) -> CollectorRegistry:
+    """A new registry as every podcert process serves it. Guaranteed:
+
+    - `podcert_build_info{component, version, python_version} 1`: podcert's version and the
+      interpreter's, so a dashboard can join any series to the release that wrote it (no commit:
+      the wheel carries none);
+    - the process (`process_*`: memory, CPU, open files, from /proc), interpreter (`python_info`)
+      and garbage collector (`python_gc_*`, CPython's) metrics of this process;
+    - no `_created` series for any counter or histogram: OpenMetrics reserves the suffix and the
+      series double what is stored for nothing a rate needs. prometheus_client's switch is
+      process-wide, so every registry of the process (a test's too) exports none.
+    """
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+    out = CollectorRegistry()
+    ProcessCollector(registry=out)
+    PlatformCollector(registry=out)
+    GCCollector(registry=out)
+    Gauge(
+        BUILD_INFO,
+        "1, labelled with the podcert version and the Python version this process runs.",
+        ["component", "version", "python_version"],
+        registry=out,
+    ).labels(
+        component=component, version=__version__, python_version=platform.python_version()
+    ).set(1)
+    return out
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):

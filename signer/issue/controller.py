@@ -335,7 +335,7 @@ class Controller:
         wait = buckets.admit(spec.node_name, key, now)
         if wait <= 0:
             return 0.0
-        self.metrics.rate_limited.labels(signer=spec.signer_name, reason="NodeRateLimit").inc()
+        self.metrics.rate_limited.labels(signer_name=spec.signer_name, reason="NodeRateLimit").inc()
         with self._held_lock:
             self._held_back += 1
             if now - self._held_logged < RATE_LIMIT_LOG_EVERY:
@@ -456,9 +456,9 @@ class Controller:
         if found is None:
             found = (
                 self.metrics.requests.labels(
-                    signer=labels.signer, outcome=labels.outcome, reason=labels.reason
+                    signer_name=labels.signer_name, outcome=labels.outcome, reason=labels.reason
                 ),
-                self.metrics.latency.labels(signer=labels.signer, outcome=labels.outcome),
+                self.metrics.latency.labels(signer_name=labels.signer_name, outcome=labels.outcome),
             )
             self._settled_series[labels] = found
         return found

@@ -47,7 +47,7 @@ class Labels:
     """The labels of podcert_signer_requests_total (and, without the reason, of the latency
     histogram). Never a node or namespace: the series stay few."""
 
-    signer: str
+    signer_name: str
     outcome: Outcome
     reason: SettledReason
 

@@ -245,6 +245,6 @@ def test_the_per_node_rate_limit_holds_a_flooding_node_and_not_the_others(
 
 def sample(proc: processes.Signer, metric: str, signer: str) -> float:
     for line in proc.metrics().splitlines():
-        if line.startswith(metric + "{") and f'signer="{signer}"' in line:
+        if line.startswith(metric + "{") and f'signer_name="{signer}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0

@@ -149,7 +149,7 @@ def _logged(proc: processes.Process, since: int, message: str) -> bool:
 def issued_count(signer: processes.Signer) -> float:
     """Requests the signer settled as Issued (one status write each)."""
     return sample(
-        signer.metrics(), "podcert_signer_requests_total", signer=SIGNER, outcome="Issued"
+        signer.metrics(), "podcert_signer_requests_total", signer_name=SIGNER, outcome="Issued"
     )
 
 
@@ -227,8 +227,8 @@ def test_api_server_restart_mid_burst_issues_one_credential_per_pod_and_leaves_n
         timeout=10,
         what="the signer's count of issued requests",
     )
-    assert sample(shim.metrics(), "podcert_shim_requests_created_total") == BURST
-    assert shim.sample("podcert_shim_projections", signer=SIGNER, state="fresh") == BURST
+    assert sample(shim.metrics(), "podcert_shim_requests_total") == BURST
+    assert shim.sample("podcert_shim_projections", signer_name=SIGNER, state="fresh") == BURST
 
     # Both recovered by themselves: still running, and the outage was no error to either.
     assert signer.running and shim.running
@@ -482,7 +482,7 @@ def test_a_rotation_asked_while_the_signer_is_down_also_replaces_the_key_then_pe
     assert len(pcrs) == 2 and {outcome(p) for p in pcrs} == {"Issued"}
     assert issued_after(rest, ns, "waiting", second.serial_number, before)
     assert spki(second) != spki(first)
-    assert shim.sample("podcert_shim_requests_created_total", reason="forced") == 1
+    assert shim.sample("podcert_shim_requests_total", reason="forced") == 1
 
 
 # --- 4. no space left while writing a bundle ------------------------------------------------
@@ -521,7 +521,7 @@ def test_no_space_left_keeps_the_previous_bundle_reports_the_failure_and_recover
             assert read(path) == old
             formats.load_credential(old)
             assert layout(path.parent).clean
-            assert shim.sample("podcert_shim_projections", signer=SIGNER, state="fresh") == 1
+            assert shim.sample("podcert_shim_projections", signer_name=SIGNER, state="fresh") == 1
             # The new certificate was issued once; retries write it, they do not ask again.
             pcrs = requests_by_pod(rest, ns)["cramped"]
             assert len(pcrs) == 2
@@ -531,7 +531,7 @@ def test_no_space_left_keeps_the_previous_bundle_reports_the_failure_and_recover
             failed = shim.sample("podcert_shim_volume_writes_total", result="error")
             eventually(lambda: (leaf_of(path) or old_leaf) != old_leaf, timeout=60)
             recovered = time.monotonic()
-            assert shim.sample("podcert_shim_projections", signer=SIGNER, state="fresh") == 1
+            assert shim.sample("podcert_shim_projections", signer_name=SIGNER, state="fresh") == 1
         finally:
             shim.stop()
         written = leaf_of(path)
@@ -581,13 +581,13 @@ def test_shim_clock_three_minutes_ahead_gets_valid_credentials_and_does_not_reke
     second = make_pod(rest, ns, "ahead-2", node)
     eventually(lambda: leaf_of(bundle_path(shim, second)), timeout=10)
     eventually(
-        lambda: shim.sample("podcert_shim_projections", signer=SIGNER, state="fresh") == 2,
+        lambda: shim.sample("podcert_shim_projections", signer_name=SIGNER, state="fresh") == 2,
         timeout=5,
     )
     by_pod = requests_by_pod(rest, ns)
     assert {name: len(pcrs) for name, pcrs in by_pod.items()} == {"ahead-1": 1, "ahead-2": 1}
-    assert sample(shim.metrics(), "podcert_shim_requests_created_total") == 2
-    assert shim.sample("podcert_shim_requests_created_total", reason="initial") == 2
+    assert sample(shim.metrics(), "podcert_shim_requests_total") == 2
+    assert shim.sample("podcert_shim_requests_total", reason="initial") == 2
     now_leaf = leaf_of(bundle_path(shim, first))
     assert now_leaf is not None and spki(now_leaf) == spki(leaf)
     assert not [m for m in messages(shim) if "Overdue" in m or "Expired" in m]

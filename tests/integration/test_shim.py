@@ -279,11 +279,12 @@ def test_with_its_clock_moved_past_begin_refresh_at_the_shim_rekeys_once(
         assert _spki(new) != _spki(old), "a refresh uses a new key"
         eventually(
             lambda: (
-                ahead.sample("podcert_shim_projections", signer=clock_signer, state="fresh") == 1
+                ahead.sample("podcert_shim_projections", signer_name=clock_signer, state="fresh")
+                == 1
             ),
             timeout=5,
         )
-        assert ahead.sample("podcert_shim_requests_created_total", reason="refresh") == 1
+        assert ahead.sample("podcert_shim_requests_total", reason="refresh") == 1
     finally:
         ahead.stop()
         late.stop()
@@ -404,7 +405,7 @@ def test_a_volume_folder_replaced_by_a_link_gets_nothing_written_outside(
         eventually(lambda: leaf_of(served) not in (None, old), timeout=10)
         eventually(lambda: len(unsafe_events(victim)) == 2, timeout=10)
         eventually(
-            lambda: ahead.sample("podcert_shim_requests_created_total", reason="refresh") == 2,
+            lambda: ahead.sample("podcert_shim_requests_total", reason="refresh") == 2,
             timeout=10,
         )
         assert len(requests_of(devcluster, ns, victim.metadata.uid)) == 2
@@ -500,10 +501,12 @@ def test_restart_with_50_fresh_credentials_on_disk_makes_no_new_request(
         second.wait_ready()
         # Every projection adopted from disk and fresh, as the new process reports it.
         eventually(
-            lambda: second.sample("podcert_shim_projections", signer=SIGNER, state="fresh") == 50,
+            lambda: (
+                second.sample("podcert_shim_projections", signer_name=SIGNER, state="fresh") == 50
+            ),
             timeout=15,
         )
-        assert second.sample("podcert_shim_requests_created_total") == 0
+        assert second.sample("podcert_shim_requests_total") == 0
         assert second.sample("podcert_shim_volume_writes_total", result="ok") == 0
     finally:
         second.stop()
@@ -549,7 +552,8 @@ def test_a_denied_request_leaves_an_event_no_request_loop_and_the_older_credenti
         )
         eventually(
             lambda: (
-                shim_a.sample("podcert_shim_projections", signer=deny_signer, state="denied") == 1
+                shim_a.sample("podcert_shim_projections", signer_name=deny_signer, state="denied")
+                == 1
             ),
             timeout=5,
         )
@@ -678,12 +682,10 @@ def test_rotate_command_rekeys_every_pod_of_a_service_account(
 
 def test_metrics_health_and_logs_hold_no_key_material(shim_a: Shim) -> None:
     text = shim_a.metrics()
-    assert shim_a.sample("podcert_shim_projections", signer=SIGNER, state="fresh") >= 1
+    assert shim_a.sample("podcert_shim_projections", signer_name=SIGNER, state="fresh") >= 1
     for state in ("not_yet_issued", "overdue_for_refresh", "expired", "denied", "failed"):
-        assert f'signer="{SIGNER}",state="{state}"' in text
-    assert (
-        shim_a.sample("podcert_shim_requests_created_total", signer=SIGNER, reason="initial") >= 1
-    )
+        assert f'signer_name="{SIGNER}",state="{state}"' in text
+    assert shim_a.sample("podcert_shim_requests_total", signer_name=SIGNER, reason="initial") >= 1
     assert shim_a._get("/healthz")[0] == 200
     assert "PRIVATE KEY" not in text
     log = shim_a.output()

@@ -203,7 +203,7 @@ def test_the_other_release_adopts_every_volume_with_no_request_then_refreshes_wh
                 timeout=20,
                 what=f"{reader} adopting every volume",
             )
-            assert total(adopting, "podcert_shim_requests_created_total") == 0
+            assert total(adopting, "podcert_shim_requests_total") == 0
             assert total(adopting, "podcert_shim_volume_writes_total") == 0
         assert {p["metadata"]["name"] for p in requests_of(devcluster, ns)} == set(requested)
         assert snapshot(node.root) == written, f"{reader} changed what {writer} wrote"
@@ -219,8 +219,8 @@ def test_the_other_release_adopts_every_volume_with_no_request_then_refreshes_wh
                 timeout=10,
                 what="every projection fresh again",
             )
-            assert total(ahead, "podcert_shim_requests_created_total", reason="refresh") == PODS
-            assert total(ahead, "podcert_shim_requests_created_total") == PODS
+            assert total(ahead, "podcert_shim_requests_total", reason="refresh") == PODS
+            assert total(ahead, "podcert_shim_requests_total") == PODS
 
     pcrs = requests_of(devcluster, ns)
     assert len(pcrs) == 2 * PODS and {outcome(p) for p in pcrs} == {"Issued"}

@@ -4,20 +4,24 @@ cap of connections, a new one closing the one idle the longest, or itself closed
 one is answering; and a connection that sends no request within the idle timeout is hung up on,
 by a janitor reading the server's clock (a fake one here). (Which connection goes is the pure
 rule of test_connections.py; the bound under a real signer,
-tests/integration/test_served_ports.py.)"""
+tests/integration/test_served_ports.py.) The registry every process serves carries the build,
+process and GC metrics and no `_created` series."""
 
 from __future__ import annotations
 
 import http.client
+import platform
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.testing import eventually
+from podcert import __version__
 from podcert.serving import health
 from podcert.serving.connections import Limits
 
@@ -84,6 +88,44 @@ def ask(sock: socket.socket, path: str) -> bytes:
     while chunk := sock.recv(65536):
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+# --- the registry behind /metrics ----------------------------------------------------------------
+
+
+def scraped(text: bytes) -> dict[str, list[dict[str, str]]]:
+    """Series name -> the label sets of its samples, as a scraper reads the text."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(dict(sample.labels))
+    return out
+
+
+def test_a_registry_carries_the_build_the_process_and_the_garbage_collector() -> None:
+    registry = health.registry("shim")
+    series = scraped(generate_latest(registry))
+    assert series[health.BUILD_INFO] == [
+        {"component": "shim", "version": __version__, "python_version": platform.python_version()}
+    ]
+    assert registry.get_sample_value(health.BUILD_INFO, series[health.BUILD_INFO][0]) == 1
+    for name in (
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "python_info",
+        "python_gc_collections_total",
+    ):
+        assert name in series, name
+
+
+def test_no_counter_or_histogram_exports_a_created_series() -> None:
+    registry = health.registry("signer")
+    Counter("x_things", "", ["kind"], registry=registry).labels(kind="a").inc()
+    Histogram("x_seconds", "", registry=registry).observe(0.2)
+    series = scraped(generate_latest(registry))
+    assert {"x_things_total", "x_seconds_count", "x_seconds_bucket"} <= set(series)
+    assert [name for name in series if name.endswith("_created")] == []
 
 
 # --- what each path answers -----------------------------------------------------------------------

@@ -384,7 +384,7 @@ def test_rotate_annotation_rekeys_credentials_issued_before_it_once(rig: Rig) ->
     rig.clock.now = T0 + 2 * MIN
     rig.apply(forced, "MODIFIED")
     assert len(rig.kube.created) == 2, "the new credential was issued after the instant"
-    assert rig.agent.metrics.requests.labels(signer=SIGNER, reason="forced")._value.get() == 1
+    assert rig.agent.metrics.requests.labels(signer_name=SIGNER, reason="forced")._value.get() == 1
 
 
 def test_a_future_rotate_instant_schedules_the_rotation(rig: Rig) -> None:
@@ -707,7 +707,7 @@ def test_metrics_and_events_hold_no_key_material(
     rig.deny(rig.kube.created[-1])
     key_lines = rig.files()["bundle.pem"].split(b"-----END PRIVATE KEY-----")[0].splitlines()[1:]
     text = rig.agent.metrics.render().decode()
-    assert f'podcert_shim_projections{{signer="{SIGNER}",state="denied"}} 1.0' in text
+    assert f'podcert_shim_projections{{signer_name="{SIGNER}",state="denied"}} 1.0' in text
     outside = text + repr(rig.kube.events) + caplog.text + repr(rig.state(make_pod([])))
     assert "PRIVATE KEY" not in outside
     assert not any(line.decode() in outside for line in key_lines)

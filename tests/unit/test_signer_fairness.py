@@ -171,7 +171,7 @@ def test_a_node_over_its_rate_is_held_back_not_denied(
     assert waits[2:] == pytest.approx([0.1, 0.2, 0.3])  # requeued for their turns
     assert out.settled == [], "nothing denied"
     held = ctrl.metrics.registry.get_sample_value(
-        "podcert_signer_rate_limited_total", {"signer": SIGNER, "reason": "NodeRateLimit"}
+        "podcert_signer_rate_limited_total", {"signer_name": SIGNER, "reason": "NodeRateLimit"}
     )
     assert held == 3
     # Logged rarely: one line for the three, naming the node.

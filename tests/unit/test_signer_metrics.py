@@ -1,6 +1,8 @@
-"""signer.metrics: the signer's registry and its small HTTP face. An API error is counted under a
-closed set of status labels; every CA state is exported, zeros too; and /metrics, /healthz and
-/readyz answer from the registry and the checks they are given."""
+"""signer.metrics: the signer's registry and its small HTTP face. The series it exports carry
+the names and labels pinned here (dashboards and rules depend on them; `signer_name` as the
+kubelet says it, outcomes as the API's condition types); an API error is counted under a closed
+set of status labels; every CA state is exported, zeros too; and /metrics, /healthz and /readyz
+answer from the registry and the checks they are given."""
 
 from __future__ import annotations
 
@@ -10,8 +12,53 @@ from collections.abc import Iterator
 from typing import get_args
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from podcert.serving import health
 from signer import metrics
+
+SIGNER = "example.com/podcert"
+
+# Every podcert series the signer exports once each metric has been written, with its labels.
+EXPORTED = {
+    "podcert_build_info": {"component", "version", "python_version"},
+    "podcert_signer_requests_total": {"signer_name", "outcome", "reason"},
+    "podcert_signer_issue_latency_seconds_bucket": {"signer_name", "outcome", "le"},
+    "podcert_signer_issue_latency_seconds_count": {"signer_name", "outcome"},
+    "podcert_signer_issue_latency_seconds_sum": {"signer_name", "outcome"},
+    "podcert_signer_queue_depth": set(),
+    "podcert_signer_retries_total": {"reason"},
+    "podcert_signer_rate_limited_total": {"signer_name", "reason"},
+    "podcert_signer_live_reads_total": {"resource"},
+    "podcert_signer_ca_not_after_timestamp_seconds": set(),
+    "podcert_signer_ca_too_short": set(),
+    "podcert_signer_audit_log_writable": set(),
+    "podcert_signer_audit_log_errors_total": set(),
+    "podcert_signer_ca_generations": {"state"},
+    "podcert_signer_leader": set(),
+    "podcert_signer_audit_checkpoint": set(),
+}
+
+
+def test_the_signer_exports_these_series_with_these_labels_and_no_created_series() -> None:
+    m = metrics.Metrics()
+    m.requests.labels(signer_name=SIGNER, outcome="Issued", reason="Issued").inc()
+    m.latency.labels(signer_name=SIGNER, outcome="Issued").observe(0.3)
+    m.count_retry("API503")
+    m.rate_limited.labels(signer_name=SIGNER, reason="NodeRateLimit").inc()
+    m.live_reads.labels(resource="pods").inc()
+    m.observe_generations(["active"])
+    series: dict[str, set[str]] = {}
+    components = set()
+    for family in text_string_to_metric_families(m.render().decode()):
+        for sample in family.samples:
+            series.setdefault(sample.name, set()).update(sample.labels)
+            if sample.name == health.BUILD_INFO:
+                components.add(sample.labels["component"])
+    assert {n: ls for n, ls in series.items() if n.startswith("podcert_")} == EXPORTED
+    assert [n for n in series if n.endswith("_created")] == []
+    assert components == {"signer"}
+    assert {"process_resident_memory_bytes", "python_gc_collections_total"} <= set(series)
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,7 @@ def test_an_issuance_settles_to_the_chain_an_entry_written_ahead_and_no_event() 
     assert condition["observedGeneration"] == 1
     assert done.write_ahead
     assert done.event is None
-    assert (done.labels.signer, done.labels.outcome, done.labels.reason) == (
+    assert (done.labels.signer_name, done.labels.outcome, done.labels.reason) == (
         SIGNER,
         "Issued",
         "Issued",
@@ -219,10 +219,10 @@ def test_an_issuance_is_in_the_audit_log_before_its_status_is_written() -> None:
     assert ctrl.apply(settle(REQUEST, SIGNED, NOW)) is None
     assert fakes.writes == [("audit", "issued"), ("status", "Issued")]
     assert ("web", "req-1") not in ctrl._store
-    labels = {"signer": SIGNER, "outcome": "Issued", "reason": "Issued"}
+    labels = {"signer_name": SIGNER, "outcome": "Issued", "reason": "Issued"}
     assert count(ctrl, "podcert_signer_requests_total", **labels) == 1
     assert count(
-        ctrl, "podcert_signer_issue_latency_seconds_sum", signer=SIGNER, outcome="Issued"
+        ctrl, "podcert_signer_issue_latency_seconds_sum", signer_name=SIGNER, outcome="Issued"
     ) == pytest.approx(2.0)
 
 
@@ -247,7 +247,7 @@ def test_a_refusal_is_written_then_announced_then_logged(answer: model.Deny | mo
         ("event", "Warning", answer.reason),
         ("audit", outcome.lower()),
     ]
-    labels = {"signer": SIGNER, "outcome": outcome, "reason": answer.reason}
+    labels = {"signer_name": SIGNER, "outcome": outcome, "reason": answer.reason}
     assert count(ctrl, "podcert_signer_requests_total", **labels) == 1
 
 
