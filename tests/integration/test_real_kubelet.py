@@ -2,7 +2,8 @@
 a real node (containerd, real containers) or a hollow one (kubemark: the real kubelet code with a
 fake runtime); the kubelet makes the request, the signer issues, the kubelet writes the files.
 
-Here: the credential and the trust bundle it projects, who may read the key inside the pod, what
+Here: the credential and the trust bundle it projects, who may read the key inside the pod, the
+kubelet's own gauge of its projections (the alert rules' `kubelet_podcertificate_states`), what
 a denial does to the pod, a pod's deletion, and a kubelet restart. Rotations on the kubelet's
 files: test_real_kubelet_rotation.py."""
 
@@ -17,11 +18,14 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from bundles import formats
 from devcluster import images, processes
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, Kubelet, eventually
+from kubelet_shim.metrics import KUBELET_GAUGE, PROJECTION_LABELS
+from kubelet_shim.projection import ProjectionState
 from podcert.api.requests import parse_request
 from podcert.client.rest import JSON
 from signer.model import POLICY_DENIED, UNSUPPORTED_KEY_TYPE
@@ -213,6 +217,47 @@ def _kubelet_denied_message(pcr: JSON) -> str:
         f"reason={json.dumps(cond.reason)}, message={json.dumps(cond.message)}"
     )
     return f"{cond.reason}%!(EXTRA string={inner})"
+
+
+def kubelet_gauge(devcluster: DevCluster, node: str) -> list[tuple[dict[str, str], float]]:
+    """The kubelet's `kubelet_podcertificate_states` samples, read from its /metrics through the
+    API server's node proxy (as a Prometheus scraping kubelets does)."""
+    text = client.CoreV1Api(devcluster.admin).connect_get_node_proxy_with_path(node, "metrics")
+    return [
+        (dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == KUBELET_GAUGE
+        for sample in family.samples
+    ]
+
+
+def test_the_kubelets_gauge_has_the_labels_and_states_the_rules_and_the_shim_use(
+    devcluster: DevCluster, signer: Any, real_kubelet: Kubelet
+) -> None:
+    """Real node. The alert rules and the dashboard read the kubelet's gauge under the shim's
+    labels (`signer_name`, `state`) and states: a kubelet that renamed either would leave its
+    nodes unwatched, silently. Once a credential is projected the gauge counts it fresh."""
+    ns = devcluster.namespace("kl")
+    pod = devcluster.pod(
+        ns,
+        "watched",
+        node=real_kubelet.name,
+        volumes=[pod_certificate_volume(SIGNER)],
+        image=images.BUSYBOX_IMAGE,
+        command=KEEP_RUNNING,
+    )
+    eventually(lambda: read(real_kubelet, pod.metadata.uid, BUNDLE), timeout=60, what=BUNDLE)
+    fresh = {"signer_name": SIGNER, "state": ProjectionState.FRESH.value}
+
+    def counted_fresh() -> list[tuple[dict[str, str], float]] | None:
+        found = kubelet_gauge(devcluster, real_kubelet.name)
+        return found if any(labels == fresh and value >= 1 for labels, value in found) else None
+
+    samples = eventually(
+        counted_fresh, timeout=30, interval=0.5, what=f"{KUBELET_GAUGE} counting it fresh"
+    )
+    assert {tuple(sorted(labels)) for labels, _ in samples} == {tuple(sorted(PROJECTION_LABELS))}
+    assert {labels["state"] for labels, _ in samples} <= {s.value for s in ProjectionState}
 
 
 DENIALS = [

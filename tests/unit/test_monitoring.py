@@ -2,8 +2,10 @@
 
 Every expression is parsed by a real PromQL parser (`promql-parser`, Prometheus's grammar), every
 metric it names is one the signer or the shim exports (read from their registries, so a renamed
-metric fails here), and label values that are closed sets (outcomes, projection and CA states)
-are ones the code writes.
+metric fails here) or the kubelet's `kubelet_podcertificate_states` (its labels pinned against a
+real kubelet by test_real_kubelet.py), and label values that are closed sets (outcomes,
+projection and CA states) are ones the code writes. Every projection alert watches the kubelet's
+nodes and the shim's alike, and every alert links a runbook that exists in docs/runbooks/.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from podcert.api.requests import Outcome
 from signer import metrics as signer_metrics
 from signer.authority import schedule
 
-MONITORING = Path(__file__).resolve().parents[2] / "manifests" / "monitoring"
+ROOT = Path(__file__).resolve().parents[2]
+MONITORING = ROOT / "manifests" / "monitoring"
 RULES = MONITORING / "prometheusrule.yaml"
 DASHBOARD = MONITORING / "podcert-dashboard.json"
+RUNBOOKS = ROOT / "docs" / "runbooks"
+# Where an alert's runbook_url points: the runbook's page in the repository, by alert name.
+RUNBOOK_BASE = "https://github.com/podcert/podcert/blob/main/docs/runbooks/"
+# The series of the kubelet itself the rules may name, with their labels.
+KUBELET = {shim_metrics.KUBELET_GAUGE: frozenset(shim_metrics.PROJECTION_LABELS)}
 
 # The series each metric type is exposed as (prometheus_client's text format; no `_created`
 # series: podcert.serving.health turns them off).
@@ -42,12 +50,14 @@ CLOSED_VALUES: dict[tuple[str, str], frozenset[str]] = {
     ("podcert_signer_issue_latency_seconds_bucket", "outcome"): frozenset(get_args(Outcome)),
     ("podcert_shim_request_outcomes_total", "outcome"): frozenset(get_args(Outcome)),
     ("podcert_shim_projections", "state"): frozenset(s.value for s in ProjectionState),
+    (shim_metrics.KUBELET_GAUGE, "state"): frozenset(s.value for s in ProjectionState),
     ("podcert_signer_ca_generations", "state"): frozenset(schedule.STATES),
 }
 
 
 def exported() -> dict[str, frozenset[str]]:
-    """Every series name the signer and the shim export, with the labels each carries."""
+    """Every series name the signer, the shim and the kubelet export, with the labels each
+    carries."""
     registries = [
         signer_metrics.Metrics().registry,
         shim_metrics.Metrics(lambda: [("x.dev/s", ProjectionState.FRESH)]).registry,
@@ -63,7 +73,7 @@ def exported() -> dict[str, frozenset[str]]:
             for suffix in _SUFFIXES[family.type]:
                 extra = {"le"} if suffix == "_bucket" else set()
                 out[family.name + suffix] = frozenset(names | extra)
-    return out
+    return out | KUBELET
 
 
 EXPORTED = exported()
@@ -96,7 +106,7 @@ def problems(text: str) -> list[str]:
             out.append("selects without a metric name")
             continue
         if name not in EXPORTED:
-            out.append(f"{name} is not exported by the signer or the shim")
+            out.append(f"{name} is not exported by the signer, the shim or the kubelet")
             continue
         for matcher in selector.matchers.matchers:
             if matcher.name not in EXPORTED[name]:
@@ -111,9 +121,12 @@ def problems(text: str) -> list[str]:
     return out
 
 
-def rules() -> list[dict[str, Any]]:
+def rules(group: str | None = None) -> list[dict[str, Any]]:
+    """Every alert of the rule file (of one group)."""
     doc = yaml.safe_load(RULES.read_text())
-    return [rule for group in doc["spec"]["groups"] for rule in group["rules"]]
+    return [
+        rule for g in doc["spec"]["groups"] if group in (None, g["name"]) for rule in g["rules"]
+    ]
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -177,6 +190,48 @@ def test_every_alert_parses_and_uses_exported_metrics(rule: dict[str, Any]) -> N
     assert rule["annotations"]["summary"] and rule["annotations"]["description"]
     if "for" in rule:
         promql_parser.parse_duration(rule["for"])
+
+
+@pytest.mark.parametrize("rule", rules("podcert-projections"), ids=lambda r: r["alert"])
+def test_every_projection_alert_watches_kubelet_and_shim_nodes_alike(rule: dict[str, Any]) -> None:
+    """The kubelet projects credentials itself on 1.37 nodes, the shim on its own: an alert on
+    one gauge alone leaves the other nodes unwatched. Both selectors ask for the same states."""
+    used = list(selectors(promql_parser.parse(rule["expr"])))
+    by_metric = {
+        s.name: sorted((m.name, str(m.op), m.value) for m in s.matchers.matchers) for s in used
+    }
+    assert set(by_metric) == {shim_metrics.KUBELET_GAUGE, "podcert_shim_projections"}
+    assert len(used) == 2
+    kubelet, shim = by_metric[shim_metrics.KUBELET_GAUGE], by_metric["podcert_shim_projections"]
+    assert kubelet == shim and kubelet, "the same states from both"
+
+
+def test_a_projection_alert_would_fire_on_a_kubelet_node_alone() -> None:
+    """The union (`or`) keeps a kubelet node's series with no shim anywhere: no rule joins the
+    two gauges with an operator that needs both (`+`, `and`, `unless`)."""
+    for rule in rules("podcert-projections"):
+        text = " ".join(rule["expr"].split())
+        assert " or " in text and not re.search(r"\b(and|unless)\b| \+ ", text), rule["alert"]
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda r: r["alert"])
+def test_every_alert_links_a_runbook_that_exists(rule: dict[str, Any]) -> None:
+    url = rule["annotations"].get("runbook_url", "")
+    assert url == f"{RUNBOOK_BASE}{rule['alert']}.md"
+    page = RUNBOOKS / f"{rule['alert']}.md"
+    assert page.is_file(), f"{page} is missing"
+    text = page.read_text()
+    assert text.startswith(f"# {rule['alert']}\n")
+    for section in ("## Meaning", "## Check", "## Fix"):
+        assert f"\n{section}\n" in text, f"{page.name} has no {section}"
+
+
+def test_every_runbook_is_an_alerts_and_the_index_lists_them_all() -> None:
+    alerts = {rule["alert"] for rule in rules()}
+    pages = {p.stem for p in RUNBOOKS.glob("*.md") if p.name != "README.md"}
+    assert pages == alerts
+    index = (RUNBOOKS / "README.md").read_text()
+    assert {a for a in alerts if f"]({a}.md)" in index} == alerts
 
 
 def test_the_rule_object_is_a_prometheus_rule() -> None:
