@@ -686,6 +686,10 @@ def test_metrics_health_and_logs_hold_no_key_material(shim_a: Shim) -> None:
     for state in ("not_yet_issued", "overdue_for_refresh", "expired", "denied", "failed"):
         assert f'signer_name="{SIGNER}",state="{state}"' in text
     assert shim_a.sample("podcert_shim_requests_total", signer_name=SIGNER, reason="initial") >= 1
+    assert shim_a.sample("podcert_shim_request_outcomes_total", outcome="Issued") >= 1
+    assert 'podcert_build_info{component="shim"' in text
+    assert "process_resident_memory_bytes" in text
+    assert "_created" not in text
     assert shim_a._get("/healthz")[0] == 200
     assert "PRIVATE KEY" not in text
     log = shim_a.output()

@@ -12,6 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster import processes
 from devcluster.testing import DevCluster
@@ -289,9 +290,18 @@ def test_metrics_count_outcomes(devcluster: DevCluster, signer: Any, ns: str) ->
     _, pcr = request_as_node(devcluster, pod, SIGNER)
     assert condition(settled(devcluster, pcr, timeout=10)).type == "Issued"
     text = signer.metrics()
-    assert "podcert_signer_requests_total" in text
-    assert 'outcome="Issued"' in text
+    issued = {"signer_name": SIGNER, "outcome": "Issued", "reason": "Issued"}
+    counted = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "podcert_signer_requests_total" and sample.labels == issued
+    ]
+    assert len(counted) == 1 and counted[0] >= 1
     assert "podcert_signer_issue_latency_seconds_bucket" in text
+    assert 'podcert_build_info{component="signer"' in text
+    assert "process_resident_memory_bytes" in text
+    assert "_created" not in text
     assert "PRIVATE KEY" not in text
 
 
