@@ -2,16 +2,17 @@
 a real node (containerd, real containers) or a hollow one (kubemark: the real kubelet code with a
 fake runtime); the kubelet makes the request, the signer issues, the kubelet writes the files.
 
-Here: the credential and the trust bundle it projects, who may read the key inside the pod, the
-kubelet's own gauge of its projections (the alert rules' `kubelet_podcertificate_states`), what
-a denial does to the pod, a pod's deletion, and a kubelet restart. Rotations on the kubelet's
-files: test_real_kubelet_rotation.py."""
+Here: the credential and the trust bundle it projects, the kubelet's own gauge of its
+projections (the alert rules' `kubelet_podcertificate_states`), who may read the key inside the
+pod, what a denial does to the pod, a pod's deletion, and a kubelet restart. Rotations on the
+kubelet's files: test_real_kubelet_rotation.py."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -133,6 +134,14 @@ def test_the_kubelet_projects_a_credential_the_signer_issued(
     assert pcr["spec"]["nodeName"] == kubelet.name
     assert pcr["status"]["certificateChain"].encode().strip() in bundle
 
+    # Its own gauge counts the projection fresh, under the labels and states the alert rules and
+    # the shim's gauge use: a kubelet that renamed either would leave its nodes unwatched.
+    gauge = kubelet_gauge(devcluster, kubelet)
+    fresh = {"signer_name": SIGNER, "state": ProjectionState.FRESH.value}
+    assert [value for labels, value in gauge if labels == fresh][0] >= 1  # earlier pods count too
+    assert {tuple(sorted(labels)) for labels, _ in gauge} == {tuple(sorted(PROJECTION_LABELS))}
+    assert {labels["state"] for labels, _ in gauge} <= {s.value for s in ProjectionState}
+
     if kubelet.hollow:
         return
     # Inside the pod: the container read its credential, which the kubelet left readable by
@@ -219,45 +228,23 @@ def _kubelet_denied_message(pcr: JSON) -> str:
     return f"{cond.reason}%!(EXTRA string={inner})"
 
 
-def kubelet_gauge(devcluster: DevCluster, node: str) -> list[tuple[dict[str, str], float]]:
-    """The kubelet's `kubelet_podcertificate_states` samples, read from its /metrics through the
-    API server's node proxy (as a Prometheus scraping kubelets does)."""
-    text = client.CoreV1Api(devcluster.admin).connect_get_node_proxy_with_path(node, "metrics")
+def kubelet_gauge(devcluster: DevCluster, kubelet: Kubelet) -> list[tuple[dict[str, str], float]]:
+    """The kubelet's `kubelet_podcertificate_states` samples from its /metrics: a real node's
+    through the API server's node proxy (as a Prometheus scraping kubelets does), a hollow one's
+    on its port (kubemark serves it without TLS, which the proxy cannot speak)."""
+    if kubelet.hollow:
+        url = f"http://127.0.0.1:{kubelet.state.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+    else:
+        proxy = client.CoreV1Api(devcluster.admin).connect_get_node_proxy_with_path
+        text = proxy(kubelet.name, "metrics")
     return [
         (dict(sample.labels), sample.value)
         for family in text_string_to_metric_families(text)
         if family.name == KUBELET_GAUGE
         for sample in family.samples
     ]
-
-
-def test_the_kubelets_gauge_has_the_labels_and_states_the_rules_and_the_shim_use(
-    devcluster: DevCluster, signer: Any, real_kubelet: Kubelet
-) -> None:
-    """Real node. The alert rules and the dashboard read the kubelet's gauge under the shim's
-    labels (`signer_name`, `state`) and states: a kubelet that renamed either would leave its
-    nodes unwatched, silently. Once a credential is projected the gauge counts it fresh."""
-    ns = devcluster.namespace("kl")
-    pod = devcluster.pod(
-        ns,
-        "watched",
-        node=real_kubelet.name,
-        volumes=[pod_certificate_volume(SIGNER)],
-        image=images.BUSYBOX_IMAGE,
-        command=KEEP_RUNNING,
-    )
-    eventually(lambda: read(real_kubelet, pod.metadata.uid, BUNDLE), timeout=60, what=BUNDLE)
-    fresh = {"signer_name": SIGNER, "state": ProjectionState.FRESH.value}
-
-    def counted_fresh() -> list[tuple[dict[str, str], float]] | None:
-        found = kubelet_gauge(devcluster, real_kubelet.name)
-        return found if any(labels == fresh and value >= 1 for labels, value in found) else None
-
-    samples = eventually(
-        counted_fresh, timeout=30, interval=0.5, what=f"{KUBELET_GAUGE} counting it fresh"
-    )
-    assert {tuple(sorted(labels)) for labels, _ in samples} == {tuple(sorted(PROJECTION_LABELS))}
-    assert {labels["state"] for labels, _ in samples} <= {s.value for s in ProjectionState}
 
 
 DENIALS = [
