@@ -21,6 +21,7 @@ from podcert.api.times import TimeFieldError, parse_zoned_time
 from podcert.api.validation import is_dns_label, is_dns_name
 from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import CommandError, ConfigError, one_line
+from podcert.helptext import HelpFormatter
 
 log = logging.getLogger("podcert.shim")
 
@@ -30,7 +31,7 @@ def register(subparsers: Any) -> None:
         "shim",
         help="the kubelet's half of Pod Certificates for one node (keys, requests, files)",
         description="Run the node agent; `podcert shim rotate --help` for emergency re-keying.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--kubeconfig",

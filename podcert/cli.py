@@ -9,12 +9,25 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from podcert import version_line
-from podcert.errors import CommandError, ConfigError, one_line
+from podcert.errors import (
+    EXIT_CLUSTER_UNREADABLE,
+    EXIT_FINDINGS,
+    EXIT_USAGE,
+    ClusterUnreadable,
+    CommandError,
+    ConfigError,
+    one_line,
+)
 
-# subcommand -> (module exposing `register(subparsers)`, one-line help). Only the module of the
-# command being run is imported: `podcert audit` does not pay for the signer's imports, and a
-# broken piece cannot break the other commands.
+# subcommand -> (`module` exposing `register(subparsers)`, or `module:function` naming another
+# register function, and a one-line help). Only the module of the command being run is imported:
+# `podcert audit` does not pay for the signer's imports, and a broken piece cannot break the
+# other commands.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "status": ("signer.report.cli:register_status", "how the signer stands: leader, CA, requests"),
+    "explain": ("signer.report.cli:register_explain", "why a pod has (or lacks) its certificate"),
+    "inspect": ("audit.cli:register_inspect", "what a credential or trust bundle file holds"),
+    "version": ("signer.report.cli:register_version", "client, server and signer versions"),
     "signer": ("signer.cli", "issue and deny PodCertificateRequests for our signer names"),
     "shim": ("kubelet_shim.cli", "the kubelet's half of Pod Certificates, for one node"),
     "audit": ("audit.cli", "audit projected credentials, requests and the audit log"),
@@ -82,8 +95,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="print podcert's version, and the Kubernetes releases it is tested with, then exit",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, help_text) in SUBCOMMANDS.items():
+    for name, (spec, help_text) in SUBCOMMANDS.items():
         if name == command:
+            module, _, function = spec.partition(":")
             try:
                 loaded = importlib.import_module(module)
             except ModuleNotFoundError as err:
@@ -91,7 +105,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                 if said is None:
                     raise
                 parser.error(said)
-            loaded.register(sub)
+            getattr(loaded, function or "register")(sub)
         else:
             sub.add_parser(name, help=help_text, add_help=False)
     return parser
@@ -108,10 +122,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except ConfigError as err:
         print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except ClusterUnreadable as err:
+        print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)
+        return EXIT_CLUSTER_UNREADABLE
     except (CommandError, OSError) as err:
         print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)
-        return 1
+        return EXIT_FINDINGS
     except Exception as err:
         # An API answer no command expected (a 403 mid-way...) is still one line, not a
         # traceback; the client module is looked up, not imported, so that commands which
@@ -120,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rest is None or not isinstance(err, rest.ApiError):
             raise
         print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)
-        return 1
+        return EXIT_FINDINGS
     return code
 
 

@@ -1,5 +1,6 @@
-"""Errors every podcert command answers the same way: one line naming what is wrong, then exit 2
-(the command was told something it cannot use) or exit 1 (it could not do its job).
+"""Errors every podcert command answers the same way, and the exit codes they map to: one line
+naming what is wrong, then exit 2 (the command was told something it cannot use), 3 (it could not
+read the cluster) or 1 (it could not do its job, or what it read shows findings).
 
 Kept free of podcert's and the client's imports so the dispatcher can catch them without loading
 any command's packages.
@@ -9,9 +10,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 T = TypeVar("T")
+
+# Every read command's exit codes, in one place: scripts tell "fix your flags" (2) from "the
+# cluster did not answer, try again" (3) from "it answered, and something is wrong" (1).
+EXIT_OK: Final = 0
+EXIT_FINDINGS: Final = 1  # what was read shows a problem, or the command could not do its job
+EXIT_USAGE: Final = 2  # a flag, an argument or a file the command was pointed at is unusable
+EXIT_CLUSTER_UNREADABLE: Final = 3  # the API server could not be reached or refused the reads
 
 
 class ConfigError(Exception):
@@ -24,6 +32,11 @@ class CommandError(Exception):
     """The command ran and could not do its job for a reason it names in one line (the API
     server refused its credentials, a state folder holds no cluster), a reason no waiting
     fixes. Exit 1."""
+
+
+class ClusterUnreadable(CommandError):
+    """A read command could not read the cluster: the API server did not answer, refused the
+    identity, or answered what is not the API. The message names what was being read. Exit 3."""
 
 
 def one_line(text: str, limit: int = 500) -> str:

@@ -14,6 +14,7 @@ from podcert import logs, processflags
 from podcert.api.validation import NOT_BEFORE_SKEW, is_dns_label, is_dns_name, signer_name_problem
 from podcert.client.rest import ApiError, Rest, load_client
 from podcert.errors import CommandError, ConfigError, one_line
+from podcert.helptext import HelpFormatter
 from podcert.serving import connections
 from signer import build, policy
 from signer.authority import schedule, spiffebundle
@@ -96,7 +97,7 @@ def register(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "signer",
         help="issue and deny PodCertificateRequests for our signer names",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     _cluster_flags(p, after_ca=False)
     lease = LeaseSettings()
