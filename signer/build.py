@@ -31,6 +31,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podcert import __version__
 from podcert.api.versions import CTBS
 from podcert.client.discovery import Unserved
 from podcert.client.rest import ApiError, Rest, load_client
@@ -50,7 +51,7 @@ from signer.federation import endpoint
 from signer.federation.poller import Federator, load_bootstraps
 from signer.issue.controller import Controller, Settings, utcnow
 from signer.kube import SignerKube
-from signer.leader import Elector, LeaseSettings
+from signer.leader import SIGNER_NAMES_ANNOTATION, VERSION_ANNOTATION, Elector, LeaseSettings
 from signer.policy import Policy
 
 log = logging.getLogger("podcert.signer")
@@ -222,6 +223,10 @@ class Signer:
                 config.lease,
                 on_start=self.started_leading,
                 on_stop=self.stopped_leading,
+                annotations={
+                    VERSION_ANNOTATION: __version__,
+                    SIGNER_NAMES_ANNOTATION: ",".join(config.signer_names),
+                },
             )
             elector.leading = self.leading
             runtime.spawn("leader", lambda: elector.run(stop), join=True)

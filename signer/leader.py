@@ -15,6 +15,10 @@ missing, zero, negative or not a number (client-go would take such a lease at on
 that wrote no duration is more likely a foreign writer than one that meant "take it now"); and
 `MAX_HONOURED` for a larger one, so a dead holder's absurd claim (a day, a year) cannot keep
 every replica from leading for that long. A released lease (no holder) is taken at once.
+
+The holder also writes who it is for people reading the lease (`podcert status`, `podcert
+version`): its podcert version and the signer names it serves, as annotations
+(`VERSION_ANNOTATION`, `SIGNER_NAMES_ANNOTATION`), on every acquire and renew.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from podcert.client.rest import JSON, ApiError, Rest, path_of
 log = logging.getLogger("podcert.signer.leader")
 
 GV = "coordination.k8s.io/v1"
+# What the holder says of itself on the lease: read by `signer.report`, never by an election.
+VERSION_ANNOTATION: Final = "podcert.dev/version"
+SIGNER_NAMES_ANNOTATION: Final = "podcert.dev/signer-names"  # comma-separated
 MAX_HONOURED: Final = 3600.0  # seconds: the longest lease duration a holder is taken at
 RECORD: Final = (
     "holderIdentity",
@@ -96,8 +103,10 @@ class Elector:
         on_start: Callable[[], None],
         on_stop: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         self.rest = rest
+        self.annotations = dict(annotations or {})
         self.namespace, self.name, self.identity = namespace, name, identity
         self.settings = settings
         self.on_start, self.on_stop = on_start, on_stop
@@ -136,6 +145,8 @@ class Elector:
             else old_spec.get("acquireTime", format_micro_time(now))
         )
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if self.annotations:
+            meta["annotations"] = self.annotations
         if lease is not None:
             meta["resourceVersion"] = lease["metadata"]["resourceVersion"]
         return {"apiVersion": GV, "kind": "Lease", "metadata": meta, "spec": spec}
