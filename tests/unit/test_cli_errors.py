@@ -19,6 +19,7 @@ import yaml
 from devcluster.supervise import free_port
 from devcluster.testing import eventually
 from podcert import cli
+from podcert.errors import EXIT_CLUSTER_UNREADABLE
 
 REPO = Path(__file__).resolve().parents[2]
 CA_ACTIONS = ("status", "prepare", "activate", "retire")
@@ -93,6 +94,9 @@ def commands(kubeconfig: Path, tmp_path: Path) -> dict[str, list[str]]:
             "--service-account=api",
         ],
         "audit": ["audit", f"--kubeconfig={kubeconfig}"],
+        "status": ["status", f"--kubeconfig={kubeconfig}"],
+        "explain pod": ["explain", "pod", "shop/api-0", f"--kubeconfig={kubeconfig}"],
+        "version": ["version", f"--kubeconfig={kubeconfig}"],
     }
     for action in CA_ACTIONS:
         # Flags after the action, as the README's runbook writes them.
@@ -108,6 +112,8 @@ def commands(kubeconfig: Path, tmp_path: Path) -> dict[str, list[str]]:
 
 EVERY_COMMAND = sorted(commands(Path("k"), Path("r")))
 ONE_SHOT = [c for c in EVERY_COMMAND if c not in ("signer", "shim")]
+# The read commands tell a cluster they could not read (3) from findings (1).
+READ_COMMANDS = ("audit", "status", "explain pod", "version")
 
 KUBECONFIGS = [
     pytest.param(None, "no such file", id="missing kubeconfig"),
@@ -141,15 +147,14 @@ def test_an_unusable_kubeconfig_is_one_line_and_exit_2(
 
 
 @pytest.mark.parametrize("command", ONE_SHOT)
-def test_a_command_that_cannot_reach_the_api_server_says_where_and_exits_1(
+def test_a_command_that_cannot_reach_the_api_server_says_where_and_exits_1_or_3(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], unreachable: Path, command: str
 ) -> None:
     server = yaml.safe_load(unreachable.read_text())["clusters"][0]["cluster"]["server"]
 
     code, err = answer(commands(unreachable, tmp_path)[command], capsys)
 
-    # The audit's codes are its own: 1 means findings, so an input it cannot read is 2.
-    assert code == (2 if command == "audit" else 1)
+    assert code == (EXIT_CLUSTER_UNREADABLE if command in READ_COMMANDS else 1)
     assert_one_line(err, "cannot reach the API server at", server.removeprefix("https://"))
 
 
@@ -312,7 +317,7 @@ def _bad_flags(tmp_path: Path) -> list[tuple[str, list[str], int, tuple[str, ...
         ("audit --stuck-after", ["audit", kc, "--stuck-after=5x"], 2, ("'5x'",)),
         ("audit --now", ["audit", kc, "--now=tuesday"], 2, ("--now",)),
         ("audit --jobs", ["audit", f"--root={tmp_path}", "--jobs=0"], 2, ("--jobs",)),
-        ("audit -o", ["audit", kc, "-o", "yaml"], 2, ("'yaml'",)),
+        ("audit -o", ["audit", kc, "-o", "wide"], 2, ("'wide'",)),
         ("devcluster no action", ["devcluster"], 2, ("required",)),
         ("devcluster up version", ["devcluster", "up", "--kube-version=9.9"], 2, ("'9.9'",)),
         ("devcluster up --timeout", ["devcluster", "up", "--timeout=x"], 2, ("--timeout",)),
