@@ -1,8 +1,11 @@
 """`podcert audit`: the rotation audit from the command line.
 
 Wiring only: read what was asked for (`audit.snapshot`), run the pure audit (`audit.findings`),
-print a table (`audit.report`) or JSON. Exit codes: 0 healthy, 1 findings, 2 usage errors and
-inputs that cannot be read (argparse itself exits 2 too).
+print a table (`audit.report`), or JSON or YAML (the report's own fields under the `Audit` kind's
+header, `podcert.output`). Exit codes (`podcert.errors`): 0 healthy, 1 findings, 2 usage errors
+and input files that cannot be read (argparse itself exits 2 too), 3 a cluster that cannot be
+read. `podcert inspect` (`audit.inspect`) is wired here too: it reads a node's files as the
+audit does.
 """
 
 from __future__ import annotations
@@ -11,17 +14,17 @@ import argparse
 import dataclasses
 import datetime as dt
 import functools
-import json
 import multiprocessing
 import os
 import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from audit.examine import VolumeFacts, examine_volume
 from audit.findings import audit_findings, chain_roots
+from audit.inspect import inspect_file, inspection_table
 from audit.model import Settings, Snapshot, TrustSource
 from audit.report import print_table
 from audit.snapshot import (
@@ -33,13 +36,23 @@ from audit.snapshot import (
     read_pod,
     read_trust_files,
 )
+from bundles.formats import BundleError, load_trust_bundle
 from podcert.api.times import TimeFieldError, parse_zoned_time
 from podcert.api.validation import signer_name_problem
-from podcert.errors import one_line
+from podcert.errors import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    ClusterUnreadable,
+    CommandError,
+    ConfigError,
+    one_line,
+)
+from podcert.helptext import HelpFormatter, examples
 
-EXIT_HEALTHY: Final = 0
-EXIT_FINDINGS: Final = 1
-EXIT_USAGE: Final = 2
+if TYPE_CHECKING:
+    from podcert.client.rest import Rest
+from podcert.output import add_output_flag, document, dumps, render
 
 # Below this many volumes a process pool costs more than it saves.
 _PARALLEL_FROM: Final = 1000
@@ -75,9 +88,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Join what the cluster, a node's projected volumes and the signer's audit log say "
             "about every pod certificate projection, and report what is wrong. Exit 0 when "
-            "healthy, 1 with findings, 2 on usage errors or unreadable inputs."
+            "healthy, 1 with findings, 2 on usage errors or unreadable input files, 3 when the "
+            "cluster cannot be read."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     inputs = p.add_argument_group("inputs (any of them; joined where there are several)")
     cluster = inputs.add_mutually_exclusive_group()
@@ -148,7 +162,7 @@ def register(subparsers: Any) -> None:
         help="report trust anchors that expire sooner",
     )
     out = p.add_argument_group("output")
-    out.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_output_flag(out)
     out.add_argument(
         "--all", action="store_true", help="list every projection, not only those needing attention"
     )
@@ -210,12 +224,19 @@ def run(args: argparse.Namespace) -> int:
             inputs=(*snapshot.inputs, f"node root {args.root}: {len(examined)} projected volumes"),
         )
     report = audit_findings(snapshot, now, settings, examined=examined)
-    if args.output == "json":
-        json.dump(report.as_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
+    if args.output == "table":
         print_table(report, show_all=args.all, max_rows=args.max_rows)
-    return EXIT_HEALTHY if report.healthy else EXIT_FINDINGS
+    else:
+        sys.stdout.write(dumps(document("Audit", report.as_json()), args.output))
+    return EXIT_OK if report.healthy else EXIT_FINDINGS
+
+
+def _client(args: argparse.Namespace) -> Rest:
+    """The cluster client: `--kubeconfig`, else the in-cluster configuration. (The one place
+    the audit builds it, to be swapped for the shared kubeconfig loader.)"""
+    from podcert.client.rest import Rest, load_client
+
+    return Rest(load_client(args.kubeconfig))
 
 
 def gather(args: argparse.Namespace) -> Snapshot:
@@ -226,20 +247,15 @@ def gather(args: argparse.Namespace) -> Snapshot:
     if args.kubeconfig or args.in_cluster:
         # Imported here: the Kubernetes client is only loaded when the cluster is read.
         from podcert.client.discovery import Unserved
-        from podcert.client.rest import ApiError, Rest, load_client
+        from podcert.client.rest import ApiError
 
+        rest = _client(args)  # a kubeconfig it cannot use is a ConfigError: exit 2
         try:
-            objects = read_cluster(
-                Rest(load_client(args.kubeconfig)),
-                namespaces=args.namespace,
-                node_name=args.node,
-            )
-        except (ApiError, OSError, Unserved) as exc:
-            raise SnapshotError(f"cannot read the cluster: {exc}") from exc
-        except Exception as exc:  # a kubeconfig the client cannot use raises its own types
-            if type(exc).__module__.startswith("kubernetes"):
-                raise SnapshotError(f"cannot use the kubeconfig: {exc}") from exc
-            raise
+            objects = read_cluster(rest, namespaces=args.namespace, node_name=args.node)
+        except (ApiError, OSError) as exc:
+            raise ClusterUnreadable(f"cannot read the cluster: {one_line(str(exc))}") from None
+        except Unserved as exc:  # it answered: it cannot hold what is audited
+            raise CommandError(f"cannot audit the cluster: {exc}") from None
         pods, requests, trust = objects.pods, objects.requests, objects.trust
         inputs.append(
             f"cluster: {objects.pods_listed} pods ({len(pods)} with a podCertificate source), "
@@ -290,3 +306,53 @@ def _read_and_examine(
     root: Path, pod_uid: str, *, roots: tuple[bytes, ...], now: dt.datetime
 ) -> list[VolumeFacts]:
     return [examine_volume(v, roots=roots, now=now) for v in read_pod(root, pod_uid)]
+
+
+def register_inspect(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "inspect",
+        help="what a credential bundle, chain or trust bundle file holds",
+        description=(
+            "Read a credential bundle (the private key and its chain), a certificate chain "
+            "file or a trust bundle and say what it holds: the SPIFFE ID, the key's type (never "
+            "the key), each certificate's subject, issuer and validity, the refresh hint, and, "
+            "with --trust-bundle, which root anchors the chain. Exit 0 when it is usable, 1 "
+            "when it is expired, unanchored or unreadable, 2 on usage errors."
+        ),
+        formatter_class=HelpFormatter,
+        epilog=examples(
+            "podcert inspect /var/run/secrets/workload-spiffe-credentials/credential-bundle.pem",
+            "podcert inspect credential-bundle.pem --trust-bundle cluster.local.trust-bundle.pem",
+            "podcert inspect cluster.local.trust-bundle.pem -o json",
+        ),
+    )
+    p.add_argument("file", type=Path, help="the file to inspect")
+    p.add_argument(
+        "--trust-bundle",
+        type=Path,
+        help="trust anchors (PEM): name the root that anchors the file's chain",
+    )
+    p.add_argument("--now", type=rfc3339, help="judge validity as of this RFC 3339 time")
+    add_output_flag(p)
+    p.set_defaults(run=run_inspect)
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{what} {path}: {err.strerror or err}") from None
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    now = args.now or dt.datetime.now(dt.UTC)
+    anchors = None
+    if args.trust_bundle is not None:
+        try:
+            anchors = load_trust_bundle(_read(args.trust_bundle, "--trust-bundle")).roots
+        except BundleError as err:
+            raise ConfigError(f"--trust-bundle {args.trust_bundle}: {err}") from None
+    found = inspect_file(str(args.file), _read(args.file, "file"), now, anchors)
+    doc = document("Inspection", found.as_json())
+    sys.stdout.write(render(doc, args.output, lambda: inspection_table(found)))
+    return EXIT_OK if found.healthy else EXIT_FINDINGS

@@ -26,7 +26,6 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
-from audit.cli import EXIT_USAGE
 from kubelet_shim import build as shim_build
 from kubelet_shim.kube import PodRef, pcr_body
 from kubelet_shim.storage import MemoryStorage
@@ -35,6 +34,7 @@ from podcert.cli import main
 from podcert.client import discovery
 from podcert.client.discovery import Unserved
 from podcert.client.rest import ApiError
+from podcert.errors import EXIT_FINDINGS
 from signer import build as signer_build
 from signer import model
 from signer.issue import decide
@@ -408,6 +408,7 @@ def test_the_audit_says_it_cannot_read_the_cluster_in_one_line(
     monkeypatch.setattr(podcert.client.rest, "load_client", lambda path: None)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("")
-    assert main(["audit", "--kubeconfig", str(kubeconfig)]) == EXIT_USAGE
+    # It answered, and cannot hold Pod Certificates: a finding (1), not an outage (3).
+    assert main(["audit", "--kubeconfig", str(kubeconfig)]) == EXIT_FINDINGS
     [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith("podcert audit: cannot read the cluster: Kubernetes v1.34.2 serves no")
+    assert line.startswith("podcert audit: cannot audit the cluster: Kubernetes v1.34.2 serves no")
