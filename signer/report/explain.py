@@ -242,6 +242,8 @@ def _nobody(source: CertificateSource, leader: Leadership) -> str | None:
     """Why no signer answers for the source's signer name, or None when one should."""
     if not leader.found:
         return f"no signer holds the lease {leader.lease}: no signer runs (or it elects no leader)"
+    if not leader.holder:
+        return f"the lease {leader.lease} is released (its signer stopped): none issues"
     if not leader.live:
         since = f" at {_time(leader.expires)}" if leader.expires else ""
         return f"the lease {leader.lease} ran out{since}: no signer leads, so none issues"

@@ -114,6 +114,8 @@ def test_a_denied_request_is_explained_with_its_reason_event_and_next_step() -> 
         pytest.param(None, 30, "no-signer", "no signer holds the lease", id="no lease at all"),
         pytest.param(lease(NOW - dt.timedelta(minutes=3)), 30, "no-signer", "ran out",
                      id="the lease ran out"),
+        pytest.param({"spec": {"holderIdentity": ""}}, 30, "no-signer", "is released",
+                     id="the lease was released"),
         pytest.param(lease(names="other.dev/x"), 30, "no-signer", "not podcert.dev/workload",
                      id="the leader serves other names"),
         pytest.param(lease(), 600, "not-answering", "although signer-0 leads",
