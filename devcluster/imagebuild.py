@@ -32,7 +32,16 @@ REPO = Path(__file__).resolve().parent.parent
 IMAGE = f"ghcr.io/podcert/podcert:{__version__}"
 EXAMPLES_IMAGE = f"ghcr.io/podcert/podcert-examples:{__version__}"
 # The subcommands the cluster image runs; every other one is a development tool it lacks.
-IMAGE_COMMANDS = ("signer", "shim", "audit", "status", "explain", "inspect", "version")
+IMAGE_COMMANDS = (
+    "signer",
+    "shim",
+    "audit",
+    "status",
+    "explain",
+    "inspect",
+    "version",
+    "completion",
+)
 DEVELOPMENT_COMMANDS = tuple(name for name in SUBCOMMANDS if name not in IMAGE_COMMANDS)
 USER = "65532:65532"
 # What every check container runs with: the restrictions the manifests put on the signer.

@@ -18,6 +18,7 @@ from podcert.errors import (
     ConfigError,
     one_line,
 )
+from podcert.helptext import HelpFormatter, examples
 
 # subcommand -> (`module` exposing `register(subparsers)`, or `module:function` naming another
 # register function, and a one-line help). Only the module of the command being run is imported:
@@ -33,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("audit.cli", "audit projected credentials, requests and the audit log"),
     "devcluster": ("devcluster.cli", "a real local etcd + kube-apiserver"),
     "demo": ("devcluster.demo", "run the end-to-end demo on a local devcluster"),
+    "completion": ("podcert.completion", "shell completion for bash, zsh or fish"),
 }
 
 # What the `server` extra brings (pyproject's optional-dependencies), by import name. A wheel
@@ -84,10 +86,21 @@ class VersionAction(argparse.Action):
         parser.exit(0)
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    command: str | None = None, *, prog: str = "podcert", every: bool = False
+) -> argparse.ArgumentParser:
+    """The parser, with `command`'s own arguments (every command's with `every`: what shell
+    completion reads; a command that cannot be imported here keeps its bare name)."""
     parser = OneLineParser(
-        prog="podcert",
+        prog=prog,
         description="Workload identity certificates for Kubernetes (Pod Certificates API).",
+        formatter_class=HelpFormatter,
+        epilog=examples(
+            f"{prog} status",
+            f"{prog} explain pod shop/api-7d9c",
+            f"{prog} inspect credential-bundle.pem --trust-bundle td.trust-bundle.pem",
+            f"{prog} completion bash > /etc/bash_completion.d/podcert",
+        ),
     )
     parser.add_argument(
         "--version",
@@ -96,7 +109,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (spec, help_text) in SUBCOMMANDS.items():
-        if name == command:
+        if name == command or every:
             module, _, function = spec.partition(":")
             try:
                 loaded = importlib.import_module(module)
@@ -104,17 +117,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                 said = missing_module(name, err.name or "")
                 if said is None:
                     raise
-                parser.error(said)
+                if not every:
+                    parser.error(said)
+                sub.add_parser(name, help=help_text, add_help=False)
+                continue
             getattr(loaded, function or "register")(sub)
         else:
             sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "podcert") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
+    args = build_parser(command if command in SUBCOMMANDS else None, prog=prog).parse_args(argv)
     try:
         code: int = args.run(args)
     except KeyboardInterrupt:
@@ -139,6 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"podcert {args.command}: {one_line(str(err))}", file=sys.stderr)
         return EXIT_FINDINGS
     return code
+
+
+def kubectl_main() -> int:
+    """`kubectl-podcert`: the same commands as a kubectl plugin (`kubectl podcert status`)."""
+    return main(prog="kubectl podcert")
 
 
 if __name__ == "__main__":

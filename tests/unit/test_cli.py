@@ -133,3 +133,29 @@ def test_the_server_extra_table_is_the_extra_pyproject_declares() -> None:
     assert all(dists & wanted for dists in dists_of.values()), dists_of
     covered = set().union(*dists_of.values()) & wanted
     assert covered == wanted, f"no module named for {sorted(wanted - covered)}"
+
+
+def test_the_kubectl_plugin_is_the_same_commands_under_kubectls_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "scripts"
+    ]
+    assert scripts["kubectl-podcert"] == "podcert.cli:kubectl_main"
+
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["status", "--help"], prog="kubectl podcert")
+
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: kubectl podcert status ")
+
+
+def test_top_level_help_shows_examples_and_no_default_noise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+
+    text = capsys.readouterr().out
+    assert "examples:\n  podcert status\n" in text
+    assert "(default: None)" not in text

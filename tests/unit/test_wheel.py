@@ -224,7 +224,12 @@ def _command(env: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_command_runs_or_names_what_to_install(fresh: Path) -> None:
     assert _command(fresh, "--version").stdout.startswith(f"podcert {__version__} ")
+    plugin = [str(fresh / "bin" / "kubectl-podcert"), "--help"]
+    assert _ok(plugin).startswith("usage: kubectl podcert ")  # `kubectl podcert ...` finds it
     for name, (module, _) in cli.SUBCOMMANDS.items():
+        if module.startswith("podcert."):  # plumbing's own commands need no extra
+            assert _command(fresh, name, "--help").returncode == 0, name
+            continue
         done = _command(fresh, name, "--help")
         assert done.returncode == 2, (name, done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()

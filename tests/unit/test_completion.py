@@ -1,0 +1,78 @@
+"""Shell completion generated from the parsers: every command, nested command, flag and choice
+completes, in a real bash; zsh and fish get the same table."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from podcert import completion
+from podcert.cli import build_parser, main
+
+PARSER = build_parser(every=True)
+NODES = {node.path: node for node in completion.tree(PARSER)}
+
+
+def test_the_tree_holds_every_command_nested_command_flag_and_choice() -> None:
+    assert set(NODES[()].subcommands) >= {"status", "explain", "inspect", "version", "audit"}
+    assert NODES[("signer", "ca")].arguments == ("status", "prepare", "activate", "retire")
+    assert NODES[("status",)].choices["-o"] == ("table", "json", "yaml")
+    assert "--kubeconfig" in NODES[("explain",)].options
+    assert "--help" in NODES[()].options
+
+
+def _complete(script: Path, *words: str) -> list[str]:
+    probe = (
+        f"source {script}; COMP_WORDS=({' '.join(repr(w) for w in words)}); "
+        'COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); _podcert; printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    done = subprocess.run(
+        ["bash", "--norc", "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=script.parent,
+    )
+    assert done.stderr == ""
+    return [line for line in done.stdout.splitlines() if line]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash on this machine")
+@pytest.mark.parametrize(
+    ("words", "offered"),
+    [
+        pytest.param(("podcert", "st"), ["status"], id="a command"),
+        pytest.param(("podcert", "status", "-o", ""), ["table", "json", "yaml"],
+                     id="a flag's choices"),
+        pytest.param(("podcert", "status", "--ou"), ["--output"], id="a flag"),
+        pytest.param(("podcert", "signer", "ca", "re"), ["retire"], id="a nested command's choice"),
+        pytest.param(("podcert", "explain", ""), ["pod"], id="a positional choice"),
+        pytest.param(("kubectl-podcert", "inspect", "cred"), ["credential-bundle.pem"],
+                     id="a file"),
+    ],
+)  # fmt: skip
+def test_bash_completes_from_the_parsers(
+    tmp_path: Path, words: tuple[str, ...], offered: list[str]
+) -> None:
+    script = tmp_path / "podcert.bash"
+    script.write_text(completion.script("bash", PARSER))
+    (tmp_path / "credential-bundle.pem").write_text("")
+
+    assert _complete(script, *words) == offered
+
+
+@pytest.mark.parametrize("shell", completion.SHELLS)
+def test_every_shells_script_registers_both_commands_and_lists_every_command(
+    shell: completion.Shell, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["completion", shell]) == 0
+    text = capsys.readouterr().out
+
+    for command in ("podcert", "kubectl-podcert"):
+        assert command in text
+    for name in NODES[()].subcommands:
+        assert name in text
+    assert "table json yaml" in text
