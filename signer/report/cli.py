@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from podcert.api.validation import is_dns_label, is_dns_name, signer_name_problem
-from podcert.errors import EXIT_FINDINGS, EXIT_OK, ConfigError
+from podcert.errors import EXIT_CLUSTER_UNREADABLE, EXIT_FINDINGS, EXIT_OK, ConfigError
 from podcert.helptext import HelpFormatter, examples
 from podcert.output import add_output_flag, document, render
 from signer.build import Config
@@ -157,6 +157,9 @@ def run_status(args: argparse.Namespace) -> int:
     status = build_status(inputs, _now(), stuck_after=args.stuck_after, window=DENIALS_WINDOW)
     doc = document("Status", status.as_json())
     sys.stdout.write(render(doc, args.output, lambda: status_table(status)))
+    if status.leader.problem is not None:
+        print(f"podcert status: {status.leader.problem}", file=sys.stderr)
+        return EXIT_CLUSTER_UNREADABLE
     return EXIT_OK if status.healthy else EXIT_FINDINGS
 
 

@@ -239,7 +239,10 @@ def _belongs(request: Mapping[str, Any], uid: str, signer_name: str) -> bool:
 
 
 def _nobody(source: CertificateSource, leader: Leadership) -> str | None:
-    """Why no signer answers for the source's signer name, or None when one should."""
+    """Why no signer answers for the source's signer name, or None when one should (or when
+    the lease could not be read, and nobody can tell)."""
+    if leader.problem is not None:
+        return None
     if not leader.found:
         return f"no signer holds the lease {leader.lease}: no signer runs (or it elects no leader)"
     if not leader.holder:
@@ -292,13 +295,15 @@ def _judge(
     waited = f"{newest.name} has waited {int(age.total_seconds())}s"
     if nobody is not None:
         return "no-signer", f"{waited}; {nobody}", "start the signer (podcert status shows why not)"
+    unknown = f" (who leads is unknown: {leader.problem})" if leader.problem else ""
     if age > stuck_after:
+        leads = f"although {leader.holder} leads" if leader.holder else "with no answer"
         return (
             "not-answering",
-            f"{waited} although {leader.holder} leads",
+            f"{waited} {leads}{unknown}",
             "read the signer leader's logs; podcert status shows its replicas",
         )
-    return "waiting", f"{waited}; the signer usually answers within a second", None
+    return "waiting", f"{waited}; the signer usually answers within a second{unknown}", None
 
 
 def explain_pod(

@@ -58,10 +58,13 @@ def pcr_version(rest: Rest) -> tuple[str, str | None]:
             raise CommandError(str(err)) from None
 
 
-def lease(rest: Rest, namespace: str, name: str) -> JSON | None:
+def lease(rest: Rest, namespace: str, name: str) -> JSON | str | None:
+    """The signer's Lease, None when absent, or why this identity may not read it."""
     with reading(f"the signer's lease {namespace}/{name}"):
         found = _optional(rest, path_of("coordination.k8s.io/v1", "leases", namespace, name))
-    return found if isinstance(found, dict) else None
+    if isinstance(found, str):
+        return f"the lease {namespace}/{name} is {found}"
+    return found
 
 
 def deployment(rest: Rest, namespace: str) -> JSON | None:

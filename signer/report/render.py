@@ -44,6 +44,8 @@ def columns(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
 
 
 def _leader(leader: Leadership, now: dt.datetime) -> str:
+    if leader.problem is not None:
+        return f"unknown: {leader.problem}"
     if not leader.found:
         return f"none: no lease {leader.lease}"
     if not leader.holder:
@@ -145,7 +147,9 @@ def status_table(status: Status) -> str:
 
 def _unhealthy(status: Status) -> str:
     said = []
-    if not status.leader.live:
+    if status.leader.problem is not None:
+        said.append("who leads is unknown")
+    elif not status.leader.live:
         said.append("no signer leads, so nothing is issued")
     if status.requests.stuck:
         said.append(f"{len(status.requests.stuck)} request(s) stuck")
@@ -193,6 +197,8 @@ def version_table(info: VersionInfo) -> str:
     if info.signer is not None:
         state = "leading" if info.signer_live else "lease ran out"
         signer = f"podcert {info.signer} ({info.signer_holder}, {state}; lease {info.lease})"
+    elif info.signer_problem:
+        signer = f"unknown: {info.signer_problem}"
     elif info.signer_holder:
         signer = f"unknown: the holder {info.signer_holder} of {info.lease} does not say"
     else:

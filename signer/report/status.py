@@ -12,7 +12,9 @@ What it judges, and why:
 - Denials and failures are counted by reason when their condition's lastTransitionTime falls in
   the last `window` (an hour by default). The controller-manager deletes requests 15 minutes
   after creation, so older ones are gone from the cluster: the signer's metrics keep the rest.
-- Healthy means a live leader and no stuck request; anything else exits 1.
+- Healthy means a live leader and no stuck request; anything else exits 1. A lease this
+  identity may not read leaves the leader unknown (`Leadership.problem`): the command says so
+  and exits 3, since it could not read what it judges.
 """
 
 from __future__ import annotations
@@ -70,11 +72,13 @@ class Leadership:
     version: str | None  # the holder's podcert version (VERSION_ANNOTATION)
     signer_names: tuple[str, ...]  # what the holder serves (SIGNER_NAMES_ANNOTATION)
     transitions: int | None
+    problem: str | None = None  # why the lease could not be read: who leads is unknown
 
     def as_json(self) -> dict[str, Any]:
         return {
             "lease": self.lease,
             "found": self.found,
+            "problem": self.problem,
             "holder": self.holder,
             "renewTime": _time(self.renewed),
             "expires": _time(self.expires),
@@ -85,10 +89,12 @@ class Leadership:
         }
 
 
-def leadership(lease: Mapping[str, Any] | None, where: str, now: dt.datetime) -> Leadership:
-    """The lease as read (None: absent) judged at `now`."""
+def leadership(lease: Mapping[str, Any] | str | None, where: str, now: dt.datetime) -> Leadership:
+    """The lease as read (None: absent; a string: why it could not be read) judged at `now`."""
     if lease is None:
         return Leadership(where, False, None, None, None, False, None, (), None)
+    if isinstance(lease, str):
+        return Leadership(where, False, None, None, None, False, None, (), None, lease)
     spec, annotations = _spec(lease), _meta(lease).get("annotations") or {}
     holder = spec.get("holderIdentity") or None
     renewed = parse_time(spec.get("renewTime"))
@@ -397,7 +403,7 @@ class StatusInputs:
     namespace: str
     lease_name: str
     ca_secret: str
-    lease: Mapping[str, Any] | None
+    lease: Mapping[str, Any] | str | None  # a string: why it could not be read
     deployment: Mapping[str, Any] | None
     secret: Mapping[str, bytes] | str  # the CA Secret's data, or why it could not be read
     trust_bundles: Sequence[Mapping[str, Any]]

@@ -32,6 +32,7 @@ class VersionInfo:
     signer_live: bool
     signer_image: str | None  # the Deployment's image, when there is one
     lease: str
+    signer_problem: str | None = None  # why the lease could not be read
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +48,7 @@ class VersionInfo:
                 "leaderLive": self.signer_live,
                 "image": self.signer_image,
                 "lease": self.lease,
+                "problem": self.signer_problem,
             },
         }
 
@@ -75,4 +77,5 @@ def version_info(
         signer_live=leader.live,
         signer_image=replicas.image if replicas else None,
         lease=leader.lease,
+        signer_problem=leader.problem,
     )

@@ -170,3 +170,15 @@ def test_a_pod_without_pod_certificate_sources_has_nothing_to_explain() -> None:
 
     assert explained.sources == () and explained.healthy
     assert explained.as_json()["sources"] == []
+
+
+def test_a_lease_this_identity_may_not_read_leaves_who_answers_unknown_not_absent() -> None:
+    refused = leadership(
+        "the lease p/l is not readable by this identity (403 Forbidden)", "p/l", NOW
+    )
+    waiting = pcr("req-1", dt.timedelta(minutes=10))
+
+    (source,) = explain_pod(pod(), [waiting], [], refused, NOW).sources
+
+    assert source.verdict == "not-answering"
+    assert "who leads is unknown: the lease p/l is not readable" in source.why

@@ -34,10 +34,12 @@ def test_an_api_failure_names_what_was_being_read() -> None:
         raise ApiError(503, "Unavailable", "busy")
 
 
-def test_a_lease_the_identity_may_not_read_is_reported_as_absent() -> None:
+def test_a_lease_the_identity_may_not_read_is_reported_as_unreadable_not_absent() -> None:
     path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l"
     refused = Answers({path: ApiError(403, "Forbidden", "no")})
-    assert fetch.lease(refused, "ns", "l") is None  # type: ignore[arg-type]
+    said = fetch.lease(refused, "ns", "l")  # type: ignore[arg-type]
+    assert said == "the lease ns/l is not readable by this identity (403 Forbidden)"
+    assert fetch.lease(Answers({}), "ns", "l") is None  # type: ignore[arg-type]
     down = Answers({path: ApiError(0, "Unavailable", "cannot reach")})
     with pytest.raises(ClusterUnreadable, match="the signer's lease ns/l"):
         fetch.lease(down, "ns", "l")  # type: ignore[arg-type]

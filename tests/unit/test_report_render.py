@@ -70,3 +70,15 @@ def test_the_version_table_says_where_the_signers_version_comes_from() -> None:
     assert "Signer:            podcert 0.2.0 (signer-0, leading" in text
     nobody = version_info({}, {}, leadership(None, "ns/l", NOW), None)
     assert "unknown: no leader holds ns/l" in version_table(nobody)
+
+
+def test_an_unreadable_lease_is_an_unknown_leader_not_a_missing_one() -> None:
+    problem = "the lease podcert-system/podcert-signer is not readable by this identity (403)"
+    text = status_table(build_status(_inputs(lease=problem, requests=[]), NOW))
+
+    assert f"Leader:        unknown: {problem}" in text
+    assert "NOT healthy: who leads is unknown" in text
+    refused = leadership(problem, "podcert-system/podcert-signer", NOW)
+    assert f"Signer:            unknown: {problem}" in version_table(
+        version_info({}, {}, refused, None)
+    )

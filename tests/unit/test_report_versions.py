@@ -38,3 +38,14 @@ def test_the_signers_version_is_the_leaders_and_the_image_the_deployments() -> N
     doc = info.as_json()
     assert doc["signer"]["version"] == "0.2.0"
     assert doc["server"]["kubernetes"] is None
+
+
+def test_a_lease_this_identity_may_not_read_says_so_instead_of_no_leader() -> None:
+    refused = leadership(
+        "the lease ns/l is not readable by this identity (403 Forbidden)", "ns/l", NOW
+    )
+
+    info = version_info({}, {"v1": ALL}, refused, None)
+
+    assert info.signer is None
+    assert info.as_json()["signer"]["problem"].endswith("(403 Forbidden)")
