@@ -80,15 +80,10 @@ def _use_proxy(host: str, port: str, no_proxy: str) -> bool:
             continue
         if entry == "*":
             return False
-        if "/" in entry:
-            try:
-                network = ipaddress.ip_network(entry, strict=False)
-            except ValueError:
-                pass
-            else:
-                if address is not None and _in_network(address, network):
-                    return False
-                continue
+        if (network := _cidr(entry)) is not None:
+            if address is not None and _in_network(address, network):
+                return False
+            continue
         entry_host, entry_port = _split_host_port(entry)
         if not entry_host:
             continue
@@ -106,6 +101,31 @@ def _use_proxy(host: str, port: str, no_proxy: str) -> bool:
         if host.endswith(suffix) or (exact and host == entry_host):
             return False
     return True
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _cidr(entry: str) -> Network | None:
+    """The address range `entry` is as Go's net.ParseCIDR reads it, or None: an address without
+    a zone, '/', then decimal digits (leading zeros allowed) up to the address's bits; a
+    netmask such as /255.0.0.0 is no range (Go then takes the entry for a domain). A range of
+    IPv4-mapped IPv6 addresses (::ffff:10.0.0.0/104) is the IPv4 range, as Go compares them."""
+    text, slash, bits = entry.partition("/")
+    if not slash or not bits.isascii() or not bits.isdigit() or "%" in text:
+        return None
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    prefix = int(bits)
+    if prefix > address.max_prefixlen:
+        return None
+    network = ipaddress.ip_network((address, prefix), strict=False)
+    mapped = network.network_address.ipv4_mapped if network.version == 6 else None
+    if mapped is not None and prefix >= 96:
+        return ipaddress.IPv4Network((mapped, prefix - 96), strict=False)
+    return network
 
 
 def _split_host_port(entry: str) -> tuple[str, str]:
@@ -134,5 +154,5 @@ def _address(host: str) -> Address | None:
     return address
 
 
-def _in_network(address: Address, network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+def _in_network(address: Address, network: Network) -> bool:
     return address.version == network.version and address in network
