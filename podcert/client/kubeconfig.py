@@ -21,31 +21,43 @@ import functools
 import logging
 import os
 import ssl
-import stat
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-import yaml
-
 from podcert.client import proxies
 from podcert.client.clientcerts import CertFiles, memory_file, subject_of
 from podcert.client.execcredential import ExecError, ExecToken
-from podcert.errors import ConfigError
+from podcert.client.kubeconfigfiles import (
+    MAX_FILE_BYTES,
+    check_data,
+    decoded,
+    parse,
+    read,
+    token_of,
+)
+from podcert.client.loadingrules import (
+    ClientConfigError,
+    Impersonation,
+    Selected,
+    impersonation,
+    merge,
+    namespace_of,
+    select,
+)
+from podcert.client.loadingrules import string_field as _string
+
+# Re-exported: their homes are loadingrules and kubeconfigfiles.
+__all__ = ["MAX_FILE_BYTES", "ClientConfigError", "Impersonation"]
 
 log = logging.getLogger("podcert.kubeconfig")
 
 SERVICE_ACCOUNT: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_PERIOD: Final = 60.0  # client-go's cached file token source: once a minute
-MAX_FILE_BYTES: Final = 4 << 20  # a kubeconfig, token or certificate file larger is not one
-
-
-class ClientConfigError(ConfigError):
-    """The kubeconfig (or the pod's in-cluster credentials) cannot be used; says which and why."""
 
 
 class TokenFile:
@@ -63,7 +75,7 @@ class TokenFile:
     ) -> None:
         self.path, self.what, self.period, self.clock = path, what, period, clock
         self._lock = threading.Lock()
-        self._token = _token_of(_read(path, what), f"{what} {path}")
+        self._token = token_of(read(path, what), f"{what} {path}")
         self._next = clock() + period
 
     def __call__(self) -> str:
@@ -74,7 +86,7 @@ class TokenFile:
             if now >= self._next:
                 self._next = now + self.period
                 try:
-                    self._token = _token_of(_read(self.path, self.what), f"{self.what} {self.path}")
+                    self._token = token_of(read(self.path, self.what), f"{self.what} {self.path}")
                 except ClientConfigError as err:
                     log.warning("keeping the last token: %s", err)
             return self._token
@@ -94,6 +106,8 @@ class ClientSettings:
     # Client certificate and key files, followed as they are replaced (`ssl_context`: the first)
     client_certs: CertFiles | None = field(default=None, repr=False)
     identity: str = ""  # who the credentials say we are, for messages: never a secret
+    impersonate: Impersonation | None = None  # whom requests act as, if anyone
+    namespace: str = "default"  # the context's (or the pod's): a command's default namespace
 
     @property
     def client_settings(self) -> ClientSettings:
@@ -106,7 +120,8 @@ class ClientSettings:
         parts = [self.identity] if self.identity else []
         if self.client_certs is not None:
             parts.insert(0, self.client_certs.identity)
-        return " and ".join(parts) or f"no credentials ({self.source or 'client settings'})"
+        said = " and ".join(parts) or f"no credentials ({self.source or 'client settings'})"
+        return f"{said}, {self.impersonate.describe()}" if self.impersonate else said
 
 
 def load(kubeconfig: Path | None) -> ClientSettings:
@@ -118,9 +133,11 @@ def in_cluster(
     environ: Mapping[str, str] = os.environ,
     account: Path = SERVICE_ACCOUNT,
     clock: Callable[[], float] = time.monotonic,
+    impersonate: Impersonation | None = None,
 ) -> ClientSettings:
     """The pod's own: the API server's Service from the environment the kubelet sets, the
-    service account's token (re-read as it rotates) and the cluster's CA."""
+    service account's token (re-read as it rotates) and the cluster's CA; the namespace is
+    POD_NAMESPACE's, else the service account's, else "default" (client-go's)."""
     where = "in-cluster configuration"
     host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
     if not host or not port:
@@ -138,75 +155,73 @@ def in_cluster(
     except ClientConfigError as err:
         raise ClientConfigError(f"{where}: {err}") from None
     identity = f"service account token {account / 'token'}"
-    return ClientSettings(server, context, token, proxy=proxy, source=where, identity=identity)
+    return ClientSettings(
+        server, context, token, proxy=proxy, source=where, identity=identity,
+        impersonate=impersonate, namespace=_pod_namespace(environ, account),
+    )  # fmt: skip
 
 
-def from_kubeconfig(path: Path, environ: Mapping[str, str] = os.environ) -> ClientSettings:
-    """The current context of the kubeconfig at `path` (relative file names in it are read from
-    its folder, as kubectl does)."""
-    where = f"kubeconfig {path}"
+def _pod_namespace(environ: Mapping[str, str], account: Path) -> str:
+    if namespace := environ.get("POD_NAMESPACE"):
+        return namespace
     try:
-        return _from_document(_parse(path), path.parent, environ, where)
+        return (
+            read(account / "namespace", "namespace").decode(errors="replace").strip() or "default"
+        )
+    except ClientConfigError:
+        return "default"
+
+
+def from_kubeconfig(
+    path: Path,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    context: str | None = None,
+    as_user: str | None = None,
+    as_groups: Sequence[str] = (),
+) -> ClientSettings:
+    """The current context (or `context`) of the kubeconfig at `path` (relative file names in
+    it are read from its folder, as kubectl does)."""
+    return from_files((path,), environ, context=context, as_user=as_user, as_groups=as_groups)
+
+
+def from_files(
+    paths: Sequence[Path],
+    environ: Mapping[str, str] = os.environ,
+    *,
+    where: str | None = None,
+    context: str | None = None,
+    as_user: str | None = None,
+    as_groups: Sequence[str] = (),
+) -> ClientSettings:
+    """The kubeconfig files, merged as client-go merges a KUBECONFIG list
+    (`podcert.client.loadingrules`), at the current context or `context`; `as_user` and
+    `as_groups` (--as, --as-group) override the user's impersonation. Every file must exist."""
+    where = where or f"kubeconfig {paths[0]}"
+    documents = []
+    for path in paths:
+        try:
+            doc = parse(path)
+            check_data(doc)
+        except ClientConfigError as err:
+            raise ClientConfigError(f"kubeconfig {path}: {err}") from None
+        documents.append((path, doc))
+    try:
+        selected = select(merge(documents), context)
+        return _from_selected(selected, environ, where, as_user, as_groups)
     except ClientConfigError as err:
         raise ClientConfigError(f"{where}: {err}") from None
 
 
-def _parse(path: Path) -> dict[str, Any]:
-    try:
-        text = _read(path, "file").decode(errors="replace")
-    except ClientConfigError as err:
-        raise ClientConfigError(str(err).split(": ", 1)[-1]) from None
-    try:
-        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or type(err).__name__
-        at = f"line {mark.line + 1}: " if mark is not None else ""
-        raise ClientConfigError(f"not valid YAML ({at}{problem})") from None
-    if doc is None:
-        doc = {}
-    if not isinstance(doc, dict):
-        raise ClientConfigError("not a kubeconfig (a YAML mapping)")
-    return doc
-
-
-def _named(doc: Mapping[str, Any], section: str, name: str, inner: str) -> dict[str, Any]:
-    """The `inner` mapping of the entry called `name` in list `section` (contexts, clusters,
-    users)."""
-    entries = doc.get(section) or []
-    if not isinstance(entries, list):
-        raise ClientConfigError(f"{section}: not a list")
-    for entry in entries:
-        if isinstance(entry, dict) and entry.get("name") == name:
-            found = entry.get(inner) or {}
-            if not isinstance(found, dict):
-                raise ClientConfigError(f"{section} {name!r}: {inner} is not a mapping")
-            return found
-    raise ClientConfigError(f"no {section[:-1]} named {name!r} in {section}")
-
-
-def _string(entry: Mapping[str, Any], key: str, what: str) -> str | None:
-    value = entry.get(key)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise ClientConfigError(f"{what}: {key} is not a string")
-    return value
-
-
-def _from_document(
-    doc: Mapping[str, Any], base: Path, environ: Mapping[str, str], where: str
+def _from_selected(
+    selected: Selected,
+    environ: Mapping[str, str],
+    where: str,
+    as_user: str | None,
+    as_groups: Sequence[str],
 ) -> ClientSettings:
-    _check_data(doc)
-    current = doc.get("current-context")
-    if not current or not isinstance(current, str):
-        raise ClientConfigError("current-context is not set")
-    context = _named(doc, "contexts", current, "context")
-    cluster_name = _string(context, "cluster", f"context {current!r}")
-    if cluster_name is None:
-        raise ClientConfigError(f"context {current!r}: cluster is not set")
-    cluster = _named(doc, "clusters", cluster_name, "cluster")
-    what = f"cluster {cluster_name!r}"
+    cluster, base = selected.cluster.value, selected.cluster.base
+    what = f"cluster {selected.cluster_name!r}"
     server = _string(cluster, "server", what)
     if server is None:
         raise ClientConfigError(f"{what}: server is not set")
@@ -217,15 +232,17 @@ def _from_document(
         parts.port  # noqa: B018 (raises on a port out of range)
     except ValueError:
         raise ClientConfigError(f"{what}: server has no valid port") from None
-    user_name = _string(context, "user", f"context {current!r}")
-    user = _named(doc, "users", user_name, "user") if user_name is not None else {}
-    who = f"user {user_name!r}"
-    token, chain = _credentials(user, who, base)
+    user = selected.user.value if selected.user is not None else {}
+    user_base = selected.user.base if selected.user is not None else base
+    who = f"user {selected.user_name!r}"
+    impersonate = impersonation(user, who, as_user, as_groups)
+    exec_cluster = _exec_cluster(cluster, base, what) if user.get("exec") is not None else None
+    token, chain = _credentials(user, who, user_base, exec_cluster)
 
     _one_of(cluster, "certificate-authority", what)
     context_, certs = None, None
     if parts.scheme == "https":
-        ca_data = _decoded(cluster, "certificate-authority-data", what)
+        ca_data = decoded(cluster, "certificate-authority-data", what)
         ca_file = _string(cluster, "certificate-authority", what)
         insecure = cluster.get("insecure-skip-tls-verify") is True
         if insecure and (ca_data or ca_file):
@@ -263,8 +280,33 @@ def _from_document(
         proxy=proxy or _env_proxy(server, environ),
         source=where,
         client_certs=certs,
-        identity=_identity(user, chain if certs is None else None, base, where),
+        identity=_identity(user, chain if certs is None else None, user_base, where),
+        impersonate=impersonate,
+        namespace=namespace_of(selected),
     )
+
+
+def _exec_cluster(cluster: Mapping[str, Any], base: Path, what: str) -> dict[str, Any]:
+    """What an exec plugin with `provideClusterInfo` is told of the cluster (client-go's
+    rest.ConfigToExecCluster, as JSON): the CA's bytes, whether given as data or as a file,
+    and the cluster's `client.authentication.k8s.io/exec` extension as `config`."""
+    info: dict[str, Any] = {"server": _string(cluster, "server", what) or ""}
+    if name := _string(cluster, "tls-server-name", what):
+        info["tls-server-name"] = name
+    if cluster.get("insecure-skip-tls-verify") is True:
+        info["insecure-skip-tls-verify"] = True
+    ca = decoded(cluster, "certificate-authority-data", what)
+    if ca is None and (ca_file := _string(cluster, "certificate-authority", what)):
+        ca = read(base / ca_file, f"{what}: certificate-authority")
+    if ca:
+        info["certificate-authority-data"] = binascii.b2a_base64(ca, newline=False).decode()
+    if proxy := _string(cluster, "proxy-url", what):
+        info["proxy-url"] = proxy
+    extensions = cluster.get("extensions")
+    for item in extensions if isinstance(extensions, list) else ():
+        if isinstance(item, dict) and item.get("name") == "client.authentication.k8s.io/exec":
+            info["config"] = item.get("extension")
+    return info
 
 
 def _identity(user: Mapping[str, Any], chain: Chain | None, base: Path, where: str) -> str:
@@ -288,7 +330,7 @@ def _cert_files(cert: Path, key: Path, make: Callable[[], ssl.SSLContext], who: 
         _load_chain(context, (cert_pem, key_pem), who)
         return context
 
-    return CertFiles(cert, key, lambda path, what: _read(path, f"{who}: {what}"), build)
+    return CertFiles(cert, key, lambda path, what: read(path, f"{who}: {what}"), build)
 
 
 # What client-go can do with a user and podcert does not: each named, so a kubeconfig that
@@ -298,17 +340,13 @@ _UNSUPPORTED: Final = {
     "certificate)",
     "username": "basic authentication is not supported (Kubernetes removed it in 1.19)",
     "password": "basic authentication is not supported (Kubernetes removed it in 1.19)",
-    "as": "impersonation is not supported",
-    "as-groups": "impersonation is not supported",
-    "as-uid": "impersonation is not supported",
-    "as-user-extra": "impersonation is not supported",
 }
 
 Chain = tuple[bytes | Path, bytes | Path]  # (certificate, key): PEM bytes or a file
 
 
 def _credentials(
-    user: Mapping[str, Any], what: str, base: Path
+    user: Mapping[str, Any], what: str, base: Path, exec_cluster: Mapping[str, Any] | None
 ) -> tuple[Callable[[], str] | None, Chain | None]:
     """(the bearer token source, the client certificate and key) of a kubeconfig user."""
     for name, why in _UNSUPPORTED.items():
@@ -321,7 +359,7 @@ def _credentials(
         if token_file is not None or token_value is not None:
             raise ClientConfigError(f"{what}: exec and a token both set: which one is meant?")
         try:
-            token = ExecToken(user["exec"], base)
+            token = ExecToken(user["exec"], base, cluster=exec_cluster)
         except ExecError as err:
             raise ClientConfigError(f"{what}: {err}") from None
     elif token_file is not None:  # client-go: a token file, when given, wins over the token
@@ -330,14 +368,14 @@ def _credentials(
         except ClientConfigError as err:
             raise ClientConfigError(f"{what}: {err}") from None
     elif token_value is not None:
-        value = _token_of(token_value.encode(), f"{what}: token")
+        value = token_of(token_value.encode(), f"{what}: token")
         token = lambda: value  # noqa: E731
     _one_of(user, "client-certificate", what)
     _one_of(user, "client-key", what)
-    cert = _decoded(user, "client-certificate-data", what) or _path(
+    cert = decoded(user, "client-certificate-data", what) or _path(
         user, "client-certificate", what, base
     )
-    key = _decoded(user, "client-key-data", what) or _path(user, "client-key", what, base)
+    key = decoded(user, "client-key-data", what) or _path(user, "client-key", what, base)
     if (cert is None) != (key is None):
         missing = "client-key(-data)" if key is None else "client-certificate(-data)"
         raise ClientConfigError(f"{what}: a client certificate needs both; {missing} is not set")
@@ -353,79 +391,6 @@ def _one_of(entry: Mapping[str, Any], key: str, what: str) -> None:
 def _path(user: Mapping[str, Any], key: str, what: str, base: Path) -> Path | None:
     name = _string(user, key, what)
     return base / name if name is not None else None
-
-
-def _decoded(entry: Mapping[str, Any], key: str, what: str) -> bytes | None:
-    value = _string(entry, key, what)
-    if value is None:
-        return None
-    # Go's decoder, which kubectl uses, skips line breaks; nothing else. Padding is checked
-    # before CPython's strict mode, which alone takes padding after a whole quantum (AAAA==).
-    text = value.replace("\n", "").replace("\r", "").encode("ascii", errors="replace")
-    padding = len(text) - len(text.rstrip(b"="))
-    try:
-        if len(text) % 4 or padding > 2 or (padding and (len(text) - padding) % 4 != 4 - padding):
-            raise ValueError
-        return binascii.a2b_base64(text, strict_mode=True)
-    except (binascii.Error, ValueError):
-        raise ClientConfigError(f"{what}: {key} is not valid base64") from None
-
-
-def _check_data(doc: Mapping[str, Any]) -> None:
-    """Every cluster's and user's base64 fields decode, used or not: client-go decodes the
-    whole file as it loads it, so one broken entry makes the file unusable for kubectl too."""
-    for section, inner, keys in (
-        ("clusters", "cluster", ("certificate-authority-data",)),
-        ("users", "user", ("client-certificate-data", "client-key-data")),
-    ):
-        entries = doc.get(section)
-        for entry in entries if isinstance(entries, list) else ():
-            found = entry.get(inner) if isinstance(entry, dict) else None
-            if isinstance(found, dict):
-                for key in keys:
-                    _decoded(found, key, f"{inner} {entry.get('name')!r}")
-
-
-def _why(err: OSError) -> str:
-    """An OSError as the lower-case phrase every other refusal here uses ("no such file")."""
-    if isinstance(err, FileNotFoundError):
-        return "no such file"
-    return (err.strerror or type(err).__name__).lower()
-
-
-def _read(path: Path, what: str) -> bytes:
-    """A regular file's bytes, at most MAX_FILE_BYTES. Opened without blocking and checked to be
-    a regular file before any read: a FIFO or a device named as a token or CA file (client-go
-    would block on it, or read forever) is refused, naming the field."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as err:
-        raise ClientConfigError(f"{what} {path}: {_why(err)}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ClientConfigError(f"{what} {path}: not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as err:
-        raise ClientConfigError(f"{what} {path}: {_why(err)}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise ClientConfigError(f"{what} {path}: larger than {MAX_FILE_BYTES >> 20} MiB")
-    return data
-
-
-def _token_of(data: bytes, where: str) -> str:
-    """The token in `data`, checked to be one header-safe line; `where` names its field."""
-    try:
-        token = data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise ClientConfigError(f"{where} is not ASCII text") from None
-    if not token:
-        raise ClientConfigError(f"{where} is empty")
-    if not token.isprintable():
-        raise ClientConfigError(f"{where} is not one line of text")
-    return token
 
 
 def _context(
@@ -451,7 +416,7 @@ def _context(
                 f"{prefix}certificate-authority-data holds no PEM certificate"
             ) from None
     elif cafile is not None:
-        pem = _read(cafile, f"{prefix}certificate-authority")
+        pem = read(cafile, f"{prefix}certificate-authority")
         try:
             context.load_verify_locations(cadata=pem.decode("ascii", errors="replace"))
         except (ssl.SSLError, ValueError):
@@ -476,7 +441,7 @@ def _load_chain(context: ssl.SSLContext, chain: Chain, what: str) -> None:
 
     try:
         pem = b"".join(
-            _read(part, name) if isinstance(part, Path) else part
+            read(part, name) if isinstance(part, Path) else part
             for name, part in (("client-certificate", cert), ("client-key", key))
         )
         with memory_file(pem) as name:

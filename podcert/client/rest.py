@@ -96,6 +96,19 @@ class HasClientSettings(Protocol):
     def client_settings(self) -> ClientSettings: ...
 
 
+def _impersonation(settings: ClientSettings) -> bytes:
+    """The Impersonate-* header lines every request carries (client-go's impersonating round
+    tripper), UTF-8 as Go writes them; empty when no one is impersonated."""
+    who = settings.impersonate
+    if who is None:
+        return b""
+    lines = [f"Impersonate-User: {who.user}"]
+    if who.uid:
+        lines.append(f"Impersonate-Uid: {who.uid}")
+    lines += [f"Impersonate-Group: {group}" for group in who.groups]
+    return "".join(f"{line}\r\n" for line in lines).encode()
+
+
 def _error(status: int, data: bytes) -> ApiError:
     try:
         body = _DICT.decode(data)
@@ -150,7 +163,7 @@ class Rest:
         self._fixed = (
             f"Host: {self._endpoint.host_header}\r\nUser-Agent: {user_agent}\r\n"
             "Accept: application/json\r\n"
-        ).encode("latin-1")
+        ).encode("latin-1") + _impersonation(self.settings)
 
     @property
     def user_agent(self) -> str:
@@ -160,11 +173,14 @@ class Rest:
         """Close the idle connections (a watch in progress keeps its own until it ends)."""
         self._finalizer()
 
-    def _head(self, method: str, target: str, content_type: str, length: int | None) -> bytes:
+    def _head(
+        self, method: str, target: str, content_type: str, length: int | None
+    ) -> tuple[bytes, str | None]:
+        """The request's head, and the bearer token it carries (None: none)."""
         if not target.isprintable() or " " in target:
             raise ValueError(f"not a request target: {target[:100]!r}")
         head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + self._fixed
-        token = self.settings.token
+        token, value = self.settings.token, None
         if token is not None:
             value = token()
             if not (value.isascii() and value.isprintable()):
@@ -176,7 +192,7 @@ class Rest:
             head += f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n".encode(
                 "latin-1"
             )
-        return head + b"\r\n"
+        return head + b"\r\n", value
 
     def _send(
         self,
@@ -198,13 +214,25 @@ class Rest:
         data = msgspec.json.encode(body) if body is not None else None
         limit = timeout or self.timeout
         connect, read = limit if isinstance(limit, tuple) else (limit, limit)
-        head = self._head(method, target, content_type, len(data) if data is not None else None)
-        try:
-            resp = self._pool.send(head, data, method, connect, read)
-        except OSError as err:  # refused, reset, timed out, TLS refused, not HTTP
-            raise self._unavailable(err) from None
+        length = len(data) if data is not None else None
+        for attempt in range(2):
+            head, used = self._head(method, target, content_type, length)
+            try:
+                resp = self._pool.send(head, data, method, connect, read)
+            except OSError as err:  # refused, reset, timed out, TLS refused, not HTTP
+                raise self._unavailable(err) from None
+            if attempt == 0 and resp.status == 401 and self._refreshed(used):
+                # A 401 is given before the request is acted on: sending it again is safe.
+                self._body(resp)
+                continue
+            break
         self.refusals.answer(method, resp.status)
         return resp
+
+    def _refreshed(self, used: str | None) -> bool:
+        """After a 401 to `used`: whether the token source (an exec plugin's) has a new one."""
+        refresh = getattr(self.settings.token, "refresh", None)
+        return used is not None and refresh is not None and bool(refresh(used))
 
     def _unavailable(self, err: OSError) -> ApiError:
         if isinstance(err, transport.ProtocolError):

@@ -313,7 +313,7 @@ def _bad_flags(tmp_path: Path) -> list[tuple[str, list[str], int, tuple[str, ...
         ("rotate --namespace", ["shim", "rotate", kc, "--namespace=A", "--pod=p"], 2, ("'A'",)),
         ("rotate --pod", [*rotate, "--pod=Not A Pod"], 2, ("--pod",)),
         ("rotate which pods", rotate, 2, ("--pod", "--service-account")),
-        ("audit nothing to audit", ["audit"], 2, ("nothing to audit",)),
+        ("audit --in-cluster and --kubeconfig", ["audit", kc, "--in-cluster"], 2, ("give one",)),
         ("audit --stuck-after", ["audit", kc, "--stuck-after=5x"], 2, ("'5x'",)),
         ("audit --now", ["audit", kc, "--now=tuesday"], 2, ("--now",)),
         ("audit --jobs", ["audit", f"--root={tmp_path}", "--jobs=0"], 2, ("--jobs",)),

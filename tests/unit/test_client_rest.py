@@ -17,13 +17,13 @@ import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import msgspec
 import pytest
 
 from podcert.client import pages
-from podcert.client.kubeconfig import ClientConfigError, ClientSettings
+from podcert.client.kubeconfig import ClientConfigError, ClientSettings, Impersonation
 from podcert.client.rest import ApiError, Gone, Rest
 from tests.canned_rest import Server, answer, chunked, event, rest_for, scripted_servers
 
@@ -88,6 +88,96 @@ def test_a_token_that_is_no_header_value_is_refused_not_sent(
     assert str(raised.value) == "kubeconfig k: the bearer token is not one line of ASCII"
     assert "t€ken" not in str(raised.value)
     assert server.requests == []
+
+
+def test_every_request_carries_the_impersonation(serve: Callable[..., Server]) -> None:
+    server, plain = serve_with(serve, accepting("")), serve_with(serve, accepting(""))
+    who = Impersonation("jane@example.com", ("auditors",), uid="42")
+    rest = rest_for(server, impersonate=who)
+    rest.get("/a")
+    rest.request("POST", "/b", body={})
+    for request in server.requests:
+        assert request.headers["impersonate-user"] == "jane@example.com"
+        assert request.headers["impersonate-group"] == "auditors"
+        assert request.headers["impersonate-uid"] == "42"
+    rest_for(plain).get("/a")
+    assert not any(name.startswith("impersonate") for name in plain.requests[0].headers)
+
+
+class PluginToken:
+    """A token source like an exec plugin's: `refresh(used)` fetches the next token."""
+
+    def __init__(self, *tokens: str) -> None:
+        self.tokens = list(tokens)
+        self.refreshes = 0
+
+    def __call__(self) -> str:
+        return self.tokens[0]
+
+    def refresh(self, used: str) -> bool:
+        self.refreshes += 1
+        if self.tokens[0] == used and len(self.tokens) > 1:
+            self.tokens.pop(0)
+        return self.tokens[0] != used
+
+
+def accepting(*good: str) -> Callable[[Server], Callable[[int, BinaryIO, socket.socket], None]]:
+    """A handler answering 200 to a bearer token in `good`, else 401."""
+
+    def make(server: Server) -> Callable[[int, BinaryIO, socket.socket], None]:
+        def handler(_n: int, reader: BinaryIO, sock: socket.socket) -> None:
+            while (request := server.read(reader)) is not None:
+                token = request.headers.get("authorization", "").removeprefix("Bearer ")
+                unauthorized = {"kind": "Status", "reason": "Unauthorized", "message": "no"}
+                sock.sendall(
+                    answer(200, {"ok": token}) if token in good else answer(401, unauthorized)
+                )
+
+        return handler
+
+    return make
+
+
+def serve_with(serve: Callable[..., Server], make: Any) -> Server:
+    holder: list[Server] = []
+    server = serve(lambda n, reader, sock: make(holder[0])(n, reader, sock))
+    holder.append(server)
+    return server
+
+
+def test_a_401_refreshes_a_plugin_token_and_sends_the_request_once_more(
+    serve: Callable[..., Server],
+) -> None:
+    server = serve_with(serve, accepting("new"))
+    token = PluginToken("old", "new")
+    rest = rest_for(server, token=token)
+
+    assert rest.request("POST", "/things", body={"a": 1}) == {"ok": "new"}
+    assert [r.headers["authorization"] for r in server.requests] == ["Bearer old", "Bearer new"]
+    assert server.requests[0].body == server.requests[1].body == b'{"a":1}'
+    assert token.refreshes == 1
+
+
+def test_a_401_to_the_new_token_too_is_the_answer_not_a_loop(serve: Callable[..., Server]) -> None:
+    server = serve_with(serve, accepting())
+    token = PluginToken("old", "new", "newer")
+    rest = rest_for(server, token=token)
+
+    with pytest.raises(ApiError) as raised:
+        rest.get("/x")
+    assert raised.value.status == 401
+    assert len(server.requests) == 2 and token.refreshes == 1
+
+
+def test_a_401_to_a_token_that_cannot_refresh_is_not_sent_again(
+    serve: Callable[..., Server],
+) -> None:
+    server = serve_with(serve, accepting())
+    rest = rest_for(server, token=lambda: "static")
+
+    with pytest.raises(ApiError, match="401"):
+        rest.get("/x")
+    assert len(server.requests) == 1
 
 
 def test_dropping_a_rest_closes_its_idle_connections(serve: Callable[..., Server]) -> None:

@@ -197,7 +197,10 @@ def broken(tmp_path: Path, ca: trustme.CA, client_cert: trustme.LeafCert, case: 
         ),
         "auth-provider": kubeconfig({"auth-provider": {"name": "oidc", "config": {"x": TOKEN}}}),
         "basic auth": kubeconfig({"username": "admin", "password": TOKEN}),
-        "impersonation": kubeconfig({"token": TOKEN, "as": "system:admin"}),
+        "groups without a user": kubeconfig({"token": TOKEN, "as-groups": ["system:masters"]}),
+        "impersonated extra": kubeconfig(
+            {"token": TOKEN, "as": "a", "as-user-extra": {"scopes": ["x"]}}
+        ),
         "token file missing": kubeconfig({"tokenFile": "nope"}),
         "token file empty": kubeconfig({"tokenFile": "empty-token"}),
         "token not one line": kubeconfig({"token": TOKEN + "\r\nX-Injected: 1"}),
@@ -238,7 +241,10 @@ HOSTILE = [
     pytest.param("exec", "exec: apiVersion is not one of", id="exec"),
     pytest.param("auth-provider", "auth-provider: auth-provider plugins", id="auth-provider"),
     pytest.param("basic auth", "basic authentication is not supported", id="basic auth"),
-    pytest.param("impersonation", "as: impersonation is not supported", id="impersonation"),
+    pytest.param(
+        "groups without a user", "without a user to impersonate", id="groups, no user to be"
+    ),
+    pytest.param("impersonated extra", "as-user-extra", id="impersonating extra fields"),
     pytest.param("token file missing", "tokenFile", id="a token file that is missing"),
     pytest.param("token file empty", "empty-token is empty", id="an empty token file"),
     pytest.param("token not one line", "not one line", id="a token with a line break"),
