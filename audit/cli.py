@@ -39,6 +39,7 @@ from audit.snapshot import (
 from bundles.formats import BundleError, load_trust_bundle
 from podcert.api.times import TimeFieldError, parse_zoned_time
 from podcert.api.validation import signer_name_problem
+from podcert.client import commandline
 from podcert.errors import (
     EXIT_FINDINGS,
     EXIT_OK,
@@ -93,12 +94,12 @@ def register(subparsers: Any) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    inputs = p.add_argument_group("inputs (any of them; joined where there are several)")
-    cluster = inputs.add_mutually_exclusive_group()
-    cluster.add_argument(
-        "--kubeconfig", type=Path, help="read pods, requests and trust bundles with this kubeconfig"
+    inputs = p.add_argument_group(
+        "inputs (any of them; joined where there are several; the cluster, found as kubectl "
+        "finds it, when none is given or any of the cluster's flags is)"
     )
-    cluster.add_argument(
+    commandline.add_flags(inputs)
+    inputs.add_argument(
         "--in-cluster", action="store_true", help="read the cluster with the pod's service account"
     )
     inputs.add_argument(
@@ -178,11 +179,15 @@ def register(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
+def reads_cluster(args: argparse.Namespace) -> bool:
+    """Whether to read the cluster: when asked (a cluster flag), or when nothing else is."""
+    return commandline.given(args) or args.in_cluster or not (args.root or args.audit_log)
+
+
 def run(args: argparse.Namespace) -> int:
-    if not (args.kubeconfig or args.in_cluster or args.root or args.audit_log):
+    if args.in_cluster and (args.kubeconfig or args.context):
         print(
-            "podcert audit: nothing to audit: give --kubeconfig/--in-cluster, --root and/or "
-            "--audit-log",
+            "podcert audit: --in-cluster and --kubeconfig/--context name two clusters: give one",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -232,11 +237,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> Rest:
-    """The cluster client: `--kubeconfig`, else the in-cluster configuration. (The one place
-    the audit builds it, to be swapped for the shared kubeconfig loader.)"""
-    from podcert.client.rest import Rest, load_client
+    """The cluster client, found as kubectl finds it (`--in-cluster`: the pod's own only)."""
+    from podcert.client.rest import Rest
 
-    return Rest(load_client(args.kubeconfig))
+    return Rest(commandline.from_args(args, in_cluster_only=args.in_cluster))
 
 
 def gather(args: argparse.Namespace) -> Snapshot:
@@ -244,7 +248,7 @@ def gather(args: argparse.Namespace) -> Snapshot:
     inputs: list[str] = []
     pods = requests = None
     trust: tuple[TrustSource, ...] = ()
-    if args.kubeconfig or args.in_cluster:
+    if reads_cluster(args):
         # Imported here: the Kubernetes client is only loaded when the cluster is read.
         from podcert.client.discovery import Unserved
         from podcert.client.rest import ApiError

@@ -19,7 +19,8 @@ from kubelet_shim.agent import Settings, utcnow
 from podcert import logs, processflags
 from podcert.api.times import TimeFieldError, parse_zoned_time
 from podcert.api.validation import is_dns_label, is_dns_name
-from podcert.client.rest import ApiError, Rest, load_client
+from podcert.client import commandline
+from podcert.client.rest import ApiError, Rest
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
 
@@ -100,13 +101,10 @@ def register(subparsers: Any) -> None:
         description="Set the podcert.dev/rotate-before annotation: every node agent re-keys the "
         "credentials of the pod that were issued before that instant (suspected key compromise).",
     )
+    commandline.add_flags(r)  # an operator's credentials: they need patch on pods
     r.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=None,
-        help="an operator's kubeconfig (needs patch on pods); in-cluster when absent",
+        "--namespace", help="namespace of the pods (default: the context's, else default)"
     )
-    r.add_argument("--namespace", required=True, help="namespace of the pods")
     which = r.add_mutually_exclusive_group(required=True)
     which.add_argument("--pod", help="re-key this pod")
     which.add_argument("--service-account", help="re-key every pod running as this account")
@@ -169,7 +167,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
 
 
 def rotate(args: argparse.Namespace) -> int:
-    if not is_dns_label(args.namespace):
+    if args.namespace is not None and not is_dns_label(args.namespace):
         raise ConfigError(f"--namespace {args.namespace!r} is not a namespace name")
     name, flag = (args.pod, "--pod") if args.pod else (args.service_account, "--service-account")
     if not is_dns_name(name):
@@ -181,17 +179,19 @@ def rotate(args: argparse.Namespace) -> int:
             before = parse_zoned_time(args.before, "--before")
         except TimeFieldError as err:
             raise ConfigError(str(err)) from None
-    rest = Rest(load_client(args.kubeconfig))
+    settings = commandline.from_args(args)
+    namespace = args.namespace or settings.namespace
+    rest = Rest(settings)
     try:
         if args.pod:
             pods = [args.pod]
         else:
-            pods = shim_kube.pods_of_service_account(rest, args.namespace, args.service_account)
+            pods = shim_kube.pods_of_service_account(rest, namespace, args.service_account)
             if not pods:
-                raise CommandError(f"no pod in {args.namespace} runs as {args.service_account}")
+                raise CommandError(f"no pod in {namespace} runs as {args.service_account}")
         for name in pods:
-            shim_kube.request_rotation(rest, args.namespace, name, before)
-            print(f"pod {args.namespace}/{name}: re-key credentials issued before {before}")
+            shim_kube.request_rotation(rest, namespace, name, before)
+            print(f"pod {namespace}/{name}: re-key credentials issued before {before}")
     except ApiError as err:
         raise CommandError(f"rotate failed: {one_line(str(err))}") from None
     return 0

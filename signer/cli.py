@@ -12,7 +12,8 @@ from typing import Any
 
 from podcert import logs, processflags
 from podcert.api.validation import NOT_BEFORE_SKEW, is_dns_label, is_dns_name, signer_name_problem
-from podcert.client.rest import ApiError, Rest, load_client
+from podcert.client import commandline
+from podcert.client.rest import ApiError, Rest
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
 from podcert.serving import connections
@@ -43,24 +44,30 @@ def _namespace_default() -> str:
 
 
 def _cluster_flags(p: argparse.ArgumentParser, *, after_ca: bool) -> None:
-    """The flags `podcert signer` and `podcert signer ca ...` share: where the cluster and the
-    CA Secret are, and the rotation schedule. `ca` takes them after its action too (the
-    runbook's `podcert signer ca status --namespace podcert-system`); there they default to
-    nothing, so a value given before `ca` stands unless repeated after it."""
+    """The flags `podcert signer` and `podcert signer ca ...` share: where the CA Secret is,
+    and the rotation schedule. `ca` takes them after its action too (the runbook's
+    `podcert signer ca status --namespace podcert-system`); there they default to nothing, so a
+    value given before `ca` stands unless repeated after it. Where the cluster is: the running
+    signer takes `--kubeconfig` else the in-cluster configuration, `ca` a person's flags
+    (`podcert.client.commandline`)."""
 
     def default(value: Any) -> Any:
         return argparse.SUPPRESS if after_ca else value
 
-    p.add_argument(
-        "--kubeconfig",
-        type=Path,
-        default=default(None),
-        help="kubeconfig file; in-cluster configuration when absent",
-    )
+    if after_ca:
+        commandline.add_flags(p, suppress=True)
+    else:
+        p.add_argument(
+            "--kubeconfig",
+            type=Path,
+            default=None,
+            help="kubeconfig file; in-cluster configuration when absent",
+        )
     p.add_argument(
         "--namespace",
-        default=default(_namespace_default()),
-        help="the signer's own namespace (CA Secret, lease)",
+        default=default(None),
+        help="the signer's own namespace (CA Secret, lease; default: POD_NAMESPACE, else the "
+        "pod's, else podcert-system; for `ca`, the context's namespace first if it sets one)",
     )
     p.add_argument(
         "--ca-secret",
@@ -281,7 +288,7 @@ def register(subparsers: Any) -> None:
 
 def _cluster_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the flags `podcert signer` and `podcert signer ca` share, or None."""
-    if not is_dns_label(args.namespace):
+    if args.namespace is not None and not is_dns_label(args.namespace):
         return f"--namespace {args.namespace!r} is not a namespace name"
     if not is_dns_name(args.ca_secret):
         return f"--ca-secret {args.ca_secret!r} is not a Secret name"
@@ -354,10 +361,15 @@ def run_ca(args: argparse.Namespace) -> int:
     """`podcert signer ca ...`: the same steps the schedule takes, applied to the Secret."""
     if problem := _cluster_problem(args):
         raise ConfigError(problem)
-    kube = SignerKube(Rest(load_client(args.kubeconfig)))
+    settings = commandline.from_args(args)
+    # The context's namespace only when it names one: "default" never holds a signer.
+    namespace = args.namespace or (
+        settings.namespace if settings.namespace != "default" else _namespace_default()
+    )
+    kube = SignerKube(Rest(settings))
     cas = CAStore(
         kube,
-        args.namespace,
+        namespace,
         args.ca_secret,
         utcnow,
         create=False,
@@ -438,7 +450,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
     return build.Config(
         signer_names=tuple(args.signer_names),
         policy=pol,
-        namespace=args.namespace,
+        namespace=args.namespace or _namespace_default(),
         kubeconfig=args.kubeconfig,
         ca_secret=args.ca_secret,
         create_ca=not args.no_create_ca,
