@@ -4,11 +4,15 @@
 kubectl reads it with no flags, then rest.TLSConfigFor and rest.TransportFor, which load every
 file and PEM it names; tests/interop/reference) read the same generated kubeconfigs: valid and
 broken ones, missing fields, token and tokenFile both, data and files both, relative paths,
-auth providers, several contexts. Both refuse, or both resolve the same base URL, trusted CAs,
-client certificate, bearer token, TLS server name and proxy. Where podcert refuses what
+auth providers, exec plugins, impersonation, several contexts. A person's command
+(`podcert.client.commandline.load`) and clientcmd's loading rules read the same generated
+KUBECONFIG lists (several files, overlapping names, missing files) with a `--context`, `--as`
+and `--as-group` override. Both refuse, or both resolve the same base URL, trusted CAs, client
+certificate, bearer token and credential kind, TLS server name, proxy, namespace,
+impersonation, and exec plugin's interactive mode and cluster info. Where podcert refuses what
 client-go takes, it is one of these deliberate strictnesses (each refusal names its field):
-- what podcert does not do: auth-provider plugins, basic auth, impersonation, exec plugins
-  (pinned with E's tests), https:// and socks5:// proxies;
+- what podcert does not do: auth-provider plugins, basic auth, impersonating extra fields,
+  https:// and socks5:// proxies;
 - a context naming a user the file lacks: client-go goes on without credentials, podcert takes
   it for the typo it likely is;
 - a server without a scheme: client-go guesses http or https from whether TLS settings are
@@ -31,7 +35,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +47,10 @@ import yaml
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
+from podcert.client import commandline, proxies
 from podcert.client import kubeconfig as kc
-from podcert.client import proxies
+from podcert.client.execcredential import ExecToken
+from podcert.client.kubeconfig import TokenFile
 from tests.integration.reference import DIFFERENTIAL, Reference
 
 PROXIES = [
@@ -63,6 +69,11 @@ SERVERS = [
     "https://api.example.com:6443", "https://apiexample.com", "https://API.Example.com",
     "http://10.1.2.3:8080", "https://127.0.0.1:6443", "https://localhost:6443",
     "https://[::1]:6443", "https://[::ffff:10.1.2.3]:6443", "https://kubernetes.default.svc",
+]  # fmt: skip
+# Ranges Go's net.ParseCIDR takes or refuses (then it reads the entry as a domain).
+NO_PROXY_ENTRIES += [
+    "10.0.0.0/255.0.0.0", "10.0.0.0/08", "::ffff:10.0.0.0/104", "0.0.0.0/0", "::/0",
+    "10.1.2.3/32", "fd00::1/128", "10.0.0.0/", "fe80::1%eth0/64", "10.0.0.0/8/8",
 ]  # fmt: skip
 VARIABLES = ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"]
 ENVIRON = st.fixed_dictionaries(
@@ -121,7 +132,6 @@ def test_the_proxy_environment_is_read_as_go_reads_it(
 DELIBERATE = (
     "auth-provider plugins are not supported",
     "basic authentication is not supported",
-    "impersonation is not supported",
     "proxy-url is not an http:// URL",
     "server is not an http(s) URL",
     "not one line of text",
@@ -163,6 +173,12 @@ def materials(tmp_path_factory: pytest.TempPathFactory) -> Materials:
     (files / "token").write_text("file-token\n")
     (files / "empty-token").write_text("")
     (files / "not-pem").write_text("not a certificate\n")
+    script = files / "plugin.sh"  # an exec plugin: answers a token in the version asked (argv 1)
+    script.write_text(
+        '#!/bin/sh\nprintf \'{"apiVersion":"%s","kind":"ExecCredential",'
+        '"status":{"token":"exec-token"}}\' "$1"\n'
+    )
+    script.chmod(0o755)
     return Materials(
         folder,
         (roots[0].cert_pem.bytes(), roots[1].cert_pem.bytes()),
@@ -202,6 +218,7 @@ def choices(m: Materials) -> dict[str, st.SearchStrategy[dict[str, Any]]]:
         {"certificate-authority-data": b64(m.ca_pem[0]), "certificate-authority": f"{files}/c"},
         {"insecure-skip-tls-verify": True, "certificate-authority-data": b64(m.ca_pem[0])},
     ])  # fmt: skip
+    extension = {"name": "client.authentication.k8s.io/exec", "extension": {"audience": "a"}}
     cluster = st.fixed_dictionaries(
         {
             "server": st.sampled_from(
@@ -213,6 +230,7 @@ def choices(m: Materials) -> dict[str, st.SearchStrategy[dict[str, Any]]]:
         optional={
             "tls-server-name": st.just("api.example"),
             "proxy-url": st.sampled_from(["http://proxy:3128", "socks5://p:1080", "https://p:443"]),
+            "extensions": st.just([extension]),
         },
     ).flatmap(lambda c: ca.map(lambda extra: {**c, **extra}))
     token = mostly([
@@ -242,13 +260,37 @@ def choices(m: Materials) -> dict[str, st.SearchStrategy[dict[str, Any]]]:
         },
         {"client-certificate": f"{files}/missing.crt", "client-key": f"{files}/client0.key"},
     ])  # fmt: skip
-    other = mostly([none], [
+    v1, v1beta1 = (f"client.authentication.k8s.io/{v}" for v in ("v1", "v1beta1"))
+    other = mostly([
+        none, none, none,
+        {"as": "someone"},
+        {"as": "someone", "as-groups": ["g1", "g2"]},
+        {"as": "someone", "as-uid": "1234"},
+        {"exec": {"apiVersion": v1beta1, "command": f"{files}/plugin.sh", "args": [v1beta1]}},
+        {"exec": {
+            "apiVersion": v1, "command": f"{absolute}/plugin.sh", "args": [v1],
+            "interactiveMode": "Never", "provideClusterInfo": True,
+        }},
+        {"exec": {
+            "apiVersion": v1beta1, "command": f"{files}/plugin.sh", "args": [v1beta1],
+            "interactiveMode": "IfAvailable", "provideClusterInfo": True,
+        }},
+    ], [
         {"auth-provider": {"name": "oidc"}},
         {"username": "u", "password": "p"},
-        {"as": "someone"},
+        {"as-groups": ["g1"]},
+        {"as": "x", "as-user-extra": {"scopes": ["a"]}},
         {"exec": {"command": "plugin"}},
+        {"exec": {"apiVersion": v1, "command": f"{files}/plugin.sh", "args": [v1]}},
+        {"exec": {
+            "apiVersion": v1, "command": f"{files}/plugin.sh", "args": [v1],
+            "interactiveMode": "Always",
+        }},
     ])  # fmt: skip
-    user = st.tuples(token, certificate, other).map(lambda p: {**p[0], **p[1], **p[2]})
+    # An exec plugin beside a token podcert refuses (which one is meant?): not generated.
+    user = st.tuples(token, certificate, other).map(
+        lambda p: {**(p[0] if "exec" not in p[2] else {}), **p[1], **p[2]}
+    )
     return {"cluster": cluster, "user": user}
 
 
@@ -262,7 +304,10 @@ def kubeconfigs(draw: st.DrawFn, m: Materials) -> dict[str, Any]:
             "context": draw(
                 st.fixed_dictionaries(
                     {"cluster": st.sampled_from(["c1", "c1", "c2", "nope"])},
-                    optional={"user": st.sampled_from(["u1", "u1", "u2", "nobody"])},
+                    optional={
+                        "user": st.sampled_from(["u1", "u1", "u2", "nobody"]),
+                        "namespace": st.sampled_from(["shop", "kube-system"]),
+                    },
                 ).map(lambda c: c if c["cluster"] != "nope" else {})
             ),
         }
@@ -314,14 +359,71 @@ def digest(der: bytes) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
+def credential_kinds(settings: kc.ClientSettings) -> list[str]:
+    """How podcert authenticates: exec, token-file, token and/or certificate."""
+    kinds = []
+    if isinstance(settings.token, ExecToken):
+        kinds.append("exec")
+    elif isinstance(settings.token, TokenFile):
+        kinds.append("token-file")
+    elif settings.token is not None:
+        kinds.append("token")
+    if settings.client_certs is not None or "client certificate" in settings.identity:
+        kinds.append("certificate")
+    return kinds
+
+
+def their_kinds(theirs: dict[str, Any]) -> list[str]:
+    """How client-go authenticates, in the same words (a token file wins over a token)."""
+    kinds = []
+    if theirs["exec_command"]:
+        kinds.append("exec")
+    elif theirs["token_file"]:
+        kinds.append("token-file")
+    elif theirs["token"]:
+        kinds.append("token")
+    if theirs["client_cert"]:
+        kinds.append("certificate")
+    return kinds
+
+
+def exec_reading(settings: kc.ClientSettings) -> tuple[str, dict[str, Any] | None]:
+    """(the exec plugin's interactiveMode, the cluster info it is given) in the reference's
+    terms, or ("", None) without a plugin."""
+    token = settings.token
+    if not isinstance(token, ExecToken):
+        return "", None
+    if not token.plugin.provide_cluster_info or token.cluster is None:
+        return token.plugin.mode, None
+    info = token.cluster
+    ca = info.get("certificate-authority-data")
+    return token.plugin.mode, {
+        "server": info["server"],
+        "tls-server-name": info.get("tls-server-name", ""),
+        "insecure-skip-tls-verify": info.get("insecure-skip-tls-verify", False),
+        "ca_sha256": digest(base64.b64decode(ca)) if ca else "",
+        "proxy-url": info.get("proxy-url", ""),
+        "config": info.get("config"),
+    }
+
+
 def podcert_reading(settings: kc.ClientSettings, m: Materials) -> dict[str, Any]:
     """podcert's settings in the reference's terms."""
     context = settings.ssl_context
+    who = settings.impersonate
+    mode, cluster = exec_reading(settings)
     out: dict[str, Any] = {
         "server": settings.server,
         "token": settings.token() if settings.token is not None else "",
         "tls_server_name": settings.tls_server_name or "",
         "proxy": settings.proxy or "",
+        "namespace": settings.namespace,
+        "as_user": who.user if who else "",
+        "as_uid": (who.uid or "") if who else "",
+        "as_groups": list(who.groups) if who else [],
+        "exec_mode": mode,
+        "exec_cluster": cluster,
+        "kinds": credential_kinds(settings),
     }
     if context is not None:
         out["insecure"] = context.verify_mode == ssl.CERT_NONE
@@ -329,6 +431,50 @@ def podcert_reading(settings: kc.ClientSettings, m: Materials) -> dict[str, Any]
         presented = presented_certificate(context, m)
         out["client_cert"] = digest(presented) if presented else ""
     return out
+
+
+def expected_reading(
+    theirs: dict[str, Any], ours: dict[str, Any], settings: kc.ClientSettings
+) -> dict[str, Any]:
+    """client-go's answer in the terms of `podcert_reading`."""
+    keys = ("server", "token", "tls_server_name", "proxy", "namespace", "as_user", "as_uid")
+    expected = {key: theirs[key] for key in keys}
+    expected["as_groups"] = theirs["as_groups"] or []
+    expected["exec_mode"] = theirs["exec_mode"]
+    expected["exec_cluster"] = theirs["exec_cluster"]
+    expected["kinds"] = their_kinds(theirs)
+    if theirs["exec_command"]:
+        expected["token"] = "exec-token"  # client-go asks the plugin per request; podcert at load
+    if settings.ssl_context is not None:
+        expected["insecure"] = theirs["insecure"]
+        expected["client_cert"] = theirs["client_cert"]
+        # client-go without a CA uses the system's roots: podcert's context holds those then.
+        expected["cas"] = theirs["cas"] if theirs["cas"] is not None else ours["cas"]
+    return expected
+
+
+def judge(theirs: dict[str, Any], read: Callable[[], kc.ClientSettings], m: Materials) -> None:
+    """Both refuse, podcert refuses deliberately, or both resolve the same."""
+    try:
+        settings = read()
+    except kc.ClientConfigError as err:
+        event("both refuse" if "error" in theirs else "podcert refuses deliberately")
+        if "error" in theirs:
+            return
+        assert any(why in str(err) for why in DELIBERATE), f"client-go takes it: {theirs}\n{err}"
+        return
+    assert "error" not in theirs, f"podcert takes what client-go refuses: {theirs['error']}"
+    event("both accept")
+    ours = podcert_reading(settings, m)
+    for feature, present in (
+        ("impersonating", ours["as_user"]),
+        ("an exec plugin", ours["exec_mode"]),
+        ("an exec plugin given the cluster", ours["exec_cluster"]),
+        ("a namespace from the context", ours["namespace"] != "default"),
+    ):
+        if present:
+            event(f"both accept, with {feature}")
+    assert ours == expected_reading(theirs, ours, settings)
 
 
 @DIFFERENTIAL
@@ -341,21 +487,47 @@ def test_kubeconfigs_are_read_as_client_go_reads_them(
     path = materials.folder / "kubeconfig"
     path.write_text(yaml.safe_dump(doc))
     theirs = reference.ask("kubeconfig", path=str(path), environ=environ)
-    try:
-        settings = kc.from_kubeconfig(path, environ)
-    except kc.ClientConfigError as err:
-        event("both refuse" if "error" in theirs else "podcert refuses deliberately")
-        if "error" in theirs:
-            return
-        assert any(why in str(err) for why in DELIBERATE), f"client-go takes it: {theirs}\n{err}"
-        return
-    assert "error" not in theirs, f"podcert takes what client-go refuses: {theirs['error']}"
-    event("both accept")
-    ours = podcert_reading(settings, materials)
-    expected = {key: theirs[key] for key in ("server", "token", "tls_server_name", "proxy")}
-    if settings.ssl_context is not None:
-        expected["insecure"] = theirs["insecure"]
-        expected["client_cert"] = theirs["client_cert"]
-        # client-go without a CA uses the system's roots: podcert's context holds those then.
-        expected["cas"] = theirs["cas"] if theirs["cas"] is not None else ours["cas"]
-    assert ours == expected
+    judge(theirs, lambda: kc.from_kubeconfig(path, environ), materials)
+
+
+OVERRIDES = st.fixed_dictionaries(
+    {},
+    optional={
+        "context": st.sampled_from(["a", "b", "c", "gone"]),
+        "as": st.sampled_from(["operator", "system:serviceaccount:shop:api"]),
+        "as_groups": st.lists(st.sampled_from(["g1", "g2", "system:masters"]), max_size=2),
+    },
+)
+
+
+@DIFFERENTIAL
+@given(data=st.data())
+def test_kubeconfig_lists_are_merged_as_client_go_merges_them(
+    reference: Reference, materials: Materials, data: st.DataObject
+) -> None:
+    """KUBECONFIG with up to three files (and now and then one that does not exist), their
+    names overlapping, read by a person's command with --context, --as and --as-group."""
+    count = data.draw(st.integers(min_value=1, max_value=3))
+    paths = []
+    for i in range(count):
+        path = materials.folder / f"kubeconfig-{i}"
+        path.write_text(yaml.safe_dump(data.draw(kubeconfigs(materials))))
+        paths.append(str(path))
+    if data.draw(st.booleans()):
+        paths.insert(data.draw(st.integers(0, len(paths))), str(materials.folder / "missing"))
+    flags = data.draw(OVERRIDES)
+    proxy_env = data.draw(st.sampled_from([{}, {"HTTPS_PROXY": "http://envproxy:3128"}]))
+    theirs = reference.ask("kubeconfig", paths=paths, environ=proxy_env, **flags)
+    environ = {**proxy_env, "KUBECONFIG": ":".join(paths), "HOME": str(materials.folder)}
+
+    def read() -> kc.ClientSettings:
+        return commandline.load(
+            None,
+            context=flags.get("context"),
+            as_user=flags.get("as"),
+            as_groups=flags.get("as_groups", ()),
+            environ=environ,
+            account=materials.folder / "no-service-account",
+        )
+
+    judge(theirs, read, materials)

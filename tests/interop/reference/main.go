@@ -3,9 +3,12 @@
 // generated input (tests/integration/test_reference_*.py; built by devcluster/build.py):
 //
 //	kubeconfig  client-go (k8s.io/client-go/tools/clientcmd and rest, v0.37.2, the release the
-//	            devcluster builds) loads a kubeconfig's current context as kubectl does, and
-//	            prints what a client would use: base URL, trusted CAs, client certificate, the
-//	            bearer token a request carries, exec plugin, TLS server name, proxy; or the error
+//	            devcluster builds) loads a kubeconfig (or a KUBECONFIG-style list of them,
+//	            merged by clientcmd's loading rules) at its current context or a given one, with
+//	            kubectl's --as/--as-group overrides, and prints what a client would use: base
+//	            URL, trusted CAs, client certificate, the bearer token a request carries, exec
+//	            plugin (its interactive mode and the cluster info it is given), TLS server
+//	            name, proxy, namespace, impersonation; or the error
 //	selector    apimachinery's metav1.LabelSelectorAsSelector on a LabelSelector, and whether a
 //	            label set matches it; or the error
 //	pem         encoding/pem's Decode loop: every block (type, headers, bytes, offsets) and what
@@ -44,13 +47,17 @@ import (
 
 type request struct {
 	Op       string            `json:"op"`
-	Path     string            `json:"path"`     // kubeconfig
-	Environ  map[string]string `json:"environ"`  // kubeconfig, proxy
-	Selector json.RawMessage   `json:"selector"` // selector: a metav1.LabelSelector, or null
-	Labels   map[string]string `json:"labels"`   // selector
-	Data     []byte            `json:"data"`     // pem (base64 in JSON)
-	Text     string            `json:"text"`     // spiffeid
-	URL      string            `json:"url"`      // proxy
+	Path     string            `json:"path"`      // kubeconfig: --kubeconfig
+	Paths    []string          `json:"paths"`     // kubeconfig: KUBECONFIG's files instead
+	Context  string            `json:"context"`   // kubeconfig: --context
+	As       string            `json:"as"`        // kubeconfig: --as
+	AsGroups []string          `json:"as_groups"` // kubeconfig: --as-group
+	Environ  map[string]string `json:"environ"`   // kubeconfig, proxy
+	Selector json.RawMessage   `json:"selector"`  // selector: a metav1.LabelSelector, or null
+	Labels   map[string]string `json:"labels"`    // selector
+	Data     []byte            `json:"data"`      // pem (base64 in JSON)
+	Text     string            `json:"text"`      // spiffeid
+	URL      string            `json:"url"`       // proxy
 }
 
 func main() {
@@ -83,7 +90,7 @@ func handle(req request) any {
 	var err error
 	switch req.Op {
 	case "kubeconfig":
-		answer, err = kubeconfig(req.Path, req.Environ)
+		answer, err = kubeconfig(req)
 	case "selector":
 		answer, err = selector(req.Selector, req.Labels)
 	case "pem":
@@ -115,18 +122,46 @@ type resolved struct {
 	ExecVersion   string   `json:"exec_version"`    // and its API version
 	TLSServerName string   `json:"tls_server_name"` // the name checked instead of the host, or ""
 	Proxy         string   `json:"proxy"`           // the proxy requests to the server go through, or ""
+	Namespace     string   `json:"namespace"`       // the namespace a command defaults to
+	AsUser        string   `json:"as_user"`         // Impersonate-User, or ""
+	AsUID         string   `json:"as_uid"`          // Impersonate-Uid, or ""
+	AsGroups      []string `json:"as_groups"`       // Impersonate-Group
+	ExecMode      string   `json:"exec_mode"`       // the exec plugin's interactiveMode, or ""
+	ExecCluster   any      `json:"exec_cluster"`    // what provideClusterInfo passes, or nil
 }
 
-// kubeconfig resolves the file's current context the way kubectl does with no flags: clientcmd
-// builds a rest.Config (validating it), rest.TLSConfigFor loads and checks every file and PEM
-// it names, and rest.TransportFor builds the round trippers (auth providers, exec plugins).
-func kubeconfig(path string, environ map[string]string) (any, error) {
-	setProxyEnviron(environ)
+// execCluster is rest.ConfigToExecCluster's answer as the plugin sees it (client.authentication
+// v1's JSON names), the CA as the sha256 of its bytes.
+type execCluster struct {
+	Server        string          `json:"server"`
+	TLSServerName string          `json:"tls-server-name"`
+	Insecure      bool            `json:"insecure-skip-tls-verify"`
+	CA            string          `json:"ca_sha256"`
+	ProxyURL      string          `json:"proxy-url"`
+	Config        json.RawMessage `json:"config"`
+}
+
+// kubeconfig resolves the file's current context (or the request's context) the way kubectl
+// does with those flags: clientcmd builds a rest.Config (validating it), rest.TLSConfigFor
+// loads and checks every file and PEM it names, and rest.TransportFor builds the round
+// trippers (auth providers, exec plugins).
+func kubeconfig(req request) (any, error) {
+	setProxyEnviron(req.Environ)
 	// kubectl --kubeconfig=path: explicit loading rules resolve relative paths against the
-	// file's folder (clientcmd.LoadFromFile alone does not).
-	config, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-		&clientcmd.ClientConfigLoadingRules{ExplicitPath: path}, &clientcmd.ConfigOverrides{},
-	).ClientConfig()
+	// file's folder (clientcmd.LoadFromFile alone does not); KUBECONFIG: a precedence list.
+	rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: req.Path}
+	if len(req.Paths) > 0 {
+		rules = &clientcmd.ClientConfigLoadingRules{Precedence: req.Paths}
+	}
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: req.Context}
+	overrides.AuthInfo.Impersonate = req.As
+	overrides.AuthInfo.ImpersonateGroups = req.AsGroups
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides)
+	config, err := loader.ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	namespace, _, err := loader.Namespace()
 	if err != nil {
 		return nil, err
 	}
@@ -146,6 +181,10 @@ func kubeconfig(path string, environ map[string]string) (any, error) {
 		Insecure:      config.Insecure,
 		TLSServerName: config.ServerName,
 		TokenFile:     config.BearerTokenFile,
+		Namespace:     namespace,
+		AsUser:        config.Impersonate.UserName,
+		AsUID:         config.Impersonate.UID,
+		AsGroups:      config.Impersonate.Groups,
 	}
 	if tlsConfig != nil && tlsConfig.RootCAs != nil {
 		transportConfig, err := config.TransportConfig()
@@ -174,6 +213,12 @@ func kubeconfig(path string, environ map[string]string) (any, error) {
 	}
 	if exec := config.ExecProvider; exec != nil {
 		out.ExecCommand, out.ExecArgs, out.ExecVersion = exec.Command, exec.Args, exec.APIVersion
+		out.ExecMode = string(exec.InteractiveMode)
+		if exec.ProvideClusterInfo {
+			if out.ExecCluster, err = clusterInfo(config); err != nil {
+				return nil, err
+			}
+		}
 	}
 	via := config.Proxy
 	if via == nil {
@@ -187,6 +232,28 @@ func kubeconfig(path string, environ map[string]string) (any, error) {
 	}
 	if proxyURL != nil {
 		out.Proxy = proxyURL.String()
+	}
+	return out, nil
+}
+
+func clusterInfo(config *rest.Config) (any, error) {
+	cluster, err := rest.ConfigToExecCluster(config)
+	if err != nil {
+		return nil, err
+	}
+	out := execCluster{
+		Server:        cluster.Server,
+		TLSServerName: cluster.TLSServerName,
+		Insecure:      cluster.InsecureSkipTLSVerify,
+		ProxyURL:      cluster.ProxyURL,
+	}
+	if len(cluster.CertificateAuthorityData) > 0 {
+		out.CA = digest(cluster.CertificateAuthorityData)
+	}
+	if cluster.Config != nil {
+		if out.Config, err = json.Marshal(cluster.Config); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
