@@ -95,8 +95,8 @@ def register(subparsers: Any) -> None:
         formatter_class=HelpFormatter,
     )
     inputs = p.add_argument_group(
-        "inputs (any of them; joined where there are several; the cluster, found as kubectl "
-        "finds it, when none is given or any of the cluster's flags is)"
+        "inputs (any of them, joined; the cluster, found as kubectl finds it, is read when a "
+        "cluster flag is given or neither --root nor --audit-log is)"
     )
     commandline.add_flags(inputs)
     inputs.add_argument(

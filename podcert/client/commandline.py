@@ -43,11 +43,13 @@ def add_flags(parser: argparse._ActionsContainer, *, suppress: bool = False) -> 
         "--kubeconfig",
         type=Path,
         default=default(None),
-        help="kubeconfig file (default: KUBECONFIG's files, else ~/.kube/config, else the "
-        "pod's in-cluster configuration)",
+        help="kubeconfig file; without it KUBECONFIG's files, else ~/.kube/config, else the "
+        "pod's in-cluster configuration",
     )
     parser.add_argument(
-        "--context", default=default(None), help="the kubeconfig context to use (default: current)"
+        "--context",
+        default=default(None),
+        help="the kubeconfig context to use, not the current one",
     )
     parser.add_argument(
         "--as", dest="as_user", default=default(None), metavar="USER", help="impersonate USER"

@@ -1,11 +1,13 @@
-"""Where a podcert client finds the API server and its credentials: a kubeconfig file, or the
-pod's in-cluster configuration (its service account's token and CA).
+"""Where a podcert client finds the API server and its credentials: kubeconfig files (one, or
+several merged by `podcert.client.loadingrules`), or the pod's in-cluster configuration (its
+service account's token and CA).
 
 Read here, without the `kubernetes` package (its loaders import every generated model): podcert
-needs only a base URL, an `ssl.SSLContext` and a bearer token that follows a rotated file. What
-client-go does that podcert has no use for is refused with a `ClientConfigError` naming the
-field (auth-provider plugins, basic auth, impersonation), never silently ignored. Exec credential
-plugins (the cloud providers' kubeconfigs) give bearer tokens: `podcert.client.execcredential`.
+needs only a base URL, an `ssl.SSLContext`, a bearer token that follows a rotated file, and whom
+to impersonate. What client-go does that podcert has no use for is refused with a
+`ClientConfigError` naming the field (auth-provider plugins, basic auth, impersonated extra
+fields), never silently ignored. Exec credential plugins (the cloud providers' kubeconfigs)
+give bearer tokens: `podcert.client.execcredential`.
 
 A projected service-account token rotates (the kubelet rewrites it well before it expires), so a
 token file is read again at most every `TOKEN_REREAD_PERIOD` seconds, as client-go's cached
