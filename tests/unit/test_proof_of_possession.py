@@ -402,10 +402,11 @@ def test_the_shim_says_it_cannot_run_in_one_line(
 def test_the_audit_says_it_cannot_read_the_cluster_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    import podcert.client.commandline
     import podcert.client.rest
 
     monkeypatch.setattr(podcert.client.rest, "Rest", NoPodCertificates)
-    monkeypatch.setattr(podcert.client.rest, "load_client", lambda path: None)
+    monkeypatch.setattr(podcert.client.commandline, "from_args", lambda args, **_: None)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("")
     # It answered, and cannot hold Pod Certificates: a finding (1), not an outage (3).
