@@ -535,3 +535,47 @@ def test_loopback_servers_are_never_proxied(tmp_path: Path, server: str) -> None
 def test_settings_are_their_own_client_settings(tmp_path: Path) -> None:
     settings = kc.load(write(tmp_path / "k", kubeconfig({}, server="http://127.0.0.1:1")))
     assert isinstance(settings, ClientSettings) and settings.client_settings is settings
+
+
+# --- several files ------------------------------------------------------------------------------
+
+
+def test_merged_files_read_each_entrys_relative_names_from_its_own_folder(
+    tmp_path: Path, ca: trustme.CA
+) -> None:
+    """A KUBECONFIG list: the cluster's CA file beside the first file, the user's token file
+    beside the second, the context (and its namespace) in a third; --context and --as given."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    ca.cert_pem.write_to_path(str(tmp_path / "one" / "ca.pem"))
+    (tmp_path / "two" / "token").write_text("file-token\n")
+    clusters = write(
+        tmp_path / "one" / "clusters",
+        {"clusters": [{"name": "c", "cluster": {"server": "https://10.0.0.1:6443",
+                                                "certificate-authority": "ca.pem"}}]},
+    )  # fmt: skip
+    users = write(
+        tmp_path / "two" / "users", {"users": [{"name": "u", "user": {"tokenFile": "token"}}]}
+    )
+    contexts = write(
+        tmp_path / "contexts",
+        {"contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "ns"}}]},
+    )
+
+    settings = kc.from_files(
+        [clusters, users, contexts], {}, where="KUBECONFIG", context="x", as_user="auditor"
+    )
+
+    assert settings.server == "https://10.0.0.1:6443"
+    assert settings.token is not None and settings.token() == "file-token"
+    assert settings.ssl_context is not None and settings.ssl_context.get_ca_certs()
+    assert (settings.namespace, settings.source) == ("ns", "KUBECONFIG")
+    assert settings.impersonate == kc.Impersonation("auditor")
+
+
+def test_a_broken_file_in_a_list_is_named(tmp_path: Path) -> None:
+    good = write(tmp_path / "good", kubeconfig({"token": TOKEN}))
+    bad = tmp_path / "bad"
+    bad.write_text("garbage: [")
+    with pytest.raises(ClientConfigError, match=f"kubeconfig {bad}: not valid YAML"):
+        kc.from_files([good, bad], {}, where="KUBECONFIG")
