@@ -271,6 +271,8 @@ def _from_selected(
         # client-go never sends credentials over plain http (it drops them); sending a token in
         # clear text would be worse than refusing.
         raise ClientConfigError(f"{what}: credentials need an https server, not http://")
+    elif ca_file := _string(cluster, "certificate-authority", what):
+        read(base / ca_file, f"{what}: certificate-authority")  # unused, but client-go opens it
     proxy = _string(cluster, "proxy-url", what)
     if proxy is not None and not (urlsplit(proxy).scheme == "http" and urlsplit(proxy).hostname):
         raise ClientConfigError(f"{what}: proxy-url is not an http:// URL (the only kind used)")

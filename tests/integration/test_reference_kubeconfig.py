@@ -15,6 +15,9 @@ client-go takes, it is one of these deliberate strictnesses (each refusal names 
   https:// and socks5:// proxies;
 - a context naming a user the file lacks: client-go goes on without credentials, podcert takes
   it for the typo it likely is;
+- an exec plugin is run at load, so one that cannot run here (interactiveMode Always without a
+  terminal) is refused then; client-go, with a client certificate beside it, runs it only at
+  the first request, and fails there;
 - a server without a scheme: client-go guesses http or https from whether TLS settings are
   present; podcert refuses to guess; nor does it take a port out of range (client-go fails to
   dial it);
@@ -140,6 +143,8 @@ DELIBERATE = (
     "a client certificate needs both",
     "no user named",
     "server has no valid port",
+    "interactiveMode Always needs a terminal",
+    "impersonating extra fields is not done",
 )
 
 

@@ -579,3 +579,13 @@ def test_a_broken_file_in_a_list_is_named(tmp_path: Path) -> None:
     bad.write_text("garbage: [")
     with pytest.raises(ClientConfigError, match=f"kubeconfig {bad}: not valid YAML"):
         kc.from_files([good, bad], {}, where="KUBECONFIG")
+
+
+def test_a_ca_file_that_cannot_be_read_is_refused_even_for_an_http_server(tmp_path: Path) -> None:
+    """client-go opens it whatever the scheme: a kubeconfig kubectl refuses is refused."""
+    cluster = {"certificate-authority": "missing.pem"}
+    path = write(tmp_path / "k", kubeconfig({}, cluster, server="http://127.0.0.1:8080"))
+    with pytest.raises(
+        ClientConfigError, match=r"certificate-authority .*missing\.pem: no such file"
+    ):
+        kc.load(path)
