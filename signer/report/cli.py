@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
-from pathlib import Path
 from typing import Any
 
 from podcert.api.validation import is_dns_label, is_dns_name, signer_name_problem
+from podcert.client import commandline
+from podcert.client.rest import Rest
 from podcert.errors import EXIT_CLUSTER_UNREADABLE, EXIT_FINDINGS, EXIT_OK, ConfigError
 from podcert.helptext import HelpFormatter, examples
 from podcert.output import add_output_flag, document, render
@@ -36,7 +37,7 @@ def _seconds(text: str) -> dt.timedelta:
 
 
 def _cluster_flags(p: argparse.ArgumentParser, *, namespace_flag: str) -> None:
-    p.add_argument("--kubeconfig", type=Path, help="kubeconfig file; in-cluster when absent")
+    commandline.add_flags(p)
     flags = ("-n", "--namespace") if namespace_flag == "--namespace" else (namespace_flag,)
     p.add_argument(
         *flags,
@@ -102,7 +103,11 @@ def register_explain(subparsers: Any) -> None:
     )
     p.add_argument("kind", choices=["pod"], help="what to explain (pods only, for now)")
     p.add_argument("name", metavar="[NAMESPACE/]NAME", help="the pod")
-    p.add_argument("-n", "--namespace", default="default", help="the pod's namespace")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        help="the pod's namespace (default: the context's namespace, else default)",
+    )
     _cluster_flags(p, namespace_flag="--signer-namespace")
     p.add_argument(
         "--stuck-after",
@@ -165,11 +170,12 @@ def run_status(args: argparse.Namespace) -> int:
 
 def run_explain(args: argparse.Namespace) -> int:
     _check_cluster_flags(args)
+    settings = commandline.from_args(args)
     namespace, _, name = args.name.rpartition("/")
-    namespace = namespace or args.namespace
+    namespace = namespace or args.namespace or settings.namespace or "default"
     if not is_dns_label(namespace) or not is_dns_name(name):
         raise ConfigError(f"{args.name!r} is not a pod's [NAMESPACE/]NAME")
-    rest = fetch.client(args)
+    rest = Rest(settings)
     pod, requests, events = fetch.pod_inputs(rest, namespace, name)
     now = _now()
     lease = fetch.lease(rest, args.signer_namespace, args.lease_name)

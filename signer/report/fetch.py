@@ -16,8 +16,9 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 from podcert.api import versions as api_versions
+from podcert.client import commandline
 from podcert.client.discovery import Unserved, certificates_versions
-from podcert.client.rest import JSON, ApiError, Rest, load_client, path_of
+from podcert.client.rest import JSON, ApiError, Rest, path_of
 from podcert.errors import ClusterUnreadable, CommandError, one_line
 from signer.report.status import StatusInputs
 
@@ -25,9 +26,8 @@ SIGNER_LABEL: Final = "app.kubernetes.io/name=podcert-signer"
 
 
 def client(args: argparse.Namespace) -> Rest:
-    """The cluster client for a read command: `--kubeconfig`, else the in-cluster
-    configuration. (Swapped for the shared kubeconfig loader of kubectl's rules in one place.)"""
-    return Rest(load_client(args.kubeconfig))
+    """The cluster client for a read command, found as kubectl finds it."""
+    return Rest(commandline.from_args(args))
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from devcluster.identities import Paths
 from devcluster.testing import DevCluster
 from kubelet_shim.kube import ROTATE_ANNOTATION
 from podcert.client.rest import Rest, path_of
+from podcert.errors import EXIT_CLUSTER_UNREADABLE
 from tests.integration.helpers import make_pod
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,7 +150,7 @@ def test_as_impersonates_and_the_servers_403_is_named(
     audit = podcert(
         ["audit", f"--namespace={namespace}", f"--as={NOBODY}", "--as-group=auditors"], tmp_path
     )
-    assert audit.returncode == 2
+    assert audit.returncode == EXIT_CLUSTER_UNREADABLE  # refused to read is unreadable
     assert "403" in audit.stderr and NOBODY in audit.stderr
 
 
