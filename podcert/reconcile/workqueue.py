@@ -4,6 +4,7 @@ with ready keys shared fairly between flows.
 - A key added while queued is not queued twice; a key added while being processed is queued
   again when its worker calls `done`, so the latest state is always handled and no key is ever
   handled by two workers at once.
+- `add_all` adds many keys as one step: none is handed out before all are queued.
 - `add_after` delays a key (retry with backoff, requeue at a time); `backoff` gives the capped
   exponential delay with jitter for a key's consecutive failures; `forget` resets it.
 - Fair queuing: with a `flow` function, each key belongs to a flow path such as
@@ -22,7 +23,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Final, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -130,6 +131,22 @@ class WorkQueue(Generic[K]):
             if key not in self._processing:
                 self._ready.push(key, path)
                 self._cond.notify()
+
+    def add_all(self, keys: Iterable[K]) -> None:
+        """`add` for many keys at once: none of them is ready before all of them are, so a
+        worker that wakes meanwhile cannot take the first flow's keys while the others are
+        still being added (a listed flood ahead of another node's request stays fair)."""
+        paths = [(key, self._path(key)) for key in keys]
+        with self._cond:
+            if self._shutdown:
+                return
+            for key, path in paths:
+                if key in self._dirty:
+                    continue
+                self._dirty[key] = path
+                if key not in self._processing:
+                    self._ready.push(key, path)
+            self._cond.notify_all()
 
     def add_after(self, key: K, delay: float) -> None:
         if delay <= 0:

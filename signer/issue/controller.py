@@ -183,8 +183,7 @@ class Controller:
         """Pick up every pending request."""
         with self._lock:
             keys = list(self._store)
-        for key in keys:
-            self.queue.add(key)
+        self.queue.add_all(keys)
 
     def stopped_leading(self) -> None:
         log.warning("not the leader any more: issuing stops")
@@ -219,8 +218,9 @@ class Controller:
             self._store.update(fresh)
             for key in fresh:
                 self._seen.setdefault(key, seen)
-        for key in fresh:
-            self.queue.add(key)
+        # All at once: a worker must not take a flood's first keys before another node's
+        # request of the same list is queued, or the fair queue cannot put it among the first.
+        self.queue.add_all(fresh)
         self.metrics.queue_depth.set(len(self.queue))
 
     def _on_pcr_event(self, kind: str, obj: Read) -> None:

@@ -200,6 +200,32 @@ def test_the_flow_function_is_called_outside_the_queue_lock() -> None:
     assert q.get(timeout=5) == "a1"
 
 
+def test_keys_added_together_are_ready_together_so_a_listed_flood_stays_fair() -> None:
+    """While `add_all` is still placing a list (here: computing the last key's flow), a worker
+    finds nothing ready; once it returns, the other node's key is served second, not after
+    the part of the flood a worker could have taken meanwhile."""
+    placing_last, checked = threading.Event(), threading.Event()
+    flood = [f"a{i:03d}" for i in range(400)]
+
+    def flow(key: str) -> tuple[str]:
+        if key == "b-lone":
+            placing_last.set()
+            assert checked.wait(5)
+        return (key[0],)
+
+    q: WorkQueue[str] = WorkQueue(flow=flow)
+    adder = threading.Thread(target=q.add_all, args=([*flood, "b-lone"],))
+    adder.start()
+    assert placing_last.wait(5)
+    ready_meanwhile = q.get(timeout=0)
+    checked.set()
+    adder.join(5)
+    assert ready_meanwhile is None
+    assert [q.get(timeout=0), q.get(timeout=0)] == ["a000", "b-lone"]
+    q.add_all(["a001", "c1"])  # a key already queued is not queued twice
+    assert len(q) == 400
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
