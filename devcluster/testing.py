@@ -125,12 +125,14 @@ class DevCluster:
 def eventually(
     probe: Callable[[], T | None], *, timeout: float = 10.0, interval: float = 0.05, what: str = ""
 ) -> T:
-    """Poll `probe` until it returns something other than None/False, or fail at the deadline."""
+    """Poll `probe` until it returns something true, or fail at the deadline. An empty list
+    (or any other false value) is "not yet", so `[event] = eventually(events_of_pod)` waits
+    for the event instead of taking the first empty answer."""
     deadline = time.monotonic() + timeout
     last: T | None = None
     while time.monotonic() < deadline:
         last = probe()
-        if last is not None and last is not False:
+        if last:
             return last
         time.sleep(interval)
     raise AssertionError(
