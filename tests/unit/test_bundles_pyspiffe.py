@@ -232,10 +232,11 @@ class SpiffeTlsServer(Server):
         authorize_fn: Authorize | None = None,
         *,
         follow: bool = True,
+        tls_mode: spiffetls.ServerTlsMode = spiffetls.ServerTlsMode.MTLS,
     ) -> None:
         super().__init__()
         self.source = source
-        self.options = spiffetls.ListenOptions(authorize_fn=authorize_fn)
+        self.options = spiffetls.ListenOptions(tls_mode=tls_mode, authorize_fn=authorize_fn)
         self.follow = follow
 
     @contextlib.contextmanager
@@ -715,3 +716,25 @@ def test_a_spiffe_tls_listener_refuses_a_client_it_does_not_allow_before_any_byt
             answer, _ = call(api, stranger.tls)
         assert not answer
     assert [s.received for s in api.wait_for(1)] == [b""]
+
+
+def test_a_listener_with_optional_client_certificates_lets_in_a_client_without_one(
+    folder: Callable[[str], Path], ca1: ca.CABundle
+) -> None:
+    """A finding about spiffe-tls, for probe ports: with `ServerTlsMode.TLS` the client
+    certificate is optional, and OpenSSL runs the verify callback, so `authorize_fn`, only on a
+    certificate it received: a client that presents none is let in."""
+    server = Workload.make(folder("api"), issue(ca1, SERVER_ID), roots(ca1))
+    authorize = authorize_id(spiffe.SpiffeId(CLIENT_ID))
+    anonymous = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    anonymous.check_hostname = False  # a pod certificate names a workload, not a host
+    anonymous.load_verify_locations(cadata=roots(ca1).decode())
+    with (
+        adapter(server) as source,
+        SpiffeTlsServer(source, authorize, tls_mode=spiffetls.ServerTlsMode.TLS).running() as api,
+        socket.create_connection(("127.0.0.1", api.port), timeout=DEADLINE) as raw,
+        anonymous.wrap_socket(raw) as conn,
+    ):
+        conn.sendall(REQUEST)
+        assert conn.recv(4096) == answered_by(SERVER_ID).encode()
+    assert api.wait_for(1) == [Served(None, REQUEST)]
