@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -82,14 +83,21 @@ HEALTH = "/grpc.health.v1.Health/Check"
 
 @contextlib.contextmanager
 def grpc_server(
-    source: TLSSource, service: Service, refusals: list[Verdict], *, probe_port: bool = False
+    source: TLSSource,
+    service: Service,
+    refusals: list[Verdict],
+    *,
+    probe_port: bool = False,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> Iterator[int]:
     """A grpc server with the authorizing interceptor on a TLS port (yielded), or on a plain
     port for the kubelet's probe, where only the health check is open."""
     interceptor = AuthorizingInterceptor(
         source, ALLOW_CLIENT, on_refusal=refusals.append, open_methods=[HEALTH]
     )
-    server = grpc.server(ThreadPoolExecutor(max_workers=2), interceptors=[interceptor])
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=2), interceptors=[interceptor], options=list(options)
+    )
     methods = {
         "Echo": grpc.unary_unary_rpc_method_handler(
             service.echo, request_deserializer=service.decode
@@ -165,6 +173,31 @@ def test_the_right_pair_talks_through_a_leaf_and_a_ca_rotation(tmp_path: Path) -
             for step in workloads.rotate_ca():
                 call(step)
     assert refusals == [] and service.handled == [BODY] * 5
+
+
+def test_a_long_lived_channel_moves_onto_new_material_as_the_server_ages_connections(
+    tmp_path: Path,
+) -> None:
+    """One channel across a rotation: the server's max connection age sends it a GOAWAY, and
+    the channel reconnects through the tunnel with the client's new leaf."""
+    workloads = Workloads(tmp_path)
+    service, refusals = Service(), []
+    aging = [("grpc.max_connection_age_ms", 200), ("grpc.max_connection_age_grace_ms", 1000)]
+    with (
+        grpc_server(workloads.server.source, service, refusals, options=aging) as port,
+        Tunnel(f"127.0.0.1:{port}", workloads.client.source, ALLOW_SERVER) as tunnel,
+        tunnel.channel() as channel,
+    ):
+        call = channel.unary_unary("/test.Echo/Echo")
+        assert call(BODY, timeout=DEADLINE) == b"ok"
+        workloads.rotate_leaves()
+        current = der(workloads.client.source.credential)
+        deadline = time.monotonic() + DEADLINE
+        while service.client_leaves[-1] != current:
+            assert time.monotonic() < deadline, "the channel never reconnected"
+            assert call(BODY, timeout=DEADLINE, wait_for_ready=True) == b"ok"
+            time.sleep(0.05)
+    assert refusals == []
 
 
 def presented_by(address: str, workloads: Workloads) -> bytes | None:
