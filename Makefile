@@ -51,8 +51,9 @@ chart: $(VENV)/.installed
 # with both kubelets for each minor, 1.37 first, each minor in one go build (kube-proxy 1.37 with
 # it, for the in-cluster tests' Services), and the tests' own Go programs (tests/interop:
 # go-spiffe's conformance checker, the reference program, SPIRE's server and agent with only the
-# plugins the federation tests configure), helm for the chart's tests, CoreDNS, and podcert's
-# image and the examples' (podman). Two lanes at once: Kubernetes' builds one after another, and
+# plugins the federation tests configure), the Go and Java example workloads (examples/go,
+# examples/java: javac alone, a JDK 17+ on PATH), helm for the chart's tests, CoreDNS, and
+# podcert's image and the examples' (podman). Two lanes at once: Kubernetes' builds one after another, and
 # beside them what builds apart from them.
 controlplane: $(VENV)/.installed
 	$(BIN)/podcert devcluster deps

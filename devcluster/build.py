@@ -11,7 +11,8 @@ envtest convention), those are used and nothing is built.
 The tests' own Go programs (tests/interop/<name>: each a module with its go.mod and go.sum, e.g.
 the go-spiffe conformance checker and the reference program the differential tests ask) are built
 here too, into the same cache, keyed by their sources' hash so an edit rebuilds them (SPIRE's
-server and agent: `devcluster.spire`).
+server and agent: `devcluster.spire`; the Go and Java example workloads:
+`devcluster.examplebuild`).
 """
 
 from __future__ import annotations

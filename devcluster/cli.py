@@ -14,6 +14,7 @@ from typing import Any
 from devcluster import (
     build,
     cluster,
+    examplebuild,
     host,
     imagebuild,
     kube,
@@ -214,6 +215,8 @@ def _build(args: argparse.Namespace) -> int:
         if args.interop:
             for name in build.INTEROP_PROGRAMS:
                 build.ensure_interop(name, say)
+            examplebuild.ensure_example_go(say)
+            examplebuild.ensure_example_java(say)
         if args.spire:
             ensure_spire(say)
         if args.helm:
@@ -240,6 +243,8 @@ def _build(args: argparse.Namespace) -> int:
         if args.interop:
             for name in build.INTEROP_PROGRAMS:
                 print(build.ensure_interop(name, _say))
+            print(examplebuild.ensure_example_go(_say))
+            print(examplebuild.ensure_example_java(_say))
         if args.spire:
             spire = ensure_spire(_say)
             print(spire.server)
@@ -384,7 +389,8 @@ def register(subparsers: Any) -> None:
     b.add_argument(
         "--interop",
         action="store_true",
-        help="also the tests' own Go programs (tests/interop: the go-spiffe checker)",
+        help="also the tests' own Go programs (tests/interop: the go-spiffe checker) and the "
+        "Go and Java examples (examples/go, examples/java: a JDK 17+ builds the latter)",
     )
     b.add_argument(
         "--spire",
