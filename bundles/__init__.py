@@ -1,9 +1,11 @@
 """The library a consuming application uses: read its credential, trust its peers, follow rotation.
 
 `formats` parses credential and trust bundles, `spiffe` reads SPIFFE IDs, `authz` decides which
-peers may talk to us, `source` hands out current `ssl.SSLContext`s as files rotate, and
-`handshake` makes those contexts refuse an unauthorized peer inside the TLS handshake. Nothing
-here imports the signer, the node shim, `kubernetes` or `aiohttp`.
+peers may talk to us, `source` hands out current `ssl.SSLContext`s as files rotate, `refresher`
+keeps a source current from a thread and waits for files not there yet, and `handshake` makes
+those contexts refuse an unauthorized peer inside the TLS handshake. Nothing imported here needs
+the signer, the node shim, `kubernetes` or any web library: the integrations with a stack
+(`bundles.aiohttp`, ...) are submodules a workload imports explicitly, with its extra installed.
 """
 
 from bundles.authz import (
@@ -18,12 +20,17 @@ from bundles.authz import (
 from bundles.formats import (
     BundleError,
     Credential,
+    PemMaterial,
     TrustBundle,
+    dump_certificates,
+    dump_private_key,
+    dump_trust_bundle,
     load_credential,
     load_credential_files,
     load_trust_bundle,
 )
 from bundles.handshake import PeerRefusedError
+from bundles.refresher import MissingFilesError, Refresher, wait
 from bundles.source import SourceError, TLSSource
 from bundles.spiffe import CertificateIdError, SpiffeId, SpiffeIdError, spiffe_id_of, workload_of
 
@@ -33,7 +40,10 @@ __all__ = [
     "BundleError",
     "CertificateIdError",
     "Credential",
+    "MissingFilesError",
     "PeerRefusedError",
+    "PemMaterial",
+    "Refresher",
     "SourceError",
     "SpiffeId",
     "SpiffeIdError",
@@ -44,9 +54,13 @@ __all__ = [
     "allow_ids",
     "allow_trust_domain",
     "allow_workloads",
+    "dump_certificates",
+    "dump_private_key",
+    "dump_trust_bundle",
     "load_credential",
     "load_credential_files",
     "load_trust_bundle",
     "spiffe_id_of",
+    "wait",
     "workload_of",
 ]

@@ -206,6 +206,28 @@ def dump_trust_bundle(bundle: TrustBundle) -> bytes:
     return dump_certificates(bundle.roots)
 
 
+@dataclass(frozen=True)
+class PemMaterial:
+    """A credential and the roots to verify peers with, as PEM bytes (what grpcio and other
+    stacks that take bytes want). The key never shows in repr() or str()."""
+
+    private_key: bytes = field(repr=False)  # one PKCS#8 PRIVATE KEY block
+    certificate_chain: bytes  # leaf first
+    trust_bundle: bytes  # our own roots
+    all_roots: bytes  # our own roots, then federated trust domains' (each once)
+
+
+def pem_material(
+    credential: Credential, trust_bundle: TrustBundle, all_roots: TrustBundle | None = None
+) -> PemMaterial:
+    return PemMaterial(
+        dump_private_key(credential.key),
+        dump_certificates(credential.chain),
+        dump_trust_bundle(trust_bundle),
+        dump_roots((all_roots or trust_bundle).roots),
+    )
+
+
 def verify_chain(credential: Credential, trust_bundle: TrustBundle, now: dt.datetime) -> None:
     """Check that the chain leads to a root of `trust_bundle`, every link valid at `now`.
 

@@ -19,6 +19,9 @@ Guarantees (tests/unit/test_bundles_handshake.py holds each, per client stack):
 - A context that no longer verifies (a library set `CERT_NONE` on it) refuses every peer, and
   one that trusts extra roots (a library loaded its own CA file into it) refuses every peer
   those would let in: a chain ending at a root that is neither ours nor federated is refused.
+- Only a "probe" context (client certificate optional, for kubelet probes) lets a client that
+  presents no certificate through; one presenting a certificate is judged there as anywhere.
+  A strict context a library made CERT_OPTIONAL still refuses a client without a certificate.
 - A resumed TLS session carries no verified chain, so it is refused; servers issue no session
   tickets, and a client resumes only when its caller passes `session=`.
 - `PeerRefusedError` is an `ssl.SSLCertVerificationError`, so every stack reports it as the
@@ -56,7 +59,11 @@ from bundles.formats import (
 
 log = logging.getLogger(__name__)
 
-Side = Literal["server", "client"]
+# What a context is for. "probe": a server context on which a client may present no certificate
+# at all (kubelet HTTPS probes present none); one that presents a certificate is judged as on
+# "server". "client+hostname": a client context that also checks the server's DNS name.
+Side = Literal["server", "probe", "client", "client+hostname"]
+SERVER_SIDES: Final[frozenset[Side]] = frozenset({"server", "probe"})
 RefusalHook = Callable[[Verdict], None]  # told of each refusal, e.g. to count or log it
 
 _APPLICATION_VERIFICATION: Final = 50  # X509_V_ERR_APPLICATION_VERIFICATION
@@ -87,9 +94,19 @@ class PeerCheck:
     trusted: Mapping[bytes, str | None]
     authorizer: Authorizer
     on_refusal: RefusalHook | None = None
+    # A peer that presents no certificate passes (a probe context's clients); one that presents
+    # a certificate is judged all the same.
+    anonymous: bool = False
 
     def judge(self, connection: object) -> Verdict:
+        if self.anonymous and _presented_nothing(connection):
+            return Verdict(True, "The client presented no certificate; this context admits it.")
         return authorize_peer_chain(verified_chain(connection), self.trusted, self.authorizer)
+
+
+def _presented_nothing(connection: object) -> bool:
+    getpeercert = getattr(connection, "getpeercert", None)
+    return getpeercert is not None and getpeercert(binary_form=True) is None
 
 
 def _judge(connection: ssl.SSLSocket | ssl.SSLObject) -> Verdict:
@@ -197,22 +214,26 @@ def load_contexts(
     wanted: Sequence[tuple[Side, PeerCheck | None]],
 ) -> list[ssl.SSLContext]:
     """One context per `(side, check)`: TLS 1.2+ (1.3 preferred), mutual, trusting only
-    `trust_bundle`, no hostname checks (identity is the SPIFFE ID). With a check, the context
-    judges every peer inside the handshake; without one it does not (validation only)."""
+    `trust_bundle`, no hostname checks (identity is the SPIFFE ID) except on "client+hostname",
+    a client certificate optional only on "probe". With a check, the context judges every peer
+    inside the handshake; without one it does not (validation only)."""
     contexts: list[ssl.SSLContext] = []
     for side, check in wanted:
-        protocol = ssl.PROTOCOL_TLS_SERVER if side == "server" else ssl.PROTOCOL_TLS_CLIENT
+        server = side in SERVER_SIDES
+        protocol = ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT
         if check is None:
             context = ssl.SSLContext(protocol)
         else:
             context = _AuthorizingContext(protocol)
             context._podcert_check = check
-            if side == "server":
+            if server:
                 # A resumed session carries no verified chain to judge: every handshake is full.
                 context.num_tickets = 0
-        context.check_hostname = False
         context.minimum_version = ssl.TLSVersion.TLSv1_2  # OpenSSL negotiates 1.3 first
-        context.verify_mode = ssl.CERT_REQUIRED
+        # OPTIONAL still fails a handshake whose client presents a certificate that does not
+        # verify; it only lets a client present none.
+        context.verify_mode = ssl.CERT_OPTIONAL if side == "probe" else ssl.CERT_REQUIRED
+        context.check_hostname = side == "client+hostname"
         # Every certificate of a trust bundle is an anchor, an intermediate too, as for
         # go-spiffe and Python 3.13's defaults; `check_usable` judges material the same way.
         context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN

@@ -16,8 +16,9 @@ the same authorizer object each time (aiohttp keys its connection pool by the co
 
 Rotation semantics: open connections keep the context they were made with; new handshakes use the
 new one (a server listens once with `server_context(...)`, whose `sni_callback` moves every new
-handshake onto the newest material). inotify (watchfiles) only wakes the watcher early; the
-content re-check every `interval` seconds is what guarantees that the source converges.
+handshake onto the newest material). inotify (watchfiles) only wakes the watcher (`watch()`, or
+`bundles.refresher.Refresher`'s thread) early; the content re-check every `interval` seconds is
+what guarantees that the source converges.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -43,13 +44,16 @@ from bundles.formats import (
     MAX_BUNDLE_BYTES,
     BundleError,
     Credential,
+    PemMaterial,
     TrustBundle,
     describe,
     load_credential,
     load_credential_files,
     load_trust_bundle,
+    pem_material,
 )
 from bundles.handshake import (
+    SERVER_SIDES,
     PeerCheck,
     RefusalHook,
     Side,
@@ -126,7 +130,6 @@ class TLSSource:
         self._federated = tuple(sorted((federated or {}).items()))
         federated_paths = tuple(path for _, path in self._federated)
         self._paths = tuple(Path(p) for p in (*credential_paths, trust_bundle, *federated_paths))
-        self._trusted_ever: Mapping[bytes, str | None] = {}
         self._clock = clock or _utc_now
         self._lock = threading.Lock()
         self._contexts_lock = threading.Lock()
@@ -142,11 +145,16 @@ class TLSSource:
         except (OSError, ValueError) as exc:
             files = ", ".join(str(p) for p in self._paths)
             raise SourceError(f"no usable TLS material in {files}: {exc}") from exc
+        self._trusted_ever: Mapping[bytes, str | None] = self._material.trusted
 
     # --- what consumers use -------------------------------------------------------------------
 
     def server_context(
-        self, authorizer: Authorizer, *, on_refusal: RefusalHook | None = None
+        self,
+        authorizer: Authorizer,
+        *,
+        on_refusal: RefusalHook | None = None,
+        client_certificate: Literal["required", "optional"] = "required",
     ) -> ssl.SSLContext:
         """For `ssl=` of a server: requires a client certificate, and refuses inside the
         handshake a client `authorizer` does not allow (`on_refusal(verdict)` hears of it).
@@ -154,19 +162,35 @@ class TLSSource:
         Listen with it once: its `sni_callback` moves each new handshake onto the newest
         material (certificate, key and trusted roots), so a server follows rotation. Setting
         another `sni_callback` on it, or listening with a context of your own, forfeits that.
+
+        `client_certificate="optional"` is for a probe port (kubelet HTTPS probes present no
+        certificate): a client presenting one is judged as above, one presenting none gets
+        through unauthenticated. Anyone who reaches that port may then send requests: serve
+        there only what anyone may see (health answers). docs/stacks/README.md says more.
         """
-        return self._context("server", authorizer, on_refusal)
+        if client_certificate not in ("required", "optional"):
+            raise ValueError("client_certificate must be 'required' or 'optional'")
+        side: Side = "probe" if client_certificate == "optional" else "server"
+        return self._context(side, authorizer, on_refusal)
 
     def client_context(
-        self, authorizer: Authorizer, *, on_refusal: RefusalHook | None = None
+        self,
+        authorizer: Authorizer,
+        *,
+        on_refusal: RefusalHook | None = None,
+        check_hostname: bool = False,
     ) -> ssl.SSLContext:
         """For `ssl=` of a client: verifies the server's chain (not its hostname: a pod
         certificate names a workload) and refuses inside the handshake a server `authorizer`
         does not allow, before a byte of the request is sent.
 
+        `check_hostname=True` also requires the server's certificate to name the host dialled
+        (a DNS SAN: the signer's policy must turn DNS names on); the SPIFFE ID is still judged.
+
         Ask again for each new connection (or request): after a rotation it is a new context.
         """
-        return self._context("client", authorizer, on_refusal)
+        side: Side = "client+hostname" if check_hostname else "client"
+        return self._context(side, authorizer, on_refusal)
 
     @property
     def credential(self) -> Credential:
@@ -183,6 +207,13 @@ class TLSSource:
     @property
     def trust_bundle(self) -> TrustBundle:
         return self._material.trust_bundle
+
+    def pem(self) -> PemMaterial:
+        """The current material as PEM, for stacks that take bytes, not contexts (grpcio); its
+        repr never shows the key. A stack trusting `all_roots` lets a federated root vouch for
+        any ID unless it judges the peer with `authorize` too."""
+        material = self._material
+        return pem_material(material.credential, material.trust_bundle, material.everything)
 
     @property
     def last_error(self) -> Exception | None:
@@ -306,13 +337,13 @@ class TLSSource:
 
     def _load(self, material: _Material, kinds: list[_ContextKey]) -> list[ssl.SSLContext]:
         wanted = [
-            (side, PeerCheck(material.trusted, authorizer, on_refusal))
+            (side, PeerCheck(material.trusted, authorizer, on_refusal, side == "probe"))
             for side, authorizer, on_refusal in kinds
         ]
         contexts = load_contexts(material.credential, material.everything, wanted)
         for kind, context in zip(kinds, contexts, strict=True):
             self._presents[context] = material.credential
-            if kind[0] == "server":
+            if kind[0] in SERVER_SIDES:
                 context.sni_callback = _follow(self, kind)
         return contexts
 
@@ -432,11 +463,8 @@ class TLSSource:
 
 
 class _Halt:
-    """The stop signal handed to watchfiles: set by the caller's event or by us.
-
-    awatch sets the event it is given when it is cancelled; this keeps it from setting the
-    caller's event, which may be shared with other tasks.
-    """
+    """The stop signal handed to watchfiles, set by the caller's event or by us: awatch sets
+    the event it is given when cancelled, and the caller's may be shared with other tasks."""
 
     def __init__(self, outer: asyncio.Event) -> None:
         self._outer = outer
