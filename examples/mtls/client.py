@@ -5,9 +5,10 @@
         --server-id spiffe://cluster.local/ns/shop/sa/api \
         --url https://api.shop.svc:8443/ --rate 50 --duration 60
 
-Rotation without a restart: each request passes the TLSSource's current client context as
-`ssl=`; aiohttp keys its connection pool by that context, so after a rotation new connections use
-the new material while requests already in flight finish on the old ones.
+Rotation without a restart: requests go through `bundles.aiohttp.AuthorizingSession`, which
+passes the TLSSource's current client context as `ssl=`; aiohttp keys its connection pool by that
+context, so after a rotation new connections use the new material while requests already in
+flight finish on the old ones.
 
 The server's identity is its SPIFFE ID, judged inside the TLS handshake by the source's client
 context (`bundles.handshake`), so a server that is not allowed never receives a byte of the
@@ -31,6 +32,7 @@ from typing import Any
 
 import aiohttp
 
+from bundles.aiohttp import AuthorizingSession
 from bundles.authz import Authorizer
 from bundles.source import SourceError, TLSSource
 from examples.mtls import (
@@ -59,14 +61,19 @@ class IdentityClient:
         self.server_serials: Counter[str] = Counter()
         self.last: dict[str, Any] | None = None
         self._authorizer = authorizer
-        self._session: aiohttp.ClientSession | None = None
+        self._session: AuthorizingSession | None = None
+        self._open = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> IdentityClient:
         # Idle connections are dropped soon, so connections made with old material age out.
         connector = aiohttp.TCPConnector(keepalive_timeout=5)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=10)
+        session = AuthorizingSession(
+            self.source,
+            self._authorizer,
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=10),
         )
+        self._session = await self._open.enter_async_context(session)
         return self
 
     async def __aexit__(
@@ -75,17 +82,15 @@ class IdentityClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._session = None
+        await self._open.aclose()
 
     async def request(self) -> dict[str, Any] | None:
         """One request; the answer, or None after counting and logging the failure."""
         if self._session is None:
             raise RuntimeError("use `async with IdentityClient(...)`")
         try:
-            context = self.source.client_context(self._authorizer)
-            async with self._session.get(self.url, ssl=context) as response:
+            async with self._session.get(self.url) as response:
                 text = await response.text()
                 if response.status != 200:
                     raise aiohttp.ClientResponseError(

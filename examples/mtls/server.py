@@ -4,11 +4,11 @@
         --trust-bundle /var/run/identity/trust-bundle.pem \
         --allow-workload 'shop/*' --port 8443
 
-Rotation without a restart: asyncio fixes a server's `ssl.SSLContext` when it starts listening,
-so the server listens with the TLSSource's server context, whose `sni_callback` (called on every
-ClientHello, with or without SNI) moves the handshake onto the source's current context —
-certificate, key and trusted roots alike. Connections keep the context they were made with; new
-ones get the new.
+The TLS plumbing is `bundles.aiohttp.ServerTLS`'s. Rotation without a restart: asyncio fixes a
+server's `ssl.SSLContext` when it starts listening, so the server listens with the TLSSource's
+server context, whose `sni_callback` (called on every ClientHello, with or without SNI) moves the
+handshake onto the source's current context — certificate, key and trusted roots alike.
+Connections keep the context they were made with; new ones get the new.
 
 Connections made before a rotation are drained, not cut: the next answer on such a connection
 carries `Connection: close`, so the client's following request opens a new connection and sees
@@ -32,15 +32,15 @@ import socket
 import ssl
 import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
 
+from bundles.aiohttp import ServerTLS, peer_id
 from bundles.authz import Authorizer, Verdict
 from bundles.formats import BundleError, load_certificate
 from bundles.source import SourceError, TLSSource
-from bundles.spiffe import CertificateIdError, spiffe_id_of
 from examples.mtls import (
     add_credential_arguments,
     add_peer_arguments,
@@ -54,8 +54,6 @@ from examples.mtls import (
 
 log = logging.getLogger("examples.mtls.server")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 class IdentityServer:
     """Answers `GET /` with the caller's SPIFFE ID and the serial the server presented."""
@@ -63,6 +61,7 @@ class IdentityServer:
     def __init__(self, source: TLSSource, authorizer: Authorizer) -> None:
         self.source = source
         self.authorizer = authorizer
+        self.tls = ServerTLS(source, authorizer, on_refusal=self._refuse)
         self.served = 0
         self.refused = 0
         # Client leaf serials in the order first seen: shows clients rotating.
@@ -74,7 +73,7 @@ class IdentityServer:
     def ssl_context(self) -> ssl.SSLContext:
         """The listening context: it refuses unauthorized clients inside the handshake, and
         moves each handshake onto the source's current material."""
-        return self.source.server_context(self.authorizer, on_refusal=self._refuse)
+        return self.tls.ssl_context()
 
     def _refuse(self, verdict: Verdict) -> None:
         self.refused += 1
@@ -83,41 +82,27 @@ class IdentityServer:
     # --- HTTP ---------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._drain])
+        """The handshake authorized the client; the middleware names it to the handlers and
+        drains connections made with material since rotated."""
+        app = web.Application(middlewares=[self.tls.middleware])
+        app.cleanup_ctx.append(self.tls.draining)
         app.router.add_get("/", self._whoami)
         app.router.add_get("/stats", self._stats)
         return app
 
-    @web.middleware
-    async def _drain(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """The handshake authorized the client; a connection made with material since rotated
-        gets its answer, then is closed, so the client reconnects to the new certificate."""
-        response = await handler(request)
-        ssl_object = _ssl_object(request)
-        if ssl_object is not None and ssl_object.context is not self.ssl_context():
-            response.force_close()
-        return response
-
     async def _whoami(self, request: web.Request) -> web.Response:
+        caller = str(peer_id(request))
         ssl_object = _ssl_object(request)
         der = ssl_object.getpeercert(binary_form=True) if ssl_object else None
-        peer = _describe_peer(der or b"")
+        caller_serial = _serial_of_peer(der or b"")
         presented = self.source.credential_of(ssl_object.context) if ssl_object else None
         server_serial = serial_of(presented.leaf) if presented else None
         self.served += 1
-        if peer["serial"] not in self.client_serials:
-            log.info(
-                "first request from %s with certificate serial %s",
-                peer["spiffe_id"],
-                peer["serial"],
-            )
-        self.client_serials[peer["serial"]] += 1
+        if caller_serial not in self.client_serials:
+            log.info("first request from %s with certificate serial %s", caller, caller_serial)
+        self.client_serials[caller_serial] += 1
         return web.json_response(
-            {
-                "caller": peer["spiffe_id"],
-                "caller_serial": peer["serial"],
-                "server_serial": server_serial,
-            }
+            {"caller": caller, "caller_serial": caller_serial, "server_serial": server_serial}
         )
 
     async def _stats(self, _: web.Request) -> web.Response:
@@ -258,12 +243,11 @@ def _ssl_object(request: web.Request) -> ssl.SSLObject | None:
     return ssl_object if isinstance(ssl_object, ssl.SSLObject) else None
 
 
-def _describe_peer(der: bytes) -> dict[str, str]:
+def _serial_of_peer(der: bytes) -> str:
     try:
-        cert = load_certificate(der)
-        return {"spiffe_id": str(spiffe_id_of(cert)), "serial": serial_of(cert)}
-    except (BundleError, CertificateIdError):  # authorized already, so this is not expected
-        return {"spiffe_id": "?", "serial": "?"}
+        return serial_of(load_certificate(der))
+    except BundleError:  # authorized already, so this is not expected
+        return "?"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
