@@ -117,7 +117,8 @@ def register(subparsers: Any) -> None:
         type=Path,
         action="append",
         default=[],
-        help="trust anchors (PEM) for every signer, besides the cluster's (repeatable)",
+        help="trust anchors (PEM) for every signer, besides the cluster's, or a SPIFFE "
+        "credential folder's <trust-domain>.trust-bundle.pem files (repeatable)",
     )
     inputs.add_argument(
         "--ca-roots",

@@ -12,7 +12,7 @@ import functools
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from cryptography import x509
@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
+from audit import layout
 from audit.model import KEY_MARK, VolumeFiles
 from bundles.formats import (
     MAX_BUNDLE_BYTES,
@@ -97,7 +98,8 @@ def examine_volume(
     Files are told apart by content, as a node root has no pod spec: key and certificates is a
     credential bundle; a key alone is a key file, paired with the chain file that matches it; CA
     certificates alone are a trust bundle. With no `roots`, chains are checked against the
-    volume's own trust bundle files: what the pod itself trusts. A key-bearing file whose mode
+    volume's own trust bundle files: what the pod itself trusts (in a SPIFFE credential folder,
+    its own trust domain's file: `audit.layout`). A key-bearing file whose mode
     (when known) lets its group or others read it is a `ReadableKey`.
     """
     bundles: list[str] = []
@@ -120,13 +122,22 @@ def examine_volume(
             else:
                 trust_files.append(TrustFile(path, (), parsed))
     anchors = anchor_set(roots or tuple(r for t in trust_files for r in t.roots))
+    in_files = {t.path: t.roots for t in trust_files}
     for path in bundles:
         try:
             chain = _bundle_chain(volume.files[path])
+            problem = layout.credential_problem(path, volume.files[path])
         except BundleError as exc:
-            credentials.append(DiskCredential(path, None, None, str(exc)))
+            problem = str(exc)
+        if problem is not None:
+            credentials.append(DiskCredential(path, None, None, problem))
             continue
-        credentials.append(DiskCredential(path, None, cert_facts(chain, anchors, now), None))
+        # In a credential folder, the chain is judged by its own trust domain's file alone.
+        own = None if roots else layout.own_roots(path, chain[0], in_files)
+        facts = cert_facts(chain, anchors if own is None else anchor_set(own.roots), now)
+        if own is not None and own.problem is not None:
+            facts = replace(facts, chain_problem=own.problem, chain_checked=True)
+        credentials.append(DiskCredential(path, None, facts, None))
     for chain_path, key_path in _pairs(volume.files, chains, keys):
         if key_path is None:
             # A projection with only certificateChainPath: the chain is all there is to check.

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from audit.model import KEY_MARK, TrustSource, VolumeFiles
+from bundles import folder
 from bundles.formats import MAX_BUNDLE_BYTES
 from podcert.api import volumes
 from podcert.api.requests import Read
@@ -150,12 +151,21 @@ def read_audit_log(path: Path) -> tuple[bytes, ...]:
 
 
 def read_trust_files(paths: Sequence[Path]) -> tuple[TrustSource, ...]:
+    """Each file, and for a SPIFFE credential folder every `<trust-domain>.trust-bundle.pem`
+    in it (an empty one, a domain no longer federated, is left out)."""
     sources = []
-    for path in paths:
+    for given in paths:
         try:
-            sources.append(TrustSource(str(path), path.read_bytes()))
+            if not given.is_dir():
+                sources.append(TrustSource(str(given), given.read_bytes()))
+                continue
+            names = sorted(p.name for p in given.iterdir() if folder.trust_domain_of(p.name))
+            found = [(given / name, (given / name).read_bytes()) for name in names]
         except OSError as exc:
-            raise SnapshotError(f"cannot read trust bundle {path}: {exc}") from exc
+            raise SnapshotError(f"cannot read trust bundle {given}: {exc}") from exc
+        if not found:
+            raise SnapshotError(f"{given} holds no <trust-domain>.trust-bundle.pem")
+        sources += [TrustSource(str(path), data) for path, data in found if data.strip()]
     return tuple(sources)
 
 
