@@ -342,9 +342,10 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
     publisher = Publisher(
         kube,
         {s: config.policy.for_signer(s).trust_domain for s in config.signer_names},
-        cas.trusted_roots,
+        cas.live_roots,
         leading.is_set,
         runtime.stopping,
+        preview_roots=cas.trusted_roots,
     )
     rotator = Rotator(
         cas, leading.is_set, runtime.stopping, interval=config.rotation_check_interval
@@ -369,6 +370,13 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
             runtime.stopping,
             utcnow,
             local_roots=cas.trusted_roots,  # never published as another domain's
+            workloads=_served_trust_domains(config),
         )
     cas.on_change(signer.on_ca_change)
     return signer
+
+
+def _served_trust_domains(config: Config) -> list[str]:
+    """The trust domains this signer issues in, the default first: each federates."""
+    served = {config.policy.for_signer(s).trust_domain for s in config.signer_names}
+    return [config.trust_domain, *sorted(served - {config.trust_domain})]

@@ -275,9 +275,15 @@ def register(subparsers: Any) -> None:
         help="inspect or rotate the CA by hand (safe while issuing)",
         description="Inspect or rotate the CA in its Secret by hand (safe while replicas issue).",
     )
-    ca_parser.add_argument("action", choices=["status", "prepare", "activate", "retire"])
+    ca_parser.add_argument("action", choices=["status", *schedule.ACTIONS])
     _cluster_flags(ca_parser, after_ca=True)
-    ca_parser.add_argument("--id", default=None, help="the generation to activate or retire")
+    ca_parser.add_argument("--id", default=None, help="the generation to act on")
+    ca_parser.add_argument(
+        "--preview",
+        action="store_true",
+        help="prepare: publish the new root to pods selecting k8s.spiffe.io/canarying=preview "
+        "only, until `ca promote` makes it live",
+    )
     ca_parser.add_argument(
         "--force",
         action="store_true",
@@ -361,6 +367,8 @@ def run_ca(args: argparse.Namespace) -> int:
     """`podcert signer ca ...`: the same steps the schedule takes, applied to the Secret."""
     if problem := _cluster_problem(args):
         raise ConfigError(problem)
+    if args.preview and args.action != "prepare":
+        raise ConfigError(f"--preview goes with `ca prepare` only, not `ca {args.action}`")
     settings = commandline.from_args(args)
     # The context's namespace only when it names one: "default" never holds a signer.
     namespace = args.namespace or (
@@ -388,7 +396,8 @@ def run_ca(args: argparse.Namespace) -> int:
                     else ""
                 )
                 print(
-                    f"{g.id:24} {g.state:9} since {g.since:%Y-%m-%dT%H:%M:%SZ}  "
+                    f"{g.id:24} {'preview' if g.preview else g.state:9} "
+                    f"since {g.since:%Y-%m-%dT%H:%M:%SZ}  "
                     f"root until {g.root.not_valid_after_utc:%Y-%m-%d}  "
                     f"signing CA until {g.bundle.not_after:%Y-%m-%d}{until}"
                 )
@@ -397,25 +406,9 @@ def run_ca(args: argparse.Namespace) -> int:
             )
             print(f"next step due: {type(due).__name__ if due else 'none'}")
             return 0
-        step: schedule.Step
-        if args.action == "prepare":
-            step = schedule.Prepare()
-        elif args.action == "activate":
-            prepared = [g for g in gens if g.state == "prepared" and args.id in (None, g.id)]
-            if not prepared:
-                raise CommandError("no prepared CA to activate (run `ca prepare` first)")
-            step = schedule.Activate(prepared[0].id)
-        else:
-            retired = [g for g in gens if g.state == "retired" and args.id in (None, g.id)]
-            if not retired:
-                raise CommandError("no retired CA (activate a new one first)")
-            target = retired[0]
-            if not args.force and target.trusted_until and utcnow() < target.trusted_until:
-                raise CommandError(
-                    f"leaves signed by {target.id} may be valid until "
-                    f"{target.trusted_until:%Y-%m-%dT%H:%M:%SZ}; re-issue them and use --force"
-                )
-            step = schedule.Remove(target.id)
+        step = schedule.manual_step(
+            args.action, gens, utcnow(), target=args.id, preview=args.preview, force=args.force
+        )
         after = cas.step(step)
         print(describe(after))
         return 0

@@ -97,6 +97,10 @@ class CAStore:
     def trusted_roots(self) -> list[x509.Certificate]:
         return schedule.trusted_roots(self.generations)
 
+    def live_roots(self) -> list[x509.Certificate]:
+        """The trusted roots but those of a CA still in preview: what the live bundles hold."""
+        return schedule.live_roots(self.generations)
+
     def spiffe_bundle(self) -> tuple[list[x509.Certificate], int]:
         """The trusted roots and the SPIFFE bundle's sequence number, read together."""
         with self._lock:
@@ -246,5 +250,7 @@ def _sequence(data: dict[str, bytes], generations: list[schedule.Generation]) ->
 
 def describe(generations: list[schedule.Generation]) -> str:
     return ", ".join(
-        f"{g.id}={g.state} (root {g.root.not_valid_after_utc:%Y-%m-%d})" for g in generations
+        f"{g.id}={g.state}{' (preview)' if g.preview else ''} "
+        f"(root {g.root.not_valid_after_utc:%Y-%m-%d})"
+        for g in generations
     )

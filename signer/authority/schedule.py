@@ -2,16 +2,19 @@
 
 A CA generation (a root and its intermediate) moves through:
 
-    prepared  - published in the trust bundles, not signing yet (pods learn the new root)
+    prepared  - published in the trust bundles, not signing yet (pods learn the new root);
+                one prepared with `preview` is published in the `preview` bundles only (pods
+                selecting `k8s.spiffe.io/canarying: preview` hold it first) until `Promote`
+                makes it live, and the schedule never activates it before then
     active    - signing; exactly one at a time
     retired   - no longer signing, still trusted until the last leaf it signed has expired
     (removed) - dropped from the Secret and from every trust bundle
 
 `ca_schedule(generations, now, settings)` says which single step is due next; the CA store applies
 it to the Secret (optimistic concurrency), and operators can take the same steps by hand
-(`podcert signer ca prepare | activate | retire`). Leaf lifetimes are clamped to the issuing
-intermediate, so no leaf outlives its issuer, and a retired root is kept until
-min(intermediate expiry, retirement + the longest leaf lifetime) has passed.
+(`podcert signer ca prepare [--preview] | promote | activate | retire`). Leaf lifetimes are
+clamped to the issuing intermediate, so no leaf outlives its issuer, and a retired root is kept
+until min(intermediate expiry, retirement + the longest leaf lifetime) has passed.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class Generation:
     since: dt.datetime  # when it entered `state`
     # For a retired generation: when its last leaf has surely expired.
     trusted_until: dt.datetime | None = None
+    # A prepared generation published to preview pods only (until promoted).
+    preview: bool = False
 
     @property
     def root(self) -> x509.Certificate:
@@ -72,7 +77,14 @@ DEFAULT_SETTINGS: Final = Settings()
 
 @dataclass(frozen=True)
 class Prepare:
-    """Create a new generation in state prepared."""
+    """Create a new generation in state prepared (`preview`: in the preview bundles only)."""
+
+    preview: bool = False
+
+
+@dataclass(frozen=True)
+class Promote:
+    id: str  # a preview-only prepared generation, published live from now on
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,7 @@ class Remove:
     id: str  # a retired generation whose last leaf has expired
 
 
-Step = Prepare | Activate | Remove
+Step = Prepare | Promote | Activate | Remove
 
 
 def active(generations: Sequence[Generation]) -> Generation | None:
@@ -93,7 +105,19 @@ def active(generations: Sequence[Generation]) -> Generation | None:
 
 
 def trusted_roots(generations: Sequence[Generation]) -> list[x509.Certificate]:
-    """Every root a peer must trust now: prepared, active and retired, deduplicated, in order."""
+    """Every root a peer must trust now: prepared (preview too), active and retired,
+    deduplicated, in order: what the `preview` bundles, the CA Secret's ca.crt and the SPIFFE
+    bundle hold."""
+    return _roots(generations)
+
+
+def live_roots(generations: Sequence[Generation]) -> list[x509.Certificate]:
+    """The roots the whole fleet holds (the `live` bundles): every trusted root but those of
+    generations still in preview."""
+    return _roots([g for g in generations if not g.preview])
+
+
+def _roots(generations: Sequence[Generation]) -> list[x509.Certificate]:
     seen: set[bytes] = set()
     roots = []
     for gen in sorted(generations, key=lambda g: (STATES.index(g.state), g.since)):
@@ -123,6 +147,9 @@ def ca_schedule(
     if not prepared:
         return Prepare() if now >= prepare_from else None
     ready = prepared[0]
+    if ready.preview:
+        return None  # a person judges the preview pods and promotes it (`Promote`)
+    # `since` is when it went live (prepared, or promoted): the fleet has had the overlap.
     if now >= ready.since + settings.overlap:
         return Activate(ready.id)
     return None
@@ -143,13 +170,29 @@ def apply(
             raise RotationError("a prepared CA already exists; activate it first")
         if new_bundle is None:
             raise RotationError("Prepare needs the new CA")
-        state: State = "prepared" if active(gens) is not None else "active"
-        gens.append(Generation(generation_id(now, gens), new_bundle, state, now))
+        if active(gens) is None:
+            if step.preview:
+                raise RotationError("no CA signs yet: the first one is live at once, not preview")
+            gens.append(Generation(generation_id(now, gens), new_bundle, "active", now))
+        else:
+            gen = Generation(generation_id(now, gens), new_bundle, "prepared", now)
+            gens.append(replace(gen, preview=step.preview))
         return gens
+    if isinstance(step, Promote):
+        target = next((g for g in gens if g.id == step.id), None)
+        if target is None or target.state != "prepared" or not target.preview:
+            raise RotationError(f"CA {step.id} is not a prepared CA in preview")
+        # Live from now: the overlap before it may sign counts from here.
+        return [replace(g, preview=False, since=now) if g is target else g for g in gens]
     if isinstance(step, Activate):
         target = next((g for g in gens if g.id == step.id), None)
         if target is None or target.state != "prepared":
             raise RotationError(f"CA {step.id} is not prepared")
+        if target.preview:
+            raise RotationError(
+                f"CA {step.id} is in preview only: promote it first (`podcert signer ca "
+                "promote`), so every pod holds its root before it signs"
+            )
         out = []
         for gen in gens:
             if gen.state == "active":
@@ -166,6 +209,69 @@ def apply(
     if target is None or target.state != "retired":
         raise RotationError(f"CA {step.id} is not retired")
     return [g for g in gens if g.id != step.id]
+
+
+def describe_step(step: Step | None) -> str | None:
+    """A step in words, for `podcert status`."""
+    if isinstance(step, Prepare):
+        preview = " to preview pods only" if step.preview else ""
+        return f"prepare a new CA generation (published{preview} before it signs)"
+    if isinstance(step, Promote):
+        return f"promote {step.id} (every pod gets its root; it may sign after the overlap)"
+    if isinstance(step, Activate):
+        return f"activate {step.id} (it starts signing; the active one retires)"
+    if isinstance(step, Remove):
+        return f"remove {step.id} (its last leaf has expired)"
+    return None
+
+
+ACTIONS: Final = ("prepare", "promote", "activate", "retire")  # `podcert signer ca ACTION`
+
+
+def manual_step(
+    action: str,
+    generations: Sequence[Generation],
+    now: dt.datetime,
+    *,
+    target: str | None = None,
+    preview: bool = False,
+    force: bool = False,
+) -> Step:
+    """The step `podcert signer ca ACTION [--id TARGET]` takes, or RotationError saying why
+    none applies. `prepare --preview` publishes the new root to preview pods only; `promote`
+    makes it live (the schedule then activates it after the overlap); `retire` removes a
+    retired CA, before its last leaf expired only with `force`."""
+    if action == "prepare":
+        return Prepare(preview)
+
+    def pick(state: State, *, in_preview: bool | None = None) -> Generation | None:
+        return next(
+            (
+                g
+                for g in generations
+                if g.state == state and target in (None, g.id) and in_preview in (None, g.preview)
+            ),
+            None,
+        )
+
+    if action == "promote":
+        if (gen := pick("prepared", in_preview=True)) is None:
+            raise RotationError("no CA in preview to promote (run `ca prepare --preview` first)")
+        return Promote(gen.id)
+    if action == "activate":
+        if (gen := pick("prepared")) is None:
+            raise RotationError("no prepared CA to activate (run `ca prepare` first)")
+        return Activate(gen.id)
+    if action != "retire":
+        raise RotationError(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+    if (gen := pick("retired")) is None:
+        raise RotationError("no retired CA (activate a new one first)")
+    if not force and gen.trusted_until and now < gen.trusted_until:
+        raise RotationError(
+            f"leaves signed by {gen.id} may be valid until "
+            f"{gen.trusted_until:%Y-%m-%dT%H:%M:%SZ}; re-issue them and use --force"
+        )
+    return Remove(gen.id)
 
 
 def generation_id(now: dt.datetime, existing: Sequence[Generation]) -> str:
@@ -210,6 +316,9 @@ def from_secret(data: Mapping[str, bytes], now: dt.datetime) -> list[Generation]
         state = item.get("state")
         if state not in STATES:
             raise ca.CAError(f"{INDEX_KEY}: {where}.state: expected one of {', '.join(STATES)}")
+        preview = item.get("preview", False)
+        if not isinstance(preview, bool) or (preview and state != "prepared"):
+            raise ca.CAError(f"{INDEX_KEY}: {where}.preview: true only for a prepared CA")
         fields = {
             ca.TLS_CRT: data.get(f"{gid}.tls.crt", b""),
             ca.TLS_KEY: data.get(f"{gid}.tls.key", b""),
@@ -229,6 +338,7 @@ def from_secret(data: Mapping[str, bytes], now: dt.datetime) -> list[Generation]
                 state,
                 _time(item.get("since"), f"{where}.since"),
                 _time(until, f"{where}.trustedUntil") if until is not None else None,
+                preview,
             )
         )
     if sum(1 for g in gens if g.state == "active") > 1:
@@ -244,9 +354,15 @@ def to_secret(generations: Sequence[Generation]) -> dict[str, bytes]:
     for gen in generations:
         for name, value in ca.to_secret_data(gen.bundle).items():
             data[f"{gen.id}.{name}"] = value
-        entry: dict[str, str] = {"id": gen.id, "state": gen.state, "since": format_time(gen.since)}
+        entry: dict[str, str | bool] = {
+            "id": gen.id,
+            "state": gen.state,
+            "since": format_time(gen.since),
+        }
         if gen.trusted_until is not None:
             entry["trustedUntil"] = format_time(gen.trusted_until)
+        if gen.preview:
+            entry["preview"] = True
         index.append(entry)
     data[INDEX_KEY] = json.dumps(index, indent=1).encode()
     current = active(generations)

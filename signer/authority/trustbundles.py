@@ -1,4 +1,11 @@
-"""Publish every currently trusted root as a ClusterTrustBundle per served signer name.
+"""Publish the trusted roots as ClusterTrustBundles: per served signer name, a `live` one and a
+`preview` one (`signer.authority.canarying`: the SPIFFE Filesystem Delivery labels).
+
+`<signer>:roots` holds the live roots (every trusted root but a CA prepared in preview) and keeps
+the label `podcert.dev/trust-domain` that selectors written before the standard use;
+`<signer>:roots-preview` holds every trusted root, preview ones included, and carries only the
+standard's labels, so a selector on `podcert.dev/trust-domain` still matches the live bundle
+alone.
 
 The desired bundle is a pure function of the signer name, trust domain and roots; the publisher
 compares it with what a watch shows and writes only on a difference, so drift (an edit or a
@@ -8,7 +15,6 @@ deletion by someone else) is repaired within seconds and nothing is written when
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
@@ -21,26 +27,34 @@ from podcert.client.rest import JSON, ApiError
 from podcert.reconcile.reflector import Reflector
 from podcert.reconcile.runtime import WorkerPool
 from podcert.reconcile.workqueue import WorkQueue
+from signer.authority import canarying
+from signer.authority.canarying import Channel
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.trust")
 
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "podcert-signer"}
 TRUST_DOMAIN_LABEL: Final = "podcert.dev/trust-domain"
-_LABEL_VALUE: Final = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
-def bundle_name(signer_name: str) -> str:
+def bundle_name(signer_name: str, channel: Channel = canarying.LIVE) -> str:
     """A signer-linked bundle's name must start with the signer name, '/' -> ':', then ':'."""
-    return f"{signer_name.replace('/', ':')}:roots"
+    suffix = "roots" if channel == canarying.LIVE else "roots-preview"
+    return f"{signer_name.replace('/', ':')}:{suffix}"
 
 
-def desired(signer_name: str, trust_domain: str, roots: Sequence[x509.Certificate]) -> JSON:
+def desired(
+    signer_name: str,
+    trust_domain: str,
+    roots: Sequence[x509.Certificate],
+    channel: Channel = canarying.LIVE,
+) -> JSON:
     labels = dict(MANAGED_BY)
-    if _LABEL_VALUE.match(trust_domain):
+    if channel == canarying.LIVE and canarying.label_value_ok(trust_domain):
         labels[TRUST_DOMAIN_LABEL] = trust_domain
+    labels |= canarying.labels(channel, trust_domain, trust_domain)
     return {
-        "metadata": {"name": bundle_name(signer_name), "labels": labels},
+        "metadata": {"name": bundle_name(signer_name, channel), "labels": labels},
         "spec": {"signerName": signer_name, "trustBundle": dump_roots(roots).decode()},
     }
 
@@ -72,7 +86,8 @@ def differs(want: Mapping[str, Any], have: Mapping[str, Any] | None) -> bool:
 
 
 class Publisher:
-    """Keeps one bundle per signer name equal to the trusted roots, while `active()` holds."""
+    """Keeps a live and a preview bundle per signer name equal to the live and the trusted
+    roots (`preview_roots`, by default the same), while `active()` holds."""
 
     def __init__(
         self,
@@ -81,10 +96,12 @@ class Publisher:
         roots: Callable[[], list[x509.Certificate]],
         active: Callable[[], bool],
         stop: threading.Event,
+        preview_roots: Callable[[], list[x509.Certificate]] | None = None,
     ) -> None:
         self.kube = kube
         self.signers = dict(signers)
         self.roots = roots
+        self.preview_roots = preview_roots or roots
         self.active = active
         self._stop = stop
         self._lock = threading.Lock()
@@ -143,16 +160,24 @@ class Publisher:
             self.queue.add_after(signer, self.UNSYNCED_RETRY)
 
     def reconcile(self, signer: str) -> bool:
-        """Make the cluster hold exactly our one bundle for `signer`. True when it wrote."""
-        roots = self.roots()
-        if not roots:
+        """Make the cluster hold exactly our live and preview bundles for `signer`. True when
+        it wrote."""
+        live, preview = self.roots(), self.preview_roots()
+        if not live:
             return False
-        want = desired(signer, self.signers[signer], roots)
-        name = want["metadata"]["name"]
+        td = self.signers[signer]
+        wants = [
+            desired(signer, td, live, canarying.LIVE),
+            desired(signer, td, preview or live, canarying.PREVIEW),
+        ]
+        names = {want["metadata"]["name"] for want in wants}
         with self._lock:
             seen = dict(self._seen[signer])
         wrote = False
-        if differs(want, seen.get(name)):
+        for want in wants:
+            name = want["metadata"]["name"]
+            if not differs(want, seen.get(name)):
+                continue
             try:
                 written = self.kube.put_trust_bundle(want, seen.get(name))
             except ApiError as err:
@@ -163,11 +188,15 @@ class Publisher:
                 return False
             with self._lock:
                 self._seen[signer][name] = written
-            log.info("published %d root(s) in ClusterTrustBundle %s", len(roots), name)
+            roots = want["spec"]["trustBundle"].count("-----BEGIN CERTIFICATE-----")
+            log.info("published %d root(s) in ClusterTrustBundle %s", roots, name)
             wrote = True
         for other, obj in seen.items():
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if other != name and labels.get("app.kubernetes.io/managed-by") == "podcert-signer":
+            if (
+                other not in names
+                and labels.get("app.kubernetes.io/managed-by") == "podcert-signer"
+            ):
                 self.kube.delete_trust_bundle(other)
                 log.info("removed stale ClusterTrustBundle %s", other)
                 wrote = True

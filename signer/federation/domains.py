@@ -21,10 +21,11 @@ names the file, line and field like every other policy error)::
                                           #   certificate; default: the system's roots
 
 Each federated trust domain's current roots are published in a ClusterTrustBundle of its own,
-`<signerName with ':'>:<trust domain>`, labelled `podcert.dev/trust-domain: <trust domain>` and
-`podcert.dev/federated: "true"`, for pods to project (`clusterTrustBundle` with that signer
-name and label selector) and hand to `bundles` as a federated trust bundle, which trusts those
-roots for that trust domain's IDs only.
+`<signerName with ':'>:<trust domain>`, labelled `podcert.dev/trust-domain: <trust domain>`,
+`podcert.dev/federated: "true"` and the standard's labels (`signer.authority.canarying`; with
+a preview twin, and twins for every other trust domain podcert serves: `desired`), for pods to
+project (`clusterTrustBundle` with that signer name and label selector) and hand to `bundles`
+as a federated trust bundle, which trusts those roots for that trust domain's IDs only.
 
 A fetched bundle (`accept`) replaces the last one only when it is a well-formed SPIFFE bundle
 (SPIFFE Trust Domain and Bundle, section 4) whose `x509-svid` keys each carry exactly one
@@ -62,7 +63,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from bundles.formats import dump_roots
 from bundles.spiffe import SpiffeId, SpiffeIdError
 from podcert.api.validation import signer_name_problem
-from signer.authority import spiffebundle
+from signer.authority import canarying, spiffebundle
 from signer.policyfile import PolicyReader, trust_domain_problem
 
 if TYPE_CHECKING:  # the policy's reader walks YAML nodes; only its type is needed here
@@ -371,22 +372,25 @@ def bundle_name(signer_name: str, trust_domain: str) -> str:
     return f"{signer_name.replace('/', ':')}:{trust_domain}"
 
 
-def desired(signer_name: str, bundle: Bundle, managed_by: Mapping[str, str]) -> dict[str, Any]:
-    """The ClusterTrustBundle publishing a federated trust domain's roots, each once: a peer's
-    document or a bootstrap file may list a root twice, and the API server refuses a
-    ClusterTrustBundle that does."""
-    pem = dump_roots(bundle.roots).decode()
-    return {
-        "metadata": {
-            "name": bundle_name(signer_name, bundle.trust_domain),
-            "labels": {
-                **managed_by,
-                FEDERATED_LABEL: "true",
-                "podcert.dev/trust-domain": bundle.trust_domain,
-            },
-        },
-        "spec": {"signerName": signer_name, "trustBundle": pem},
-    }
+def desired(
+    signer_name: str, bundle: Bundle, managed_by: Mapping[str, str], workloads: Sequence[str]
+) -> list[dict[str, Any]]:
+    """The ClusterTrustBundles publishing a federated domain's roots (each once: the API server
+    refuses a bundle that lists one twice): a live and a preview one for each trust domain we
+    serve (`workloads`, the default first), with the standard's labels. The default's live one
+    keeps `bundle_name` and the label `podcert.dev/trust-domain`, which older selectors use."""
+    td, out = bundle.trust_domain, list[dict[str, Any]]()
+    for index, workload in enumerate(workloads):
+        for channel in canarying.CHANNELS:
+            first_live = index == 0 and channel == canarying.LIVE
+            labels = {**managed_by, FEDERATED_LABEL: "true"}
+            labels |= {"podcert.dev/trust-domain": td} if first_live else {}
+            labels |= canarying.labels(channel, workload, td)
+            name = bundle_name(signer_name, td) + (f":{workload}" if index else "")
+            name += "" if channel == canarying.LIVE else ":preview"
+            spec = {"signerName": signer_name, "trustBundle": dump_roots(bundle.roots).decode()}
+            out.append({"metadata": {"name": name, "labels": labels}, "spec": spec})
+    return out
 
 
 # --- the policy file's section ------------------------------------------------------------------

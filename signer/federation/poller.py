@@ -46,7 +46,7 @@ from podcert.client.rest import JSON, ApiError
 from podcert.reconcile.reflector import Reflector
 from podcert.reconcile.runtime import Runtime, Synced, WorkerPool
 from podcert.reconcile.workqueue import WorkQueue
-from signer.authority import trustbundles
+from signer.authority import canarying, trustbundles
 from signer.federation import domains
 from signer.federation.domains import Bundle, FederatedDomain, Federation, Rejected, RootRefused
 from signer.kube import SignerKube
@@ -250,9 +250,12 @@ class Federator:
         clock: Callable[[], dt.datetime],
         fetch: Fetch = fetch,
         local_roots: Callable[[], Sequence[x509.Certificate]] = tuple,
+        workloads: Sequence[str] = ("cluster.local",),
     ) -> None:
-        """`local_roots()`: this signer's own roots, never published as a federated one."""
+        """`local_roots()`: this signer's own roots, never published as a federated one;
+        `workloads`: the trust domains it serves, the default first (each federates)."""
         self.kube, self.config, self.active, self.clock = kube, config, active, clock
+        self.workloads = tuple(workloads)
         self._fetch = fetch
         self._local_roots = local_roots
         self.domains = {d.trust_domain: d for d in config.domains}
@@ -320,7 +323,7 @@ class Federator:
             else:
                 self._seen[name] = obj
         labels = (obj.get("metadata") or {}).get("labels") or {}
-        td = labels.get("podcert.dev/trust-domain")
+        td = labels.get(canarying.PEER_TRUST_DOMAIN) or labels.get("podcert.dev/trust-domain")
         self.add(("publish", td) if td in self.domains else PRUNE)
 
     # --- the work ----------------------------------------------------------------------------
@@ -415,9 +418,13 @@ class Federator:
             return
         with self._lock:
             seen = dict(self._seen)
-        want = domains.desired(self.config.signer_name, self.bundles[td], _managed())
-        name = want["metadata"]["name"]
-        if trustbundles.differs(want, seen.get(name)):
+        wants = domains.desired(
+            self.config.signer_name, self.bundles[td], _managed(), self.workloads
+        )
+        for want in wants:
+            name = want["metadata"]["name"]
+            if not trustbundles.differs(want, seen.get(name)):
+                continue
             try:
                 written = self.kube.put_trust_bundle(want, seen.get(name))
             except ApiError as err:
@@ -433,10 +440,12 @@ class Federator:
         """Remove the bundles of domains no longer configured."""
         with self._lock:
             seen = dict(self._seen)
-        wanted = {domains.bundle_name(self.config.signer_name, d) for d in self.domains}
+        # A configured domain's bundles: its name, and its twins (`domains.desired`) after it.
+        bases = [domains.bundle_name(self.config.signer_name, d) for d in self.domains]
         for other, obj in seen.items():
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if other not in wanted and labels.get(domains.FEDERATED_LABEL) == "true":
+            wanted = any(other == base or other.startswith(f"{base}:") for base in bases)
+            if not wanted and labels.get(domains.FEDERATED_LABEL) == "true":
                 self.kube.delete_trust_bundle(other)
                 log.info("removed ClusterTrustBundle %s (no longer federated)", other)
 

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from podcert.api.requests import Condition, RequestError, parse_status
 from podcert.api.times import format_time, parse_time
 from signer.authority import ca as authority_ca
-from signer.authority import schedule
+from signer.authority import canarying, schedule
 from signer.leader import (
     SIGNER_NAMES_ANNOTATION,
     VERSION_ANNOTATION,
@@ -109,9 +109,7 @@ def leadership(lease: Mapping[str, Any] | str | None, where: str, now: dt.dateti
         renewed=renewed,
         expires=expires,
         live=bool(holder) and expires is not None and now < expires,
-        version=str(annotations[VERSION_ANNOTATION])
-        if annotations.get(VERSION_ANNOTATION)
-        else None,
+        version=str(annotations.get(VERSION_ANNOTATION) or "") or None,
         signer_names=tuple(n for n in names.split(",") if n),
         transitions=transitions if isinstance(transitions, int) else None,
     )
@@ -186,6 +184,7 @@ class Authority:
     next_step: str | None  # what `ca_schedule` says is due now, in words; None: nothing
     problem: str | None  # why the CA could not be read
     roots: frozenset[bytes] = field(default=frozenset(), repr=False)  # trusted roots, DER
+    live: frozenset[bytes] = field(default=frozenset(), repr=False)  # but those in preview
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -196,16 +195,6 @@ class Authority:
             "generations": [g.as_json() for g in self.generations],
             "nextStep": self.next_step,
         }
-
-
-def describe_step(step: schedule.Step | None) -> str | None:
-    if isinstance(step, schedule.Prepare):
-        return "prepare a new CA generation (published before it signs)"
-    if isinstance(step, schedule.Activate):
-        return f"activate {step.id} (it starts signing; the active one retires)"
-    if isinstance(step, schedule.Remove):
-        return f"remove {step.id} (its last leaf has expired)"
-    return None
 
 
 def authority(
@@ -238,11 +227,12 @@ def authority(
             for g in gens
         ),
         rotates=rotates,
-        next_step=describe_step(schedule.ca_schedule(gens, now, settings)) if rotates else None,
+        next_step=schedule.describe_step(schedule.ca_schedule(gens, now, settings))
+        if rotates
+        else None,
         problem=None,
-        roots=frozenset(
-            r.public_bytes(serialization.Encoding.DER) for r in schedule.trusted_roots(gens)
-        ),
+        roots=_ders(schedule.trusted_roots(gens)),
+        live=_ders(schedule.live_roots(gens)),
     )
 
 
@@ -266,14 +256,25 @@ class TrustBundleState:
         }
 
 
-def trust_bundle(bundle: Mapping[str, Any], ca_roots: frozenset[bytes] | None) -> TrustBundleState:
+def _ders(roots: Sequence[x509.Certificate]) -> frozenset[bytes]:
+    return frozenset(r.public_bytes(serialization.Encoding.DER) for r in roots)
+
+
+def trust_bundle(
+    bundle: Mapping[str, Any],
+    ca_roots: frozenset[bytes] | None,
+    live: frozenset[bytes] = frozenset(),
+) -> TrustBundleState:
+    """`matches_ca`: a `live` bundle holds the `live` roots, any other every trusted root."""
     spec = _spec(bundle)
     name, signer = str(_meta(bundle).get("name", "")), str(spec.get("signerName") or "")
     try:
         roots = x509.load_pem_x509_certificates(str(spec.get("trustBundle") or "").encode())
     except ValueError as err:
         return TrustBundleState(name, signer, 0, None, None, f"unreadable trustBundle: {err}")
-    ders = frozenset(r.public_bytes(serialization.Encoding.DER) for r in roots)
+    ders = _ders(roots)
+    if ca_roots is not None and canarying.is_live(_meta(bundle).get("labels")):
+        ca_roots = live
     return TrustBundleState(
         name=name,
         signer_name=signer,
@@ -475,7 +476,11 @@ def build_status(
     ca = authority(inputs.secret, f"{inputs.namespace}/{inputs.ca_secret}", now, settings)
     ca_roots = ca.roots if ca.problem is None else None
     bundles = sorted(
-        (trust_bundle(b, ca_roots) for b in inputs.trust_bundles if _signer_of(b) in wanted),
+        (
+            trust_bundle(b, ca_roots, ca.live)
+            for b in inputs.trust_bundles
+            if _signer_of(b) in wanted
+        ),
         key=lambda t: (t.signer_name, t.name),
     )
     return Status(

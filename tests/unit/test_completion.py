@@ -18,7 +18,13 @@ NODES = {node.path: node for node in completion.tree(PARSER)}
 
 def test_the_tree_holds_every_command_nested_command_flag_and_choice() -> None:
     assert set(NODES[()].subcommands) >= {"status", "explain", "inspect", "version", "audit"}
-    assert NODES[("signer", "ca")].arguments == ("status", "prepare", "activate", "retire")
+    assert NODES[("signer", "ca")].arguments == (
+        "status",
+        "prepare",
+        "promote",
+        "activate",
+        "retire",
+    )
     assert NODES[("status",)].choices["-o"] == ("table", "json", "yaml")
     assert "--kubeconfig" in NODES[("explain",)].options
     assert "--help" in NODES[()].options

@@ -171,9 +171,37 @@ def test_a_root_listed_twice_is_published_once(roots: list[x509.Certificate]) ->
     pem = b"".join(r.public_bytes(serialization.Encoding.PEM) for r in [*roots, roots[0]])
     bundle = domains.bootstrap_roots(pem, TD, NOW)
     assert isinstance(bundle, Bundle)
-    published = domains.desired("example.com/federated", bundle, {})["spec"]["trustBundle"]
+    (first, *_) = domains.desired("example.com/federated", bundle, {}, ["cluster.local"])
+    published = first["spec"]["trustBundle"]
     assert published.count("BEGIN CERTIFICATE") == 2
     assert x509.load_pem_x509_certificates(published.encode()) == roots
+
+
+def test_each_served_trust_domain_gets_a_live_and_a_preview_bundle_of_the_partners_roots(
+    roots: list[x509.Certificate],
+) -> None:
+    bundle = Bundle(TD, tuple(roots))
+    wants = domains.desired("example.com/federated", bundle, {"m": "y"}, ["a.test", "b.test"])
+    got = {w["metadata"]["name"]: w["metadata"]["labels"] for w in wants}
+    base = f"example.com:federated:{TD}"
+    assert list(got) == [base, f"{base}:preview", f"{base}:b.test", f"{base}:b.test:preview"]
+    # The default trust domain's live bundle keeps the name and label older selectors use.
+    assert got[base] == {
+        "m": "y",
+        domains.FEDERATED_LABEL: "true",
+        "podcert.dev/trust-domain": TD,
+        "k8s.spiffe.io/canarying": "live",
+        "k8s.spiffe.io/workload-trust-domain": "a.test",
+        "k8s.spiffe.io/peer-trust-domain": TD,
+    }
+    assert got[f"{base}:b.test:preview"] == {
+        "m": "y",
+        domains.FEDERATED_LABEL: "true",
+        "k8s.spiffe.io/canarying": "preview",
+        "k8s.spiffe.io/workload-trust-domain": "b.test",
+        "k8s.spiffe.io/peer-trust-domain": TD,
+    }
+    assert len({w["spec"]["trustBundle"] for w in wants}) == 1
 
 
 @pytest.mark.parametrize(

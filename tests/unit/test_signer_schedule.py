@@ -119,8 +119,88 @@ def test_a_secret_without_an_index_is_an_operator_ca_that_never_rotates(
         pytest.param(b"not json", "not valid JSON", id="index not JSON"),
         pytest.param(b'[{"id": "x", "state": "dancing"}]', "state", id="unknown state"),
         pytest.param(b'[{"state": "active"}]', "id", id="missing id"),
+        pytest.param(
+            b'[{"id": "x", "state": "active", "since": "2026-01-01T00:00:00Z", "preview": true}]',
+            "preview",
+            id="preview on an active CA",
+        ),
     ],
 )
 def test_a_broken_index_names_the_field(index: bytes, named: str) -> None:
     with pytest.raises(ca.CAError, match=named):
         schedule.from_secret({schedule.INDEX_KEY: index}, T0)
+
+
+# --- preview: a new root for the pods selecting canarying=preview first ---------------------------
+
+
+def preview(bundles: list[ca.CABundle]) -> tuple[list[schedule.Generation], dt.datetime]:
+    now = T0 + dt.timedelta(days=45)
+    step = schedule.manual_step("prepare", start(bundles), now, preview=True)
+    return schedule.apply(start(bundles), step, now, SETTINGS, bundles[1]), now
+
+
+def test_a_preview_root_reaches_the_preview_bundles_only(bundles: list[ca.CABundle]) -> None:
+    gens, _ = preview(bundles)
+    assert [(g.state, g.preview) for g in gens] == [("active", False), ("prepared", True)]
+    assert schedule.live_roots(gens) == [bundles[0].root]
+    assert schedule.trusted_roots(gens) == [bundles[0].root, bundles[1].root]
+
+
+def test_a_preview_ca_never_signs_until_promoted_and_then_after_the_overlap(
+    bundles: list[ca.CABundle],
+) -> None:
+    gens, prepared_at = preview(bundles)
+    new = gens[1].id
+    far = prepared_at + dt.timedelta(days=30)
+    assert schedule.ca_schedule(gens, far, SETTINGS) is None  # no Activate, no second Prepare
+    with pytest.raises(schedule.RotationError, match="promote it first"):
+        schedule.apply(gens, schedule.Activate(new), far, SETTINGS)
+
+    promoted = schedule.apply(gens, schedule.manual_step("promote", gens, far), far, SETTINGS)
+    assert schedule.live_roots(promoted) == schedule.trusted_roots(promoted)
+    assert schedule.ca_schedule(promoted, far + SETTINGS.overlap / 2, SETTINGS) is None
+    assert schedule.ca_schedule(promoted, far + SETTINGS.overlap, SETTINGS) == (
+        schedule.Activate(new)
+    )
+
+
+def test_the_preview_flag_round_trips_through_the_secret(bundles: list[ca.CABundle]) -> None:
+    gens, now = preview(bundles)
+    assert schedule.from_secret(schedule.to_secret(gens), now) == gens
+
+
+@pytest.mark.parametrize(
+    ("action", "message"),
+    [
+        pytest.param("promote", "no CA in preview", id="promote with no preview CA"),
+        pytest.param("activate", "no prepared CA", id="activate with none prepared"),
+        pytest.param("retire", "no retired CA", id="retire with none retired"),
+        pytest.param("rotate", "unknown action", id="an unknown action"),
+    ],
+)
+def test_a_manual_step_that_does_not_apply_says_why(
+    bundles: list[ca.CABundle], action: str, message: str
+) -> None:
+    with pytest.raises(schedule.RotationError, match=message):
+        schedule.manual_step(action, start(bundles), T0)
+
+
+def test_the_first_ca_cannot_be_a_preview(bundles: list[ca.CABundle]) -> None:
+    with pytest.raises(schedule.RotationError, match="live at once"):
+        schedule.apply([], schedule.Prepare(preview=True), T0, SETTINGS, bundles[0])
+
+
+def test_retiring_early_needs_force(bundles: list[ca.CABundle]) -> None:
+    now = T0 + dt.timedelta(days=45)
+    gens = schedule.apply(start(bundles), schedule.Prepare(), now, SETTINGS, bundles[1])
+    gens = schedule.apply(gens, schedule.Activate(gens[1].id), now, SETTINGS)
+    with pytest.raises(schedule.RotationError, match="use --force"):
+        schedule.manual_step("retire", gens, now)
+    assert schedule.manual_step("retire", gens, now, force=True) == schedule.Remove(gens[0].id)
+
+
+def test_steps_are_described_for_the_status_report() -> None:
+    assert "preview pods only" in str(schedule.describe_step(schedule.Prepare(preview=True)))
+    assert "promote g1" in str(schedule.describe_step(schedule.Promote("g1")))
+    assert schedule.describe_step(None) is None

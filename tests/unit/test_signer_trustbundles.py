@@ -39,6 +39,53 @@ def test_nothing_to_write_when_the_roots_and_labels_already_match() -> None:
     assert trustbundles.differs(want, relabelled)
 
 
+def test_the_live_bundle_keeps_the_old_label_and_both_carry_the_standards() -> None:
+    root = ca.new_ca("a", T0).root
+    live = trustbundles.desired("example.com/podcert", "td.test", [root], "live")
+    preview = trustbundles.desired("example.com/podcert", "td.test", [root], "preview")
+    assert live["metadata"]["name"] == "example.com:podcert:roots"
+    assert preview["metadata"]["name"] == "example.com:podcert:roots-preview"
+    standard = {
+        "k8s.spiffe.io/workload-trust-domain": "td.test",
+        "k8s.spiffe.io/peer-trust-domain": "td.test",
+    }
+    assert live["metadata"]["labels"] == {
+        **trustbundles.MANAGED_BY,
+        trustbundles.TRUST_DOMAIN_LABEL: "td.test",  # what selectors before the standard use
+        "k8s.spiffe.io/canarying": "live",
+        **standard,
+    }
+    # No podcert.dev/trust-domain: an older selector keeps matching the live bundle alone.
+    assert preview["metadata"]["labels"] == {
+        **trustbundles.MANAGED_BY,
+        "k8s.spiffe.io/canarying": "preview",
+        **standard,
+    }
+
+
+def test_a_preview_root_is_published_in_the_preview_bundle_only() -> None:
+    old, new = ca.new_ca("old", T0).root, ca.new_ca("new", T0).root
+    written: dict[str, JSON] = {}
+
+    class Kube:
+        def put_trust_bundle(self, body: JSON, existing: JSON | None) -> JSON:
+            written[body["metadata"]["name"]] = body
+            return body
+
+    publisher = trustbundles.Publisher(
+        cast(SignerKube, Kube()),
+        {"a.test/one": "td.test"},
+        roots=lambda: [old],
+        active=lambda: True,
+        stop=threading.Event(),
+        preview_roots=lambda: [old, new],
+    )
+    assert publisher.reconcile("a.test/one")
+    live, preview = written["a.test:one:roots"], written["a.test:one:roots-preview"]
+    assert live["spec"]["trustBundle"] == dump_roots([old]).decode()
+    assert preview["spec"]["trustBundle"] == dump_roots([old, new]).decode()
+
+
 def test_duplicate_roots_are_published_once() -> None:
     root = ca.new_ca("a", T0).root
     want = trustbundles.desired("example.com/podcert", "td.test", [root, root])
@@ -85,7 +132,7 @@ def test_a_publish_that_came_before_the_last_list_was_in_is_tried_again() -> Non
     second.synced.set()
     now[0] += trustbundles.Publisher.UNSYNCED_RETRY
     _drain(publisher)
-    assert sorted(kube.put) == ["a.test/one", "a.test/two"]
+    assert sorted(kube.put) == ["a.test/one", "a.test/one", "a.test/two", "a.test/two"]
 
 
 def test_a_follower_does_not_keep_looking() -> None:
