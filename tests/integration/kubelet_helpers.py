@@ -1,13 +1,15 @@
-"""What the tests with the real kubelet read and do: the files it projects into a pod, the
-signer's ClusterTrustBundle roots, the operator's `podcert signer ca` steps, and a stopwatch for
-how long a change takes to reach the files."""
+"""What the tests with the real kubelet read and do: the files it projects into a pod (and the
+SPIFFE Filesystem Delivery volume that asks for them), the signer's ClusterTrustBundle roots,
+the operator's `podcert signer ca` steps, and a stopwatch for how long a change takes to reach
+the files."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -22,6 +24,44 @@ TRUST = "trust-bundle.pem"
 # A container that stays up and exits at once on SIGTERM (busybox's `sleep` as PID 1 would
 # ignore it and hold a pod's deletion for its whole grace period).
 KEEP_RUNNING = ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+
+
+def spiffe_volume(
+    signer_name: str,
+    trust_domain: str,
+    *,
+    name: str = "spiffe",
+    channel: str = "live",
+    absent: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A projected volume in the SPIFFE Filesystem Delivery layout (docs/filesystem-delivery.md):
+    `credential-bundle.pem`, the `channel` bundle of our own trust domain selected by the
+    standard's labels, and for each trust domain in `absent` an optional source that selects
+    nothing (a domain not federated, or no longer)."""
+
+    def bundle(peer: str, **extra: Any) -> dict[str, Any]:
+        labels = {
+            "k8s.spiffe.io/canarying": channel,
+            "k8s.spiffe.io/workload-trust-domain": trust_domain,
+            "k8s.spiffe.io/peer-trust-domain": peer,
+        }
+        return {
+            "clusterTrustBundle": {
+                "signerName": signer_name,
+                "labelSelector": {"matchLabels": labels},
+                "path": f"{peer}.trust-bundle.pem",
+                **extra,
+            }
+        }
+
+    certificate = {
+        "signerName": signer_name,
+        "keyType": "ECDSAP256",
+        "credentialBundlePath": "credential-bundle.pem",
+    }
+    sources = [{"podCertificate": certificate}, bundle(trust_domain)]
+    sources += [bundle(peer, optional=True) for peer in absent]
+    return {"name": name, "projected": {"sources": sources}}
 
 
 def read(kubelet: Kubelet, pod_uid: str, name: str) -> bytes | None:
@@ -40,18 +80,20 @@ def certificates_in(kubelet: Kubelet, pod_uid: str, name: str) -> list[x509.Cert
 
 
 def trust_bundle_roots(devcluster: DevCluster, signer_name: str) -> list[x509.Certificate]:
-    """Every root in the ClusterTrustBundles linked to `signer_name` (what the kubelet projects
-    for a clusterTrustBundle source naming the signer, with an empty label selector)."""
+    """Every root in the ClusterTrustBundles linked to `signer_name`, each once (what the
+    kubelet projects for a clusterTrustBundle source naming the signer, with an empty label
+    selector: the signer's live and preview bundles both)."""
     found = Rest(devcluster.admin).request(
         "GET",
         path_of(CERTIFICATES, "clustertrustbundles"),
         query={"fieldSelector": f"spec.signerName={signer_name}"},
     )
-    return [
+    every = [
         cert
         for item in found["items"]
         for cert in x509.load_pem_x509_certificates(item["spec"]["trustBundle"].encode())
     ]
+    return list(dict.fromkeys(every))
 
 
 def requests_for(devcluster: DevCluster, namespace: str, pod_uid: str) -> list[JSON]:

@@ -4,24 +4,31 @@ fake runtime); the kubelet makes the request, the signer issues, the kubelet wri
 
 Here: the credential and the trust bundle it projects, the kubelet's own gauge of its
 projections (the alert rules' `kubelet_podcertificate_states`), who may read the key inside the
-pod, what a denial does to the pod, a pod's deletion, and a kubelet restart. Rotations on the
-kubelet's files: test_real_kubelet_rotation.py."""
+pod, what a denial does to the pod, a pod's deletion, a kubelet restart, and the SPIFFE
+Filesystem Delivery layout read by `bundles.FolderSource`. Rotations on the kubelet's files:
+test_real_kubelet_rotation.py."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import ssl
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import Encoding
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from bundles import formats
+from bundles import folder, formats
+from bundles.authz import Verdict, allow_ids, allow_workloads
+from bundles.foldersource import FolderSource
+from bundles.source import SourceError
 from devcluster import images, processes
 from devcluster.kube import pod_certificate_volume
 from devcluster.testing import DevCluster, Kubelet, eventually
@@ -40,9 +47,11 @@ from tests.integration.kubelet_helpers import (
     pod_events,
     read,
     requests_for,
+    spiffe_volume,
     spki,
     trust_bundle_roots,
 )
+from tests.unit.test_bundles_source import Link
 
 SIGNER = "test.podcert.dev/kubelet"
 TRUST_DOMAIN = "kubelet.test"
@@ -55,6 +64,7 @@ signers:
       - namespaces: ["kl-*"]
         serviceAccounts: ["*"]
 """
+OWN_BUNDLE = f"{TRUST_DOMAIN}.trust-bundle.pem"
 MOUNT = "/var/run/identity"
 # The container prints the bundle's mode (the real kubelet writes it with the volume's
 # defaultMode) and then the bundle itself.
@@ -450,3 +460,82 @@ def test_a_kubelet_restart_requests_every_projection_anew_and_leaves_the_old_req
         roots = formats.load_trust_bundle(read(real_kubelet, uids[name], TRUST) or b"")
         formats.verify_chain(credential, roots, dt.datetime.now(dt.UTC))
     assert running() == containers  # the same containers, never restarted
+
+
+# --- the SPIFFE Filesystem Delivery layout ------------------------------------------------------
+
+
+def folder_source(directory: Path) -> FolderSource | None:
+    try:
+        return FolderSource(directory)
+    except SourceError:
+        return None  # not all there yet
+
+
+def test_the_real_kubelet_projects_the_spiffe_credential_folder_and_a_folder_source_uses_it(
+    devcluster: DevCluster,
+    signer: Any,
+    real_kubelet: Kubelet,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real node. Two pods mount the standard's folder: `credential-bundle.pem`, our own trust
+    domain's `live` roots selected by the standard's labels as `kubelet.test.trust-bundle.pem`,
+    and an optional source for a trust domain no bundle is published for. `FolderSource` finds
+    the folder through SPIFFE_CREDENTIAL_FOLDER, takes the kubelet's files, and authorizes the
+    other pod inside a real handshake (and refuses it under a rule that does not allow it)."""
+    ns = devcluster.namespace("kl")
+    pods = {
+        sa: devcluster.pod(
+            ns,
+            sa,
+            node=real_kubelet.name,
+            service_account=sa,
+            volumes=[spiffe_volume(SIGNER, TRUST_DOMAIN, absent=["gone.test"])],
+            image=images.BUSYBOX_IMAGE,
+            command=KEEP_RUNNING,
+        )
+        for sa in ("api", "web")
+    }
+    folders = {sa: real_kubelet.volume_dir(p.metadata.uid, "spiffe") for sa, p in pods.items()}
+    client_source = eventually(
+        lambda: folder_source(folders["web"]), timeout=60, what="web's credential folder"
+    )
+    monkeypatch.setenv(folder.ENV_VAR, str(folders["api"]))
+    server_source = eventually(
+        lambda: folder_source_here(), timeout=60, what="api's folder, by SPIFFE_CREDENTIAL_FOLDER"
+    )
+    assert server_source.folder == folders["api"]
+
+    # The kubelet's files, named as the pod asked: the credential bundle key first, our own
+    # trust domain's live roots (selected by the standard's labels: what podcert publishes),
+    # and an empty file for the optional source nothing matches.
+    names = sorted(p.name for p in folders["api"].iterdir() if not p.name.startswith(".."))
+    assert names == ["credential-bundle.pem", "gone.test.trust-bundle.pem", OWN_BUNDLE]
+    assert (folders["api"] / "gone.test.trust-bundle.pem").read_bytes() == b""
+    bundle = (folders["api"] / "credential-bundle.pem").read_bytes()
+    assert bundle.startswith(b"-----BEGIN PRIVATE KEY-----\n")
+    assert set(server_source.trust_bundle.roots) == set(trust_bundle_roots(devcluster, SIGNER))
+    assert server_source.trust_domains == (TRUST_DOMAIN,)  # the empty file: not federated
+    assert str(server_source.credential.spiffe_id) == f"spiffe://{TRUST_DOMAIN}/ns/{ns}/sa/api"
+
+    allow_web = allow_workloads(ns, "web", trust_domain=TRUST_DOMAIN)
+    allow_api = allow_ids([f"spiffe://{TRUST_DOMAIN}/ns/{ns}/sa/api"])
+    link = Link(server_source.server_context(allow_web), client_source.client_context(allow_api))
+    assert link.client_leaf() == client_source.credential.leaf.public_bytes(Encoding.DER)
+
+    refusals: list[Verdict] = []
+    nobody = allow_workloads(ns, "nobody", trust_domain=TRUST_DOMAIN)
+    with pytest.raises(ssl.SSLError):
+        Link(
+            server_source.server_context(nobody, on_refusal=refusals.append),
+            client_source.client_context(allow_api),
+        )
+    assert [v.allowed for v in refusals] == [False]
+    assert f"/ns/{ns}/sa/web" in refusals[0].reason
+
+
+def folder_source_here() -> FolderSource | None:
+    try:
+        return FolderSource(defaults=[])  # SPIFFE_CREDENTIAL_FOLDER alone
+    except SourceError:
+        return None

@@ -1,5 +1,6 @@
 """Rotations on files the real kubelet writes. A CA rotation driven as an operator does
-(`podcert signer ca prepare | activate | retire`) reaching the kubelet's trust file, and the
+(`podcert signer ca prepare | activate | retire`) reaching the kubelet's trust file, a preview
+root reaching the pods selecting `preview` before `promote` brings it to the rest, and the
 example mTLS pair running on the kubelet's files through a leaf rotation and a CA rotation.
 
 Both run on one real node (containerd) whose kubelet resyncs pods every 10 s instead of the
@@ -29,6 +30,7 @@ import pytest
 from cryptography import x509
 
 from bundles import formats
+from bundles.foldersource import FolderSource
 from devcluster import images, nodes, processes
 from devcluster.kube import pod_certificate_volume
 from devcluster.stack import Stack
@@ -44,6 +46,7 @@ from tests.integration.kubelet_helpers import (
     certificates_in,
     first_seen,
     read,
+    spiffe_volume,
     trust_bundle_roots,
 )
 
@@ -300,3 +303,71 @@ def test_the_mtls_pair_on_the_kubelets_files_survives_leaf_and_ca_rotation(
     # its new connection meets the server's previous leaf and is kept alive (CI saw 3 of 4).
     # So: the server's rotations were seen, not necessarily every one.
     assert len(client["server_serials"]) >= 2
+
+
+def test_a_preview_root_reaches_the_pod_selecting_preview_first_and_every_pod_once_promoted(
+    devcluster: DevCluster, start_signer: StartSigner, kubelet: Kubelet, tmp_path: Path
+) -> None:
+    """Real node, kubelet resync 10 s. Two pods mount the SPIFFE Filesystem Delivery folder,
+    one selecting the signer's `live` bundles, one its `preview` ones (the standard's labels).
+    `ca prepare --preview`: the new root reaches the preview pod's trust file and stays out of
+    the live bundle; `ca promote`: it reaches the live pod's file too. A folder source on each
+    keeps taking the kubelet's files throughout."""
+    signer_name, signer_ns = "test.podcert.dev/kubelet-preview", "podcert-kubelet-preview"
+    _start_signer(start_signer, tmp_path, signer_name, signer_ns, "klpv")
+    ns = devcluster.namespace("klpv")
+    td = "cluster.local"  # the signer's default trust domain
+    folders = {}
+    for channel in ("live", "preview"):
+        pod = devcluster.pod(
+            ns,
+            channel,
+            node=kubelet.name,
+            service_account=channel,
+            volumes=[spiffe_volume(signer_name, td, channel=channel)],
+            image=images.BUSYBOX_IMAGE,
+            command=KEEP_RUNNING,
+        )
+        folders[channel] = kubelet.volume_dir(pod.metadata.uid, "spiffe")
+
+    def roots(channel: str) -> set[x509.Certificate]:
+        try:
+            data = (folders[channel] / f"{td}.trust-bundle.pem").read_bytes()
+        except OSError:
+            return set()
+        return set(x509.load_pem_x509_certificates(data)) if data.strip() else set()
+
+    (old_root,) = eventually(lambda: roots("live") or None, timeout=60, what="the live roots")
+    eventually(lambda: roots("preview") == {old_root}, timeout=60, what="the preview roots")
+    sources = {c: FolderSource(d) for c, d in folders.items()}
+
+    ca(devcluster, signer_ns, "prepare", "--preview")
+    grown = eventually(
+        lambda: roots("preview") if len(roots("preview")) == 2 else None,
+        timeout=STEP_TIMEOUT,
+        what="the preview root in the preview pod's file",
+    )
+    (new_root,) = grown - {old_root}
+    live_bundle = Rest(devcluster.admin).request(
+        "GET",
+        path_of(
+            "certificates.k8s.io/v1",
+            "clustertrustbundles",
+            name=f"{signer_name.replace('/', ':')}:roots",
+        ),
+    )
+    assert new_root not in x509.load_pem_x509_certificates(
+        live_bundle["spec"]["trustBundle"].encode()
+    )
+    assert roots("live") == {old_root}
+    assert sources["preview"].refresh()
+    assert new_root in sources["preview"].trust_bundle.roots
+
+    ca(devcluster, signer_ns, "promote")
+    eventually(
+        lambda: roots("live") == grown,
+        timeout=STEP_TIMEOUT,
+        what="the promoted root in the live pod's file",
+    )
+    assert sources["live"].refresh()
+    assert set(sources["live"].trust_bundle.roots) == grown

@@ -24,6 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from kubernetes import client
 
 from bundles import formats
+from bundles.authz import allow_workloads
+from bundles.foldersource import FolderSource
 from devcluster import processes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
@@ -32,6 +34,7 @@ from podcert.api import keys
 from podcert.client.rest import JSON, ApiError, Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import create_pcr, pcr_spec
+from tests.integration.kubelet_helpers import ca, spiffe_volume
 from tests.integration.shim_helpers import (
     Shim,
     certificate_volume,
@@ -46,6 +49,7 @@ from tests.integration.shim_helpers import (
     trust_volume,
     wait_for_event,
 )
+from tests.unit.test_bundles_source import Link
 
 SIGNER = "shim.podcert.dev/test"
 SIGNER_NAMESPACE = "podcert-shim"
@@ -719,3 +723,70 @@ def test_an_unwritable_root_is_an_error_not_a_crash(
         assert proc.sample("podcert_shim_volume_writes_total", result="error") >= 1
     finally:
         proc.stop()
+
+
+def test_the_spiffe_layout_and_a_preview_root_then_promoted_reach_the_pods_that_select_them(
+    devcluster: DevCluster, shim_a: Shim, ns: str
+) -> None:
+    """The shim writes the standard's folder with the names the pod asks for, and follows the
+    signer's canarying: `ca prepare --preview` reaches the pod selecting `preview` only,
+    `ca promote` then the pod selecting `live` too; a folder source on each keeps verifying the
+    other across it. Last in this module: it leaves the signer with a prepared CA."""
+    td = "cluster.local"
+    pods = {
+        channel: devcluster.pod(
+            ns,
+            channel,
+            node=NODE_A,
+            service_account=channel,
+            volumes=[spiffe_volume(SIGNER, td, channel=channel, absent=["gone.test"])],
+        )
+        for channel in ("live", "preview")
+    }
+    folders = {c: shim_a.volume_dir(p.metadata.uid, "spiffe") for c, p in pods.items()}
+    own = f"{td}.trust-bundle.pem"
+    for directory in folders.values():
+        eventually(lambda d=directory: read(d / own), timeout=5)  # type: ignore[misc]
+        assert read(directory / "gone.test.trust-bundle.pem") == b""
+        assert read(directory / "credential-bundle.pem") is not None
+    sources = {c: FolderSource(d) for c, d in folders.items()}
+    before = roots_in(folders["live"] / own)
+    assert before and roots_in(folders["preview"] / own) == before
+    assert sources["live"].trust_domains == (td,)
+
+    def talk() -> None:
+        Link(
+            sources["live"].server_context(allow_workloads(ns, "preview", trust_domain=td)),
+            sources["preview"].client_context(allow_workloads(ns, "live", trust_domain=td)),
+        )
+
+    talk()
+    ca(devcluster, SIGNER_NAMESPACE, "prepare", "--preview")
+    grown = eventually(
+        lambda: (r := roots_in(folders["preview"] / own)) and len(r) > len(before) and r,
+        timeout=5,
+        what="the preview root in the preview pod's file",
+    )
+    (new_root,) = grown - before
+    # The live pod's bundle is the signer's live bundle, which does not hold it.
+    assert new_root not in der_of(live_bundle(devcluster).encode())
+    assert roots_in(folders["live"] / own) == before
+    assert sources["preview"].refresh() and sources["live"].refresh() is False
+    talk()
+
+    ca(devcluster, SIGNER_NAMESPACE, "promote")
+    eventually(
+        lambda: roots_in(folders["live"] / own) == grown,
+        timeout=5,
+        what="the promoted root in the live pod's file",
+    )
+    assert sources["live"].refresh()
+    talk()
+
+
+def live_bundle(devcluster: DevCluster) -> str:
+    found = Rest(devcluster.admin).request(
+        "GET", path_of("certificates.k8s.io/v1", "clustertrustbundles", name=ROOTS_BUNDLE)
+    )
+    assert found["metadata"]["labels"]["k8s.spiffe.io/canarying"] == "live"
+    return str(found["spec"]["trustBundle"])

@@ -77,26 +77,39 @@ def test_the_signer_publishes_its_roots_and_repairs_a_deleted_bundle(
     signer = "rot.podcert.dev/main"
     roots = eventually(lambda: published_roots(devcluster, signer), what="a published bundle")
     assert len(roots.roots) == 1
-    (bundle,) = bundles_for(devcluster, signer)
+    # A live bundle (keeping the label selectors before the standard use) and a preview twin.
+    bundle, preview = sorted(bundles_for(devcluster, signer), key=lambda b: b["metadata"]["name"])
     assert bundle["metadata"]["name"] == "rot.podcert.dev:main:roots"
     assert bundle["metadata"]["labels"][trustbundles.TRUST_DOMAIN_LABEL] == "cluster.local"
+    assert bundle["metadata"]["labels"]["k8s.spiffe.io/canarying"] == "live"
+    assert preview["metadata"]["name"] == "rot.podcert.dev:main:roots-preview"
+    assert preview["metadata"]["labels"]["k8s.spiffe.io/canarying"] == "preview"
+    assert preview["spec"]["trustBundle"] == bundle["spec"]["trustBundle"]
+
+    def live() -> JSON | None:
+        return next(
+            (
+                b
+                for b in bundles_for(devcluster, signer)
+                if b["metadata"]["name"].endswith(":roots")
+            ),
+            None,
+        )
 
     Rest(devcluster.admin).request(
         "DELETE", path_of(CTBS, "clustertrustbundles", None, bundle["metadata"]["name"])
     )
     started = time.monotonic()
-    back = eventually(
-        lambda: bundles_for(devcluster, signer) or None, timeout=5.0, what="the bundle back"
-    )
+    back = eventually(live, timeout=5.0, what="the bundle back")
     assert time.monotonic() - started < 5.0
-    assert back[0]["spec"]["trustBundle"] == bundle["spec"]["trustBundle"]
+    assert back["spec"]["trustBundle"] == bundle["spec"]["trustBundle"]
     # ... and nothing is rewritten when nothing changed.
-    version = back[0]["metadata"]["resourceVersion"]
+    version = back["metadata"]["resourceVersion"]
     _, pcr = request_as_node(
         devcluster, make_pod(devcluster, devcluster.namespace("rot"), "p", signer), signer
     )
     settled(devcluster, pcr)
-    assert bundles_for(devcluster, signer)[0]["metadata"]["resourceVersion"] == version
+    assert (live() or {})["metadata"]["resourceVersion"] == version
 
 
 @dataclass
