@@ -9,11 +9,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from bundles.foldersource import FolderSource
+from bundles.source import SourceError
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, Kubelet
 from podcert.client.rest import JSON, Rest, path_of
@@ -32,12 +35,12 @@ def spiffe_volume(
     *,
     name: str = "spiffe",
     channel: str = "live",
-    absent: Sequence[str] = (),
+    federated: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A projected volume in the SPIFFE Filesystem Delivery layout (docs/filesystem-delivery.md):
     `credential-bundle.pem`, the `channel` bundle of our own trust domain selected by the
-    standard's labels, and for each trust domain in `absent` an optional source that selects
-    nothing (a domain not federated, or no longer)."""
+    standard's labels, and an optional source for each trust domain in `federated` (one that no
+    bundle matches projects an empty file: not federated, or no longer)."""
 
     def bundle(peer: str, **extra: Any) -> dict[str, Any]:
         labels = {
@@ -60,8 +63,16 @@ def spiffe_volume(
         "credentialBundlePath": "credential-bundle.pem",
     }
     sources = [{"podCertificate": certificate}, bundle(trust_domain)]
-    sources += [bundle(peer, optional=True) for peer in absent]
+    sources += [bundle(peer, optional=True) for peer in federated]
     return {"name": name, "projected": {"sources": sources}}
+
+
+def folder_source(directory: Path) -> FolderSource | None:
+    """A folder source over a projected credential folder, or None while it is not all there."""
+    try:
+        return FolderSource(directory)
+    except SourceError:
+        return None
 
 
 def read(kubelet: Kubelet, pod_uid: str, name: str) -> bytes | None:

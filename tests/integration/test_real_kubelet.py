@@ -16,7 +16,6 @@ import ssl
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +43,7 @@ from tests.integration.kubelet_helpers import (
     TRUST,
     certificates_in,
     first_seen,
+    folder_source,
     pod_events,
     read,
     requests_for,
@@ -465,13 +465,6 @@ def test_a_kubelet_restart_requests_every_projection_anew_and_leaves_the_old_req
 # --- the SPIFFE Filesystem Delivery layout ------------------------------------------------------
 
 
-def folder_source(directory: Path) -> FolderSource | None:
-    try:
-        return FolderSource(directory)
-    except SourceError:
-        return None  # not all there yet
-
-
 def test_the_real_kubelet_projects_the_spiffe_credential_folder_and_a_folder_source_uses_it(
     devcluster: DevCluster,
     signer: Any,
@@ -490,7 +483,7 @@ def test_the_real_kubelet_projects_the_spiffe_credential_folder_and_a_folder_sou
             sa,
             node=real_kubelet.name,
             service_account=sa,
-            volumes=[spiffe_volume(SIGNER, TRUST_DOMAIN, absent=["gone.test"])],
+            volumes=[spiffe_volume(SIGNER, TRUST_DOMAIN, federated=["gone.test"])],
             image=images.BUSYBOX_IMAGE,
             command=KEEP_RUNNING,
         )

@@ -34,7 +34,7 @@ from podcert.api import keys
 from podcert.client.rest import JSON, ApiError, Rest, path_of
 from tests.integration.conftest import StartSigner
 from tests.integration.helpers import create_pcr, pcr_spec
-from tests.integration.kubelet_helpers import ca, spiffe_volume
+from tests.integration.kubelet_helpers import ca, folder_source, spiffe_volume
 from tests.integration.shim_helpers import (
     Shim,
     certificate_volume,
@@ -725,6 +725,47 @@ def test_an_unwritable_root_is_an_error_not_a_crash(
         proc.stop()
 
 
+def test_a_federated_trust_domain_whose_bundle_goes_leaves_the_folder_source_in_seconds(
+    devcluster: DevCluster, shim_a: Shim, ns: str
+) -> None:
+    """De-federation end to end: a partner's bundle, labelled as the standard says, reaches the
+    pod's `partner.test.trust-bundle.pem` (an optional source) and a folder source trusts that
+    trust domain; the bundle deleted, the shim empties the file within seconds and the source's
+    next load drops the trust domain."""
+    td, partner = "cluster.local", trustme.CA()
+    name = f"shim.podcert.dev:test:{ns}-partner"
+    labels = {
+        "k8s.spiffe.io/canarying": "live",
+        "k8s.spiffe.io/workload-trust-domain": td,
+        "k8s.spiffe.io/peer-trust-domain": "partner.test",
+    }
+    pem = partner.cert_pem.bytes()
+    put_trust_bundle(devcluster, name, pem, signer_name=SIGNER, labels=labels)
+    try:
+        pod = devcluster.pod(
+            ns,
+            "federating",
+            node=NODE_A,
+            volumes=[spiffe_volume(SIGNER, td, federated=["partner.test"])],
+        )
+        directory = shim_a.volume_dir(pod.metadata.uid, "spiffe")
+        partner_file = directory / "partner.test.trust-bundle.pem"
+        eventually(lambda: roots_in(partner_file) == der_of(pem), timeout=5)
+        source = eventually(lambda: folder_source(directory), timeout=5)
+        assert source.trust_domains == (td, "partner.test")
+
+        started = time.monotonic()
+        delete_trust_bundle(devcluster, name)
+        eventually(lambda: roots_in(partner_file) == frozenset(), timeout=5, interval=0.01)
+        emptied = time.monotonic() - started
+        assert source.refresh()
+        assert source.trust_domains == (td,)
+        print(f"de-federation: the partner's file empty {emptied:.3f}s after its bundle went")
+    finally:
+        with contextlib.suppress(ApiError):
+            delete_trust_bundle(devcluster, name)
+
+
 def test_the_spiffe_layout_and_a_preview_root_then_promoted_reach_the_pods_that_select_them(
     devcluster: DevCluster, shim_a: Shim, ns: str
 ) -> None:
@@ -739,7 +780,7 @@ def test_the_spiffe_layout_and_a_preview_root_then_promoted_reach_the_pods_that_
             channel,
             node=NODE_A,
             service_account=channel,
-            volumes=[spiffe_volume(SIGNER, td, channel=channel, absent=["gone.test"])],
+            volumes=[spiffe_volume(SIGNER, td, channel=channel, federated=["gone.test"])],
         )
         for channel in ("live", "preview")
     }
