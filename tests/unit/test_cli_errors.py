@@ -22,7 +22,7 @@ from podcert import cli
 from podcert.errors import EXIT_CLUSTER_UNREADABLE
 
 REPO = Path(__file__).resolve().parents[2]
-CA_ACTIONS = ("status", "prepare", "activate", "retire")
+CA_ACTIONS = ("status", "prepare", "promote", "activate", "retire")
 
 
 def answer(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -302,6 +302,7 @@ def _bad_flags(tmp_path: Path) -> list[tuple[str, list[str], int, tuple[str, ...
         ("ca unknown action", ["signer", "ca", "rotate", kc], 2, ("invalid choice", "'rotate'")),
         ("ca --namespace", ["signer", "ca", "status", kc, "--namespace=A_B"], 2, ("'A_B'",)),
         ("ca --ca-root-days", ["signer", "ca", "prepare", kc, "--ca-root-days=0"], 2, ("days",)),
+        ("ca --preview", ["signer", "ca", "activate", kc, "--preview"], 2, ("--preview goes",)),
         ("shim --node-name", ["shim", kc, "--node-name=Bad_Node"], 2, ("'Bad_Node'",)),
         ("shim no node", ["shim", kc], 2, ("--node-name is required",)),
         ("shim --workers", [*shim, "--workers=0"], 2, ("--workers",)),
