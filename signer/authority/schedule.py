@@ -5,7 +5,8 @@ A CA generation (a root and its intermediate) moves through:
     prepared  - published in the trust bundles, not signing yet (pods learn the new root);
                 one prepared with `preview` is published in the `preview` bundles only (pods
                 selecting `k8s.spiffe.io/canarying: preview` hold it first) until `Promote`
-                makes it live, and the schedule never activates it before then
+                makes it live, and the schedule never activates it before then (it promotes
+                it itself only when the active CA would otherwise run out)
     active    - signing; exactly one at a time
     retired   - no longer signing, still trusted until the last leaf it signed has expired
     (removed) - dropped from the Secret and from every trust bundle
@@ -148,7 +149,10 @@ def ca_schedule(
         return Prepare() if now >= prepare_from else None
     ready = prepared[0]
     if ready.preview:
-        return None  # a person judges the preview pods and promotes it (`Promote`)
+        # A person judges the preview pods and promotes it; unless nobody has by the time the
+        # active CA would otherwise run out: then live it goes, the overlap still ahead of it.
+        promote_by = intermediate.not_valid_after_utc - settings.max_leaf_lifetime
+        return Promote(ready.id) if now >= promote_by - settings.overlap else None
     # `since` is when it went live (prepared, or promoted): the fleet has had the overlap.
     if now >= ready.since + settings.overlap:
         return Activate(ready.id)

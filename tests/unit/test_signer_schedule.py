@@ -165,6 +165,16 @@ def test_a_preview_ca_never_signs_until_promoted_and_then_after_the_overlap(
     )
 
 
+def test_a_preview_nobody_promoted_goes_live_before_the_active_ca_runs_out(
+    bundles: list[ca.CABundle],
+) -> None:
+    gens, _ = preview(bundles)
+    expiry = bundles[0].intermediate.not_valid_after_utc
+    last_call = expiry - SETTINGS.max_leaf_lifetime - SETTINGS.overlap
+    assert schedule.ca_schedule(gens, last_call - dt.timedelta(seconds=1), SETTINGS) is None
+    assert schedule.ca_schedule(gens, last_call, SETTINGS) == schedule.Promote(gens[1].id)
+
+
 def test_the_preview_flag_round_trips_through_the_secret(bundles: list[ca.CABundle]) -> None:
     gens, now = preview(bundles)
     assert schedule.from_secret(schedule.to_secret(gens), now) == gens
