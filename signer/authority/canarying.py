@@ -41,7 +41,7 @@ def label_value_ok(value: str) -> bool:
 
 def labels(channel: Channel, workload_trust_domain: str, peer_trust_domain: str) -> dict[str, str]:
     """The standard's three labels for one bundle."""
-    out = {CANARYING: channel}
+    out: dict[str, str] = {CANARYING: channel}
     if label_value_ok(workload_trust_domain):
         out[WORKLOAD_TRUST_DOMAIN] = workload_trust_domain
     if label_value_ok(peer_trust_domain):

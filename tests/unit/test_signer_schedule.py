@@ -144,7 +144,7 @@ def test_a_preview_root_reaches_the_preview_bundles_only(bundles: list[ca.CABund
     gens, _ = preview(bundles)
     assert [(g.state, g.preview) for g in gens] == [("active", False), ("prepared", True)]
     assert schedule.live_roots(gens) == [bundles[0].root]
-    assert schedule.trusted_roots(gens) == [bundles[0].root, bundles[1].root]
+    assert set(schedule.trusted_roots(gens)) == {bundles[0].root, bundles[1].root}
 
 
 def test_a_preview_ca_never_signs_until_promoted_and_then_after_the_overlap(
@@ -177,7 +177,11 @@ def test_a_preview_nobody_promoted_goes_live_before_the_active_ca_runs_out(
 
 def test_the_preview_flag_round_trips_through_the_secret(bundles: list[ca.CABundle]) -> None:
     gens, now = preview(bundles)
-    assert schedule.from_secret(schedule.to_secret(gens), now) == gens
+
+    def shape(generations: list[schedule.Generation]) -> list[tuple[object, ...]]:
+        return [(g.id, g.state, g.since, g.preview, g.root) for g in generations]
+
+    assert shape(schedule.from_secret(schedule.to_secret(gens), now)) == shape(gens)
 
 
 @pytest.mark.parametrize(
