@@ -25,7 +25,6 @@ from kubernetes import client
 
 from bundles import formats
 from bundles.authz import allow_workloads
-from bundles.foldersource import FolderSource
 from devcluster import processes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, eventually
@@ -789,8 +788,10 @@ def test_the_spiffe_layout_and_a_preview_root_then_promoted_reach_the_pods_that_
     for directory in folders.values():
         eventually(lambda d=directory: read(d / own), timeout=5)  # type: ignore[misc]
         assert read(directory / "gone.test.trust-bundle.pem") == b""
-        assert read(directory / "credential-bundle.pem") is not None
-    sources = {c: FolderSource(d) for c, d in folders.items()}
+    sources = {
+        c: eventually(lambda d=d: folder_source(d), timeout=5, what=f"{c}'s folder")  # type: ignore[misc]
+        for c, d in folders.items()
+    }
     before = roots_in(folders["live"] / own)
     assert before and roots_in(folders["preview"] / own) == before
     assert sources["live"].trust_domains == (td,)
