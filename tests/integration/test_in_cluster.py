@@ -40,7 +40,7 @@ from devcluster import imagebuild, images, incluster, kube, nodes
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, Kubelet, eventually, running
 from podcert.client.rest import ApiError, Rest, path_of
-from tests.integration.kubelet_helpers import BUNDLE, KEEP_RUNNING, TRUST, certificates_in
+from tests.integration.kubelet_helpers import BUNDLE, KEEP_RUNNING, certificates_in
 from tests.integration.test_chart import kustomize
 from tests.integration.test_manifests import _PATHS, CLUSTER_SCOPED, MANIFESTS
 
@@ -53,6 +53,8 @@ SHOP = "shop"
 NODE = "node-real"
 # Where a replica's audit log (its `audit` emptyDir) lies on the node, under its pod's folder.
 AUDIT_LOG = Path("volumes/kubernetes.io~empty-dir/audit/audit.jsonl")
+# The pair's files, in the SPIFFE Filesystem Delivery layout (manifests/examples/mtls/pair.yaml).
+PAIR_BUNDLE, PAIR_TRUST = "credential-bundle.pem", "cluster.local.trust-bundle.pem"
 
 
 def _path(doc: dict[str, Any]) -> str:
@@ -327,7 +329,7 @@ def stop_client(devcluster: DevCluster, pod: dict[str, Any]) -> dict[str, Any]:
 
 def serial_of(kubelet: Kubelet, uid: str) -> str:
     """The serial of the pod's certificate, as the example pair logs it (lowercase hex)."""
-    return format(certificates_in(kubelet, uid, BUNDLE)[0].serial_number, "x")
+    return format(certificates_in(kubelet, uid, PAIR_BUNDLE)[0].serial_number, "x")
 
 
 @pytest.fixture(scope="module")
@@ -374,8 +376,8 @@ def test_the_example_pair_talks_mutual_tls_through_the_service_name(
     # bundle, which the kubelet took from that signer's ClusterTrustBundle).
     for app in ("api", "web"):
         uid = mtls_pair[app]["metadata"]["uid"]
-        chain = certificates_in(real_kubelet, uid, BUNDLE)
-        roots = certificates_in(real_kubelet, uid, TRUST)
+        chain = certificates_in(real_kubelet, uid, PAIR_BUNDLE)
+        roots = certificates_in(real_kubelet, uid, PAIR_TRUST)
         assert chain[-1].issuer in {r.subject for r in roots}, app
         san = chain[0].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert san.get_values_for_type(x509.UniformResourceIdentifier) == [
