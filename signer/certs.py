@@ -81,7 +81,7 @@ def _sign(
     usages: x509.Extension[x509.ExtendedKeyUsage],
 ) -> str:
     issuer = ca.certificate
-    fixed = _issuer_parts(issuer, ca.root)
+    fixed = _issuer_parts(issuer, ca.root, ca.upstream)
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(plan.spiffe_id)]
     sans += [x509.DNSName(name) for name in plan.dns_names]
     # One builder made whole, not step by step: each of its setters copies the builder and
@@ -246,18 +246,24 @@ class _IssuerParts:
     """What every leaf of one issuing CA carries of it."""
 
     authority_key_identifier: x509.Extension[x509.AuthorityKeyIdentifier]
-    # What follows the leaf in the chain: the intermediate, or nothing when the issuer is the
-    # root itself (clients get roots from the trust bundle).
+    # What follows the leaf in the chain: the intermediate and an upstream's intermediates, or
+    # nothing when the issuer is the root itself (clients get roots from the trust bundle).
     chain_tail: str
 
 
 # The issuer's parts of every leaf are the same until the CA changes: worked out once per CA.
 @functools.lru_cache(maxsize=16)
-def _issuer_parts(issuer: x509.Certificate, root: x509.Certificate) -> _IssuerParts:
+def _issuer_parts(
+    issuer: x509.Certificate,
+    root: x509.Certificate,
+    upstream: tuple[x509.Certificate, ...] = (),
+) -> _IssuerParts:
     tail = (
         ""
         if _same_certificate(issuer, root)
-        else issuer.public_bytes(serialization.Encoding.PEM).decode("ascii")
+        else "".join(
+            c.public_bytes(serialization.Encoding.PEM).decode("ascii") for c in (issuer, *upstream)
+        )
     )
     return _IssuerParts(
         x509.Extension(

@@ -106,6 +106,8 @@ class IssuingCA:
     certificate: x509.Certificate
     key: CertificateIssuerPrivateKeyTypes = field(repr=False)
     root: x509.Certificate
+    # An upstream's intermediates between this CA and `root` (nearest first), sent after it.
+    upstream: tuple[x509.Certificate, ...] = ()
     # The intermediate's notAfter, read once: every leaf's plan is bounded by it.
     not_after: dt.datetime = field(init=False)
 

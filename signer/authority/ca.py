@@ -53,6 +53,9 @@ class CABundle:
     intermediate_key: CAKey = field(repr=False)
     # None for an operator-provided CA whose root key stays elsewhere.
     root_key: CAKey | None = field(default=None, repr=False)
+    # An upstream's intermediates between ours and its root (nearest first); empty when our
+    # intermediate is signed by the root itself. Sent after our intermediate in every chain.
+    upstream: tuple[x509.Certificate, ...] = ()
 
     @property
     def not_after(self) -> dt.datetime:
@@ -130,14 +133,20 @@ def new_intermediate(
 
 def issuing_ca(bundle: CABundle) -> model.IssuingCA:
     return model.IssuingCA(
-        certificate=bundle.intermediate, key=bundle.intermediate_key, root=bundle.root
+        certificate=bundle.intermediate,
+        key=bundle.intermediate_key,
+        root=bundle.root,
+        upstream=bundle.upstream,
     )
 
 
 def to_secret_data(bundle: CABundle) -> dict[str, bytes]:
     """The bundle as Kubernetes Secret data (raw bytes; the API client base64-encodes)."""
     data = {
-        TLS_CRT: bundle.intermediate.public_bytes(serialization.Encoding.PEM),
+        TLS_CRT: b"".join(
+            c.public_bytes(serialization.Encoding.PEM)
+            for c in (bundle.intermediate, *bundle.upstream)
+        ),
         TLS_KEY: dump_private_key(bundle.intermediate_key),
         CA_CRT: bundle.root.public_bytes(serialization.Encoding.PEM),
     }
@@ -150,24 +159,33 @@ def from_secret_data(data: Mapping[str, bytes]) -> CABundle:
     """Load and check a CA Secret; raises CAError naming the field for anything unusable."""
     root = _one_certificate(data, CA_CRT)
     issuing = _certificates(data, TLS_CRT)
-    # tls.crt may carry the root after the issuing CA (a common "full chain" habit); any other
-    # extra certificate means a deeper chain than this signer publishes.
-    if len(issuing) > 1 and not (len(issuing) == 2 and _same(issuing[1], root)):
-        raise CAError(
-            f"{TLS_CRT}: holds {len(issuing)} certificates; expected the issuing CA alone "
-            f"(optionally followed by the root from {CA_CRT})"
-        )
-    intermediate = issuing[0]
+    # tls.crt is the issuing CA, then any upstream intermediates up to the root (an offline
+    # upstream's chain), optionally followed by the root itself (a common "full chain" habit).
+    if len(issuing) > 1 and _same(issuing[-1], root):
+        issuing = issuing[:-1]
+    intermediate, upstream = issuing[0], tuple(issuing[1:])
+    for n, (child, parent) in enumerate(zip(issuing, [*upstream, root], strict=True)):
+        if n > 0:
+            _check_is_ca(child, TLS_CRT)
+        if n + 1 < len(issuing):
+            try:
+                child.verify_directly_issued_by(parent)
+            except (ValueError, TypeError, InvalidSignature) as exc:
+                raise CAError(
+                    f"{TLS_CRT}: certificate {n + 1} ({_common_name(child)!r}) is not signed by "
+                    f"the one after it ({_common_name(parent)!r}): {exc or type(exc).__name__}"
+                ) from exc
     intermediate_key = _private_key(data, TLS_KEY)
     _check_is_ca(intermediate, TLS_CRT)
     _check_is_ca(root, CA_CRT)
     _check_key_matches(intermediate_key, intermediate, TLS_KEY, TLS_CRT)
-    if not _same(intermediate, root):
+    last = issuing[-1]
+    if not _same(last, root):
         try:
-            intermediate.verify_directly_issued_by(root)
+            last.verify_directly_issued_by(root)
         except (ValueError, TypeError, InvalidSignature) as exc:
             raise CAError(
-                f"{TLS_CRT}: the issuing CA {_common_name(intermediate)!r} is not signed by "
+                f"{TLS_CRT}: the issuing CA {_common_name(last)!r} is not signed by "
                 f"the root in {CA_CRT} ({_common_name(root)!r}): {exc or type(exc).__name__}"
             ) from exc
     root_key: CAKey | None = None
@@ -175,7 +193,11 @@ def from_secret_data(data: Mapping[str, bytes]) -> CABundle:
         root_key = _private_key(data, CA_KEY)
         _check_key_matches(root_key, root, CA_KEY, CA_CRT)
     return CABundle(
-        root=root, intermediate=intermediate, intermediate_key=intermediate_key, root_key=root_key
+        root=root,
+        intermediate=intermediate,
+        intermediate_key=intermediate_key,
+        root_key=root_key,
+        upstream=upstream,
     )
 
 
@@ -292,6 +314,11 @@ def _private_key(data: Mapping[str, bytes], name: str) -> CAKey:
     if isinstance(key, CAKey):
         return key
     raise CAError(f"{name}: {type(key).__name__} keys are not supported; use ECDSA, RSA or Ed25519")
+
+
+def load_private_key(data: Mapping[str, bytes], name: str) -> CAKey:
+    """The private key in `data[name]`, checked as a CA key is; CAError naming `name`."""
+    return _private_key(data, name)
 
 
 def _check_is_ca(cert: x509.Certificate, name: str) -> None:

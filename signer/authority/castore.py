@@ -25,15 +25,17 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Final
 
 from cryptography import x509
 
+from podcert.api import keys
 from podcert.client.rest import JSON, ApiError
 from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
 from podcert.reconcile.reflector import Reflector
 from signer import model
-from signer.authority import ca, schedule, spiffebundle
+from signer.authority import ca, offline, schedule, spiffebundle
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -219,6 +221,7 @@ class CAStore:
         fresh = self._new_ca() if isinstance(step, schedule.Prepare) else None
         after = schedule.apply(gens, step, now, self.settings, fresh)
         written = schedule.to_secret(after)
+        written.update(offline.carried_over(data))  # a generation awaiting its chain stays
         written[FORMAT_KEY] = str(FORMAT).encode()
         sequence = spiffebundle.next_sequence(
             _sequence(data, gens), schedule.trusted_roots(gens), schedule.trusted_roots(after), now
@@ -235,7 +238,88 @@ class CAStore:
         gens = self.generations
         if self.too_new is not None or not gens or any(g.id == "operator" for g in gens):
             return None
-        return schedule.ca_schedule(gens, self.clock(), self.settings)
+        step = schedule.ca_schedule(gens, self.clock(), self.settings)
+        current = schedule.active(gens)
+        if isinstance(step, schedule.Prepare) and current and current.bundle.root_key is None:
+            # An upstream signs our intermediates: the next one comes from the operator
+            # (`ca prepare --upstream offline`, then `ca import`), never from a root of our own.
+            return None
+        return step
+
+    def prepare_offline(self, trust_domain: str) -> offline.Pending:
+        """Make the next generation's key and its CSR, stored as awaiting a signed chain."""
+        now = self.clock()
+        data, version, gens = self._read_for_write()
+        if (waiting := offline.pending_from_secret(data)) is not None:
+            raise schedule.RotationError(
+                f"generation {waiting.id} already awaits its signed chain (its CSR is "
+                f"{offline.PENDING_PREFIX}{waiting.id}.csr in {self.ref}); import it first"
+            )
+        if any(g.state == "prepared" for g in gens):
+            raise schedule.RotationError("a prepared CA already exists; activate it first")
+        gid = schedule.generation_id(now, gens)
+        key = keys.generate("ECDSAP256")
+        csr = offline.intermediate_csr(
+            key, trust_domain, f"podcert {trust_domain} intermediate {now:%Y-%m-%dT%H:%M:%SZ}"
+        )
+        pending = offline.Pending(gid, trust_domain, now, key, csr)
+        written = dict(data)
+        written.update(offline.pending_to_secret(pending))
+        self.kube.replace_secret(self.namespace, self.secret_name, written, version, MANAGED_LABEL)
+        log.info("generation %s awaits its signed chain (CSR written)", gid)
+        return pending
+
+    def pending(self) -> offline.Pending | None:
+        found = self.kube.read_secret(self.namespace, self.secret_name)
+        return offline.pending_from_secret(found[0]) if found else None
+
+    def import_chain(self, gid: str, chain_pem: bytes) -> list[schedule.Generation]:
+        """Check the signed chain for the awaiting generation `gid` and add it as prepared (or
+        active, when nothing signs yet); offline.ChainError names what is wrong with it."""
+        now = self.clock()
+        data, version, gens = self._read_for_write()
+        pending = offline.pending_from_secret(data)
+        if pending is None or pending.id != gid:
+            raise schedule.RotationError(f"no generation {gid} awaits a signed chain")
+        chain = offline.check_signed_chain(
+            offline.parse_chain(chain_pem),
+            pending.key,
+            pending.trust_domain,
+            now,
+            self.settings.max_leaf_lifetime + self.settings.overlap,
+        )
+        bundle = offline.imported_bundle(pending, chain)
+        after = schedule.apply(gens, schedule.Prepare(), now, self.settings, bundle)
+        # The generation keeps the id its CSR was made under.
+        after = [replace(g, id=gid) if g.bundle is bundle else g for g in after]
+        written = schedule.to_secret(after)
+        written[FORMAT_KEY] = str(FORMAT).encode()
+        sequence = spiffebundle.next_sequence(
+            _sequence(data, gens), schedule.trusted_roots(gens), schedule.trusted_roots(after), now
+        )
+        written[spiffebundle.SEQUENCE_KEY] = str(sequence).encode()
+        new_version = self.kube.replace_secret(
+            self.namespace, self.secret_name, written, version, MANAGED_LABEL
+        )
+        self._adopt(written, new_version)
+        log.info("generation %s imported from its upstream: %s", gid, describe(after))
+        return after
+
+    def _read_for_write(self) -> tuple[dict[str, bytes], str, list[schedule.Generation]]:
+        found = self.kube.read_secret(self.namespace, self.secret_name)
+        if found is None:
+            raise ApiError(404, "NotFound", f"CA Secret {self.ref} does not exist")
+        data, version = found
+        try:
+            self._check_format(data)
+        except (FormatTooNew, FormatUnreadable) as err:
+            raise schedule.RotationError(str(err)) from None
+        gens = schedule.from_secret(data, self.clock())
+        if any(g.id == "operator" for g in gens):
+            raise schedule.RotationError(
+                f"{self.ref} holds an operator-provided CA; rotate it by replacing the Secret"
+            )
+        return data, version, gens
 
     def _check_format(self, data: Mapping[str, bytes]) -> None:
         """Raise FormatTooNew (or FormatUnreadable) unless this release reads the Secret."""

@@ -1,0 +1,251 @@
+"""signer.authority.offline: the CSR we hand out, and each reason a signed chain is refused."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from signer import certs, model
+from signer.authority import ca, offline
+
+NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
+TD = "example.org"
+COVER = dt.timedelta(days=1, hours=1)
+KEY = ec.generate_private_key(ec.SECP256R1())
+
+
+def _usage(cert_sign: bool = True) -> x509.KeyUsage:
+    return x509.KeyUsage(False, False, False, False, False, cert_sign, True, False, False)
+
+
+def make_ca(
+    name: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None = None,
+    *,
+    ca: bool = True,
+    path_length: int | None = None,
+    cert_sign: bool = True,
+    uris: tuple[str, ...] = (),
+    not_before: dt.datetime = NOW - dt.timedelta(hours=1),
+    not_after: dt.datetime = NOW + dt.timedelta(days=30),
+) -> x509.Certificate:
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_name, signing_key = (subject, key) if issuer is None else (issuer[0].subject, issuer[1])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=path_length), critical=True)
+        .add_extension(_usage(cert_sign), critical=True)
+    )
+    if uris:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(u) for u in uris]),
+            critical=False,
+        )
+    return builder.sign(signing_key, hashes.SHA256())
+
+
+ROOT_KEY = ec.generate_private_key(ec.SECP256R1())
+ROOT = make_ca("corp root", ROOT_KEY, path_length=None)
+MID_KEY = ec.generate_private_key(ec.SECP256R1())
+MID = make_ca("corp issuing", MID_KEY, (ROOT, ROOT_KEY), path_length=1)
+
+
+def ours(**kwargs: object) -> x509.Certificate:
+    return make_ca("podcert intermediate", KEY, (MID, MID_KEY), uris=(f"spiffe://{TD}",), **kwargs)  # type: ignore[arg-type]
+
+
+def check(chain: list[x509.Certificate]) -> offline.SignedChain:
+    return offline.check_signed_chain(chain, KEY, TD, NOW, COVER)
+
+
+def test_csr_asks_for_a_leaf_only_ca_of_the_trust_domain_with_our_key() -> None:
+    csr = offline.intermediate_csr(KEY, TD, "podcert intermediate")
+    assert csr.is_signature_valid
+    assert csr.public_key().public_numbers() == KEY.public_key().public_numbers()  # type: ignore[union-attr]
+    bc = csr.extensions.get_extension_for_class(x509.BasicConstraints).value
+    assert (bc.ca, bc.path_length) == (True, 0)
+    ku = csr.extensions.get_extension_for_class(x509.KeyUsage).value
+    assert ku.key_cert_sign and ku.crl_sign and not ku.digital_signature
+    san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == [f"spiffe://{TD}"]
+
+
+def test_a_good_chain_is_split_into_ours_the_upstream_intermediates_and_the_root() -> None:
+    mine = ours()
+    got = check([mine, MID, ROOT])
+    assert (got.intermediate, got.upstream, got.root) == (mine, (MID,), ROOT)
+
+
+def test_an_intermediate_signed_by_the_root_directly_has_no_upstream_intermediates() -> None:
+    mine = make_ca("podcert intermediate", KEY, (ROOT, ROOT_KEY))  # no SAN: allowed
+    assert check([mine, ROOT]).upstream == ()
+
+
+@pytest.mark.parametrize(
+    ("chain", "field"),
+    [
+        pytest.param(
+            lambda: [make_ca("x", MID_KEY, (MID, MID_KEY)), MID, ROOT],
+            "chain[0].subjectPublicKeyInfo",
+            id="another-key",
+        ),
+        pytest.param(lambda: [ours(ca=False), MID, ROOT], "chain[0].basicConstraints", id="not-ca"),
+        pytest.param(
+            lambda: [ours(cert_sign=False), MID, ROOT], "chain[0].keyUsage", id="no-keyCertSign"
+        ),
+        pytest.param(
+            lambda: [
+                make_ca("p", KEY, (MID, MID_KEY), uris=("spiffe://other.org",)),
+                MID,
+                ROOT,
+            ],
+            "chain[0].subjectAltName",
+            id="other-trust-domain",
+        ),
+        pytest.param(
+            lambda: [ours(not_after=NOW + dt.timedelta(hours=2)), MID, ROOT],
+            "chain[0].notAfter",
+            id="too-short-for-leaf-plus-overlap",
+        ),
+        pytest.param(
+            lambda: [ours(not_before=NOW + dt.timedelta(hours=1)), MID, ROOT],
+            "chain[0].notBefore",
+            id="not-yet-valid",
+        ),
+        pytest.param(
+            lambda: [
+                ours(),
+                make_ca(
+                    "corp issuing", MID_KEY, (ROOT, ROOT_KEY), not_after=NOW + dt.timedelta(hours=3)
+                ),
+                ROOT,
+            ],
+            "chain[1].notAfter",
+            id="upstream-intermediate-ends-too-soon",
+        ),
+        pytest.param(
+            lambda: [ours(), MID],
+            "chain[1]: 'corp issuing' is not a self-signed root",
+            id="no-root",
+        ),
+        pytest.param(
+            lambda: [ours(), ROOT], "chain[0].signature", id="wrong-order-or-missing-link"
+        ),
+        pytest.param(
+            lambda: [
+                ours(),
+                make_ca("corp issuing", MID_KEY, (ROOT, ROOT_KEY), path_length=0),
+                ROOT,
+            ],
+            "chain[1].basicConstraints: pathlen 0",
+            id="upstream-pathlen-too-small",
+        ),
+        pytest.param(
+            lambda: [ours(), make_ca("corp issuing", MID_KEY, (ROOT, ROOT_KEY), ca=False), ROOT],
+            "chain[1].basicConstraints",
+            id="upstream-not-ca",
+        ),
+    ],
+)
+def test_each_refusal_is_one_line_naming_the_field(chain: object, field: str) -> None:
+    with pytest.raises(offline.ChainError) as err:
+        check(chain())  # type: ignore[operator]
+    message = str(err.value)
+    assert message.startswith(field)
+    assert "\n" not in message
+
+
+def test_garbage_and_empty_chains_are_refused_by_name() -> None:
+    with pytest.raises(offline.ChainError, match=r"^chain: not PEM"):
+        offline.parse_chain(b"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
+    with pytest.raises(offline.ChainError, match=r"^chain: holds no certificate"):
+        offline.parse_chain(b"")
+    with pytest.raises(offline.ChainError, match=r"^chain: holds no certificate"):
+        check([])
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+def test_a_chain_signed_by_openssl_from_our_csr_is_accepted(tmp_path: Path) -> None:
+    """openssl plays the operator's CA, as the runbook in docs/upstream-ca.md shows."""
+    (tmp_path / "csr.pem").write_bytes(
+        offline.csr_pem(offline.intermediate_csr(KEY, TD, "podcert intermediate"))
+    )
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", tmp_path / "root.key", "-out", tmp_path / "root.pem", "-days", "3650",
+        "-subj", "/CN=corp offline root",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+    (tmp_path / "ext.cnf").write_text(
+        "basicConstraints=critical,CA:TRUE,pathlen:0\n"
+        "keyUsage=critical,keyCertSign,cRLSign\n"
+        f"subjectAltName=URI:spiffe://{TD}\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", tmp_path / "csr.pem", "-CA", tmp_path / "root.pem",
+        "-CAkey", tmp_path / "root.key", "-CAcreateserial", "-days", "30",
+        "-extfile", tmp_path / "ext.cnf", "-out", tmp_path / "mine.pem",
+    )  # fmt: skip
+    pem = (tmp_path / "mine.pem").read_bytes() + (tmp_path / "root.pem").read_bytes()
+    now = dt.datetime.now(dt.UTC)
+    got = offline.check_signed_chain(offline.parse_chain(pem), KEY, TD, now, COVER)
+    assert got.root.subject.rfc4514_string() == "CN=corp offline root"
+    assert got.upstream == ()
+    root_pem = got.root.public_bytes(serialization.Encoding.PEM)
+    assert root_pem == (tmp_path / "root.pem").read_bytes()
+
+
+def test_an_imported_generation_round_trips_the_secret_and_its_leaves_carry_the_upstream() -> None:
+    """Leaf, our intermediate, the upstream's intermediates; never the upstream's root."""
+    mine = ours()
+    pending = offline.Pending("g1", TD, NOW, KEY, offline.intermediate_csr(KEY, TD, "p"))
+    bundle = offline.imported_bundle(pending, check([mine, MID, ROOT]))
+    data = ca.to_secret_data(bundle)
+    assert ca.CA_KEY not in data  # no root key of ours
+    again = ca.from_secret_data(data)
+    assert (again.intermediate, again.upstream, again.root) == (mine, (MID,), ROOT)
+    plan = model.LeafPlan(
+        spiffe_id=f"spiffe://{TD}/ns/a/sa/b",
+        dns_names=(),
+        public_key=ec.generate_private_key(ec.SECP256R1()).public_key(),
+        not_before=NOW,
+        not_after=NOW + dt.timedelta(hours=1),
+        begin_refresh_at=NOW + dt.timedelta(minutes=30),
+    )
+    chain = x509.load_pem_x509_certificates(
+        certs.sign_leaf(plan, ca.issuing_ca(again), certs.random_serial()).encode()
+    )
+    assert chain[1:] == [mine, MID]
+    chain[0].verify_directly_issued_by(mine)
+
+
+def test_a_pending_generation_round_trips_the_secret_and_is_carried_over() -> None:
+    pending = offline.Pending("g2", TD, NOW, KEY, offline.intermediate_csr(KEY, TD, "p"))
+    data = offline.pending_to_secret(pending)
+    again = offline.pending_from_secret({**data, "tls.crt": b"x"})
+    assert again is not None
+    assert (again.id, again.trust_domain, again.since, again.csr) == ("g2", TD, NOW, pending.csr)
+    assert offline.carried_over({**data, "tls.crt": b"x"}) == data
+    assert offline.pending_from_secret({"tls.crt": b"x"}) is None
+    with pytest.raises(ca.CAError, match=r"^offline\.pending\.json: not valid JSON"):
+        offline.pending_from_secret({offline.PENDING_INDEX: b"{"})
