@@ -18,13 +18,14 @@ from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
 from podcert.serving import connections
 from signer import build, policy
-from signer.authority import schedule, spiffebundle
+from signer.authority import offline, schedule, spiffebundle
 from signer.authority.ca import CAError
 from signer.authority.castore import CAStore, describe
 from signer.federation import endpoint, poller
 from signer.issue.controller import DEFAULT_SETTINGS, Settings, utcnow
 from signer.kube import SignerKube
 from signer.leader import LeaseSettings
+from signer.policyfile import trust_domain_problem
 
 log = logging.getLogger("podcert.signer")
 
@@ -105,6 +106,8 @@ def register(subparsers: Any) -> None:
         "signer",
         help="issue and deny PodCertificateRequests for our signer names",
         formatter_class=HelpFormatter,
+        # No abbreviations: `ca ACTION --id GEN` must reach `ca`, not match --identity here.
+        allow_abbrev=False,
     )
     _cluster_flags(p, after_ca=False)
     lease = LeaseSettings()
@@ -275,7 +278,7 @@ def register(subparsers: Any) -> None:
         help="inspect or rotate the CA by hand (safe while issuing)",
         description="Inspect or rotate the CA in its Secret by hand (safe while replicas issue).",
     )
-    ca_parser.add_argument("action", choices=["status", *schedule.ACTIONS])
+    ca_parser.add_argument("action", choices=["status", *schedule.ACTIONS, "import"])
     _cluster_flags(ca_parser, after_ca=True)
     ca_parser.add_argument("--id", default=None, help="the generation to act on")
     ca_parser.add_argument(
@@ -288,6 +291,27 @@ def register(subparsers: Any) -> None:
         "--force",
         action="store_true",
         help="retire even though leaves it signed may not have expired yet",
+    )
+    ca_parser.add_argument(
+        "--upstream",
+        choices=["self", "offline"],
+        default="self",
+        help="prepare: who signs the next intermediate: podcert's own root (self), or any CA "
+        "outside the cluster (offline: writes a CSR to --csr-out; then `ca import`)",
+    )
+    ca_parser.add_argument(
+        "--trust-domain",
+        dest="offline_trust_domain",
+        default=None,
+        help="prepare --upstream offline: the trust domain the CSR names (spiffe://TD)",
+    )
+    ca_parser.add_argument(
+        "--csr-out", default=None, help="prepare --upstream offline: where to write the CSR (PEM)"
+    )
+    ca_parser.add_argument(
+        "--chain",
+        default=None,
+        help="import: the signed intermediate then the upstream's chain up to its root (PEM)",
     )
     ca_parser.set_defaults(run=run_ca)
 
@@ -369,6 +393,8 @@ def run_ca(args: argparse.Namespace) -> int:
         raise ConfigError(problem)
     if args.preview and args.action != "prepare":
         raise ConfigError(f"--preview goes with `ca prepare` only, not `ca {args.action}`")
+    if problem := _offline_problem(args):
+        raise ConfigError(problem)
     settings = commandline.from_args(args)
     # The context's namespace only when it names one: "default" never holds a signer.
     namespace = args.namespace or (
@@ -388,7 +414,6 @@ def run_ca(args: argparse.Namespace) -> int:
         if gens is None:
             raise CommandError(str(cas.error))
         if args.action == "status":
-            now = utcnow()
             for g in gens:
                 until = (
                     f" trusted until {g.trusted_until:%Y-%m-%dT%H:%M:%SZ}"
@@ -401,10 +426,30 @@ def run_ca(args: argparse.Namespace) -> int:
                     f"root until {g.root.not_valid_after_utc:%Y-%m-%d}  "
                     f"signing CA until {g.bundle.not_after:%Y-%m-%d}{until}"
                 )
-            due = (
-                schedule.ca_schedule(gens, now, cas.settings) if gens[0].id != "operator" else None
-            )
+            if (waiting := cas.pending()) is not None:
+                print(
+                    f"{waiting.id:24} {'awaiting signed chain':9} "
+                    f"since {waiting.since:%Y-%m-%dT%H:%M:%SZ}  "
+                    f"(CSR for spiffe://{waiting.trust_domain}; "
+                    f"`ca import --id {waiting.id} --chain FILE`)"
+                )
+            due = cas.due() if gens[0].id != "operator" else None
             print(f"next step due: {type(due).__name__ if due else 'none'}")
+            return 0
+        if args.action == "prepare" and args.upstream == "offline":
+            pending = cas.prepare_offline(args.offline_trust_domain)
+            Path(args.csr_out).write_bytes(offline.csr_pem(pending.csr))
+            print(
+                f"{pending.id} awaits its signed chain: CSR written to {args.csr_out}; have it "
+                f"signed, then `podcert signer ca import --id {pending.id} --chain FILE`"
+            )
+            return 0
+        if args.action == "import":
+            try:
+                chain_pem = Path(args.chain).read_bytes()
+            except OSError as err:
+                raise ConfigError(f"--chain {args.chain}: {err.strerror}") from None
+            print(describe(cas.import_chain(args.id, chain_pem)))
             return 0
         step = schedule.manual_step(
             args.action, gens, utcnow(), target=args.id, preview=args.preview, force=args.force
@@ -412,8 +457,28 @@ def run_ca(args: argparse.Namespace) -> int:
         after = cas.step(step)
         print(describe(after))
         return 0
-    except (ApiError, schedule.RotationError, CAError) as err:
+    except (ApiError, schedule.RotationError, CAError, offline.ChainError) as err:
         raise CommandError(f"ca {args.action}: {one_line(str(err))}") from None
+
+
+def _offline_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the offline upstream's flags of `podcert signer ca`, or None."""
+    offline_prepare = args.action == "prepare" and args.upstream == "offline"
+    if args.upstream != "self" and args.action != "prepare":
+        return f"--upstream goes with `ca prepare` only, not `ca {args.action}`"
+    if offline_prepare and args.preview:
+        return "--preview goes with --upstream self only (an offline CA is imported, then live)"
+    if (args.offline_trust_domain is not None or args.csr_out is not None) and not offline_prepare:
+        return "--trust-domain and --csr-out go with `ca prepare --upstream offline` only"
+    if offline_prepare and (not args.offline_trust_domain or not args.csr_out):
+        return "`ca prepare --upstream offline` needs --trust-domain and --csr-out"
+    if offline_prepare and (problem := trust_domain_problem(args.offline_trust_domain)):
+        return f"--trust-domain {args.offline_trust_domain!r}: {problem}"
+    if (args.chain is not None) != (args.action == "import"):
+        return "`ca import` needs --chain FILE (and --chain goes with `ca import` only)"
+    if args.action == "import" and not args.id:
+        return "`ca import` needs --id GEN (the generation `ca status` shows awaiting its chain)"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
