@@ -257,7 +257,8 @@ class CAStore:
             )
         if any(g.state == "prepared" for g in gens):
             raise schedule.RotationError("a prepared CA already exists; activate it first")
-        gid = schedule.generation_id(now, gens)
+        # Its own suffix: the schedule names generations by time alone and cannot see this one.
+        gid = f"{schedule.generation_id(now, gens)}-upstream"
         key = keys.generate("ECDSAP256")
         csr = offline.intermediate_csr(
             key, trust_domain, f"podcert {trust_domain} intermediate {now:%Y-%m-%dT%H:%M:%SZ}"
@@ -281,6 +282,8 @@ class CAStore:
         pending = offline.pending_from_secret(data)
         if pending is None or pending.id != gid:
             raise schedule.RotationError(f"no generation {gid} awaits a signed chain")
+        if any(g.id == gid for g in gens):
+            raise schedule.RotationError(f"a generation {gid} exists already")
         chain = offline.check_signed_chain(
             offline.parse_chain(chain_pem),
             pending.key,

@@ -6,6 +6,7 @@ import datetime as dt
 import shutil
 import subprocess
 from pathlib import Path
+from typing import cast
 
 import pytest
 from cryptography import x509
@@ -14,7 +15,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from signer import certs, model
-from signer.authority import ca, offline
+from signer.authority import ca, offline, schedule
+from signer.authority.castore import CAStore
+from signer.kube import SignerKube
+from tests.ca_secrets import SecretKube
 
 NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
 TD = "example.org"
@@ -249,3 +253,59 @@ def test_a_pending_generation_round_trips_the_secret_and_is_carried_over() -> No
     assert offline.pending_from_secret({"tls.crt": b"x"}) is None
     with pytest.raises(ca.CAError, match=r"^offline\.pending\.json: not valid JSON"):
         offline.pending_from_secret({offline.PENDING_INDEX: b"{"})
+
+
+def _sign_csr(csr: x509.CertificateSigningRequest) -> x509.Certificate:
+    """The upstream (ROOT) signs the CSR as asked, copying its extensions."""
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(csr.subject)
+        .issuer_name(ROOT.subject)
+        .public_key(csr.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - dt.timedelta(minutes=5))
+        .not_valid_after(NOW + dt.timedelta(days=30))
+    )
+    for ext in csr.extensions:
+        builder = builder.add_extension(ext.value, ext.critical)
+    return builder.sign(ROOT_KEY, hashes.SHA256())
+
+
+def test_the_store_keeps_a_generation_awaiting_its_chain_out_of_the_schedule_until_imported() -> (
+    None
+):
+    kube = SecretKube(None)
+    clock = [NOW]
+    cas = CAStore(
+        cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: clock[0], create=True
+    )
+    assert cas.load() is not None
+    pending = cas.prepare_offline(TD)
+    with pytest.raises(schedule.RotationError, match="already awaits its signed chain"):
+        cas.prepare_offline(TD)
+    # The schedule neither sees it nor activates it; its steps carry it over.
+    assert [g.state for g in cas.generations] == ["active"]
+    assert cas.due() is None
+    cas.step(schedule.Prepare())
+    cas.step(schedule.Activate(cas.generations[-1].id))
+    kept = cas.pending()
+    assert kept is not None and (kept.id, kept.csr) == (pending.id, pending.csr)
+
+    with pytest.raises(offline.ChainError, match=r"^chain\[0\]\.subjectPublicKeyInfo"):
+        cas.import_chain(pending.id, pem_of(ours(), ROOT))
+    gens = cas.import_chain(pending.id, pem_of(_sign_csr(pending.csr), ROOT))
+    imported = next(g for g in gens if g.id == pending.id)
+    assert imported.state == "prepared" and imported.root == ROOT
+    assert cas.pending() is None
+    cas.step(schedule.Activate(pending.id))
+    # An upstream signs now: the schedule never prepares a root of its own.
+    clock[0] = NOW + dt.timedelta(days=20)  # past half of the imported intermediate's life
+    while isinstance(step := cas.due(), schedule.Remove):
+        cas.step(step)
+    assert [g.id for g in cas.generations] == [pending.id]
+    assert schedule.ca_schedule(cas.generations, clock[0]) == schedule.Prepare()
+    assert cas.due() is None
+
+
+def pem_of(*chain: x509.Certificate) -> bytes:
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain)
