@@ -18,6 +18,7 @@ from signer import certs, model
 from signer.authority import ca, offline, schedule
 from signer.authority.castore import CAStore
 from signer.kube import SignerKube
+from signer.report import status
 from tests.ca_secrets import SecretKube
 
 NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
@@ -309,3 +310,15 @@ def test_the_store_keeps_a_generation_awaiting_its_chain_out_of_the_schedule_unt
 
 def pem_of(*chain: x509.Certificate) -> bytes:
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain)
+
+
+def test_podcert_status_says_a_generation_awaits_its_signed_chain() -> None:
+    kube = SecretKube(None)
+    cas = CAStore(cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: NOW)
+    assert cas.load() is not None
+    pending = cas.prepare_offline(TD)
+    assert kube.data is not None
+    shown = status.authority(kube.data, "podcert-system/podcert-ca", NOW)
+    assert shown.next_step is not None
+    assert shown.next_step.startswith(f"{pending.id} awaiting signed chain since")
+    assert [g.state for g in shown.generations] == ["active"]  # not a generation yet
