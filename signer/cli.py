@@ -17,7 +17,7 @@ from podcert.client.rest import ApiError, Rest
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
 from podcert.serving import connections
-from signer import build, policy
+from signer import build, policy, upstreamcli
 from signer.authority import offline, schedule, spiffebundle
 from signer.authority.ca import CAError
 from signer.authority.castore import CAStore, describe
@@ -25,7 +25,6 @@ from signer.federation import endpoint, poller
 from signer.issue.controller import DEFAULT_SETTINGS, Settings, utcnow
 from signer.kube import SignerKube
 from signer.leader import LeaseSettings
-from signer.policyfile import trust_domain_problem
 
 log = logging.getLogger("podcert.signer")
 
@@ -292,27 +291,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="retire even though leaves it signed may not have expired yet",
     )
-    ca_parser.add_argument(
-        "--upstream",
-        choices=["self", "offline"],
-        default="self",
-        help="prepare: who signs the next intermediate: podcert's own root (self), or any CA "
-        "outside the cluster (offline: writes a CSR to --csr-out; then `ca import`)",
-    )
-    ca_parser.add_argument(
-        "--trust-domain",
-        dest="offline_trust_domain",
-        default=None,
-        help="prepare --upstream offline: the trust domain the CSR names (spiffe://TD)",
-    )
-    ca_parser.add_argument(
-        "--csr-out", default=None, help="prepare --upstream offline: where to write the CSR (PEM)"
-    )
-    ca_parser.add_argument(
-        "--chain",
-        default=None,
-        help="import: the signed intermediate then the upstream's chain up to its root (PEM)",
-    )
+    upstreamcli.add_flags(ca_parser)
     ca_parser.set_defaults(run=run_ca)
 
 
@@ -393,7 +372,7 @@ def run_ca(args: argparse.Namespace) -> int:
         raise ConfigError(problem)
     if args.preview and args.action != "prepare":
         raise ConfigError(f"--preview goes with `ca prepare` only, not `ca {args.action}`")
-    if problem := _offline_problem(args):
+    if problem := upstreamcli.problem(args):
         raise ConfigError(problem)
     settings = commandline.from_args(args)
     # The context's namespace only when it names one: "default" never holds a signer.
@@ -436,21 +415,8 @@ def run_ca(args: argparse.Namespace) -> int:
             due = cas.due() if gens[0].id != "operator" else None
             print(f"next step due: {type(due).__name__ if due else 'none'}")
             return 0
-        if args.action == "prepare" and args.upstream == "offline":
-            pending = cas.prepare_offline(args.offline_trust_domain)
-            Path(args.csr_out).write_bytes(offline.csr_pem(pending.csr))
-            print(
-                f"{pending.id} awaits its signed chain: CSR written to {args.csr_out}; have it "
-                f"signed, then `podcert signer ca import --id {pending.id} --chain FILE`"
-            )
-            return 0
-        if args.action == "import":
-            try:
-                chain_pem = Path(args.chain).read_bytes()
-            except OSError as err:
-                raise ConfigError(f"--chain {args.chain}: {err.strerror}") from None
-            print(describe(cas.import_chain(args.id, chain_pem)))
-            return 0
+        if (done := upstreamcli.run(args, cas)) is not None:
+            return done
         step = schedule.manual_step(
             args.action, gens, utcnow(), target=args.id, preview=args.preview, force=args.force
         )
@@ -459,26 +425,6 @@ def run_ca(args: argparse.Namespace) -> int:
         return 0
     except (ApiError, schedule.RotationError, CAError, offline.ChainError) as err:
         raise CommandError(f"ca {args.action}: {one_line(str(err))}") from None
-
-
-def _offline_problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the offline upstream's flags of `podcert signer ca`, or None."""
-    offline_prepare = args.action == "prepare" and args.upstream == "offline"
-    if args.upstream != "self" and args.action != "prepare":
-        return f"--upstream goes with `ca prepare` only, not `ca {args.action}`"
-    if offline_prepare and args.preview:
-        return "--preview goes with --upstream self only (an offline CA is imported, then live)"
-    if (args.offline_trust_domain is not None or args.csr_out is not None) and not offline_prepare:
-        return "--trust-domain and --csr-out go with `ca prepare --upstream offline` only"
-    if offline_prepare and (not args.offline_trust_domain or not args.csr_out):
-        return "`ca prepare --upstream offline` needs --trust-domain and --csr-out"
-    if offline_prepare and (problem := trust_domain_problem(args.offline_trust_domain)):
-        return f"--trust-domain {args.offline_trust_domain!r}: {problem}"
-    if (args.chain is not None) != (args.action == "import"):
-        return "`ca import` needs --chain FILE (and --chain goes with `ca import` only)"
-    if args.action == "import" and not args.id:
-        return "`ca import` needs --id GEN (the generation `ca status` shows awaiting its chain)"
-    return None
 
 
 def run(args: argparse.Namespace) -> int:

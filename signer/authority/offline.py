@@ -27,7 +27,7 @@ from bundles.formats import dump_private_key
 from podcert.api import keys
 from podcert.api.times import format_time, parse_time
 from signer import certs
-from signer.authority import ca
+from signer.authority import ca, schedule
 
 # The trust domain's own SPIFFE ID, as SPIRE's downstream (intermediate) CAs carry it.
 SPIFFE_SCHEME: Final = "spiffe://"
@@ -286,3 +286,27 @@ def imported_bundle(pending: Pending, chain: SignedChain) -> ca.CABundle:
         root_key=None,
         upstream=chain.upstream,
     )
+
+
+def next_step(
+    secret: Mapping[str, bytes],
+    gens: Sequence[schedule.Generation],
+    now: dt.datetime,
+    settings: schedule.Settings,
+) -> str | None:
+    """The schedule's step in words, but for an offline upstream: a generation awaiting its
+    signed chain, or an upstream-signed CA whose next intermediate only the operator brings."""
+    try:
+        waiting = pending_from_secret(secret)
+    except ca.CAError as err:
+        return f"the generation awaiting its signed chain is unreadable: {err}"
+    if waiting is not None:
+        return (
+            f"{waiting.id} awaiting signed chain since {waiting.since:%Y-%m-%dT%H:%M:%SZ} "
+            f"(`podcert signer ca import --id {waiting.id} --chain FILE`)"
+        )
+    step = schedule.ca_schedule(gens, now, settings)
+    current = schedule.active(gens)
+    if isinstance(step, schedule.Prepare) and current and current.bundle.root_key is None:
+        return "have the upstream sign the next intermediate (`ca prepare --upstream offline`)"
+    return schedule.describe_step(step)

@@ -227,35 +227,11 @@ def authority(
             for g in gens
         ),
         rotates=rotates,
-        next_step=_next_step(secret, gens, now, settings) if rotates else None,
+        next_step=offline.next_step(secret, gens, now, settings) if rotates else None,
         problem=None,
         roots=_ders(schedule.trusted_roots(gens)),
         live=_ders(schedule.live_roots(gens)),
     )
-
-
-def _next_step(
-    secret: Mapping[str, bytes],
-    gens: Sequence[schedule.Generation],
-    now: dt.datetime,
-    settings: schedule.Settings,
-) -> str | None:
-    """The schedule's step in words, but for an offline upstream: a generation awaiting its
-    signed chain, or an upstream-signed CA whose next intermediate only the operator brings."""
-    try:
-        waiting = offline.pending_from_secret(secret)
-    except authority_ca.CAError as err:
-        return f"the generation awaiting its signed chain is unreadable: {err}"
-    if waiting is not None:
-        return (
-            f"{waiting.id} awaiting signed chain since {waiting.since:%Y-%m-%dT%H:%M:%SZ} "
-            f"(`podcert signer ca import --id {waiting.id} --chain FILE`)"
-        )
-    step = schedule.ca_schedule(gens, now, settings)
-    current = schedule.active(gens)
-    if isinstance(step, schedule.Prepare) and current and current.bundle.root_key is None:
-        return "have the upstream sign the next intermediate (`ca prepare --upstream offline`)"
-    return schedule.describe_step(step)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ def test_the_tree_holds_every_command_nested_command_flag_and_choice() -> None:
         "promote",
         "activate",
         "retire",
+        "import",
     )
     assert NODES[("status",)].choices["-o"] == ("table", "json", "yaml")
     assert "--kubeconfig" in NODES[("explain",)].options
