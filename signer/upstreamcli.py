@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from podcert.errors import ConfigError
+from podcert.errors import CommandError, ConfigError
 from signer.authority import offline
 from signer.authority.castore import CAStore, describe
 from signer.policyfile import trust_domain_problem
@@ -64,7 +64,13 @@ def run(args: argparse.Namespace, cas: CAStore) -> int | None:
     """Carry out `ca prepare --upstream offline` or `ca import`; None for any other action."""
     if args.action == "prepare" and args.upstream == "offline":
         pending = cas.prepare_offline(args.offline_trust_domain)
-        Path(args.csr_out).write_bytes(offline.csr_pem(pending.csr))
+        try:
+            Path(args.csr_out).write_bytes(offline.csr_pem(pending.csr))
+        except OSError as err:
+            raise CommandError(
+                f"--csr-out {args.csr_out}: {err.strerror}; {pending.id} awaits its signed chain "
+                f"all the same, its CSR is {offline.PENDING_PREFIX}{pending.id}.csr in {cas.ref}"
+            ) from None
         print(
             f"{pending.id} awaits its signed chain: CSR written to {args.csr_out}; have it "
             f"signed, then `podcert signer ca import --id {pending.id} --chain FILE`"

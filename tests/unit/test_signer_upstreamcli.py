@@ -3,12 +3,22 @@ one line naming the flag before anything reads the cluster."""
 
 from __future__ import annotations
 
+import datetime as dt
+from pathlib import Path
+from typing import cast
+
 import pytest
+from cryptography import x509
 
 from podcert.cli import build_parser
+from podcert.errors import CommandError, ConfigError
 from signer import upstreamcli
+from signer.authority.castore import CAStore
+from signer.kube import SignerKube
+from tests.ca_secrets import SecretKube
 
 PARSER = build_parser(every=True)
+NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
 
 
 def problem(*argv: str) -> str | None:
@@ -74,3 +84,41 @@ def test_the_offline_flags_pass_together_and_plain_actions_are_untouched() -> No
     assert problem("prepare", *offline) is None
     assert problem("import", "--id", "g-upstream", "--chain", "c.pem") is None
     assert problem("prepare") is None and problem("status") is None
+
+
+def test_an_unwritable_csr_out_names_it_and_where_the_csr_is_kept(tmp_path: Path) -> None:
+    kube = SecretKube(None)
+    cas = CAStore(cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: NOW)
+    assert cas.load() is not None
+    out = tmp_path / "missing" / "podcert.csr"
+    args = PARSER.parse_args(
+        ["signer", "ca", "prepare", "--upstream", "offline", "--trust-domain", "a.org",
+         "--csr-out", str(out)]
+    )  # fmt: skip
+    with pytest.raises(CommandError) as err:
+        upstreamcli.run(args, cas)
+    pending = cas.pending()
+    assert pending is not None
+    assert str(err.value).startswith(f"--csr-out {out}: No such file or directory")
+    assert f"offline.{pending.id}.csr in podcert-system/podcert-ca" in str(err.value)
+
+
+def test_prepare_writes_the_csr_and_import_refuses_a_chain_file_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube = SecretKube(None)
+    cas = CAStore(cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: NOW)
+    assert cas.load() is not None
+    out = tmp_path / "podcert.csr"
+    args = PARSER.parse_args(
+        ["signer", "ca", "prepare", "--upstream", "offline", "--trust-domain", "a.org",
+         "--csr-out", str(out)]
+    )  # fmt: skip
+    assert upstreamcli.run(args, cas) == 0
+    csr = x509.load_pem_x509_csr(out.read_bytes())
+    gen = capsys.readouterr().out.split()[0]
+    assert gen.endswith("-upstream") and csr.is_signature_valid
+    chain = tmp_path / "nope.pem"
+    args = PARSER.parse_args(["signer", "ca", "import", "--id", gen, "--chain", str(chain)])
+    with pytest.raises(ConfigError, match=rf"^--chain {chain}: No such file"):
+        upstreamcli.run(args, cas)
