@@ -108,11 +108,14 @@ class IssuingCA:
     root: x509.Certificate
     # An upstream's intermediates between this CA and `root` (nearest first), sent after it.
     upstream: tuple[x509.Certificate, ...] = ()
-    # The intermediate's notAfter, read once: every leaf's plan is bounded by it.
+    # The earliest notAfter of the chain (the intermediate's, under podcert's own root), read
+    # once: every leaf's plan is bounded by it.
     not_after: dt.datetime = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "not_after", self.certificate.not_valid_after_utc)
+        # No leaf may outlive any link of its chain: the upstream's intermediates and root too.
+        chain = (self.certificate, *self.upstream, self.root)
+        object.__setattr__(self, "not_after", min(c.not_valid_after_utc for c in chain))
 
 
 @dataclass(frozen=True)

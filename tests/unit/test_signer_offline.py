@@ -244,6 +244,20 @@ def test_an_imported_generation_round_trips_the_secret_and_its_leaves_carry_the_
     chain[0].verify_directly_issued_by(mine)
 
 
+def test_no_leaf_outlives_an_upstream_intermediate_that_ends_before_ours() -> None:
+    short = make_ca(
+        "corp issuing",
+        MID_KEY,
+        (ROOT, ROOT_KEY),
+        path_length=1,
+        not_after=NOW + dt.timedelta(days=3),
+    )
+    mine = ours()  # 30 days
+    pending = offline.Pending("g1", TD, NOW, KEY, offline.intermediate_csr(KEY, TD, "p"))
+    issuing = ca.issuing_ca(offline.imported_bundle(pending, check([mine, short, ROOT])))
+    assert issuing.not_after == short.not_valid_after_utc
+
+
 def test_a_pending_generation_round_trips_the_secret_and_is_carried_over() -> None:
     pending = offline.Pending("g2", TD, NOW, KEY, offline.intermediate_csr(KEY, TD, "p"))
     data = offline.pending_to_secret(pending)
