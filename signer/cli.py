@@ -17,10 +17,10 @@ from podcert.client.rest import ApiError, Rest
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
 from podcert.serving import connections
-from signer import build, policy, upstreamcli
+from signer import build, policy, revoking, upstreamcli
 from signer.authority import offline, schedule, spiffebundle
 from signer.authority.ca import CAError
-from signer.authority.castore import CAStore, describe
+from signer.authority.castore import CAStore, describe, status_lines
 from signer.federation import endpoint, poller
 from signer.issue.controller import DEFAULT_SETTINGS, Settings, utcnow
 from signer.kube import SignerKube
@@ -277,9 +277,13 @@ def register(subparsers: Any) -> None:
         help="inspect or rotate the CA by hand (safe while issuing)",
         description="Inspect or rotate the CA in its Secret by hand (safe while replicas issue).",
     )
-    ca_parser.add_argument("action", choices=["status", *schedule.ACTIONS, "import"])
+    ca_parser.add_argument("action", choices=["status", *schedule.ACTIONS, "import", "revoke"])
+    ca_parser.add_argument(
+        "generation", nargs="?", default=None, help="revoke: the compromised generation"
+    )
     _cluster_flags(ca_parser, after_ca=True)
     ca_parser.add_argument("--id", default=None, help="the generation to act on")
+    revoking.add_flags(ca_parser)
     ca_parser.add_argument(
         "--preview",
         action="store_true",
@@ -393,30 +397,13 @@ def run_ca(args: argparse.Namespace) -> int:
         if gens is None:
             raise CommandError(str(cas.error))
         if args.action == "status":
-            for g in gens:
-                until = (
-                    f" trusted until {g.trusted_until:%Y-%m-%dT%H:%M:%SZ}"
-                    if g.trusted_until
-                    else ""
-                )
-                print(
-                    f"{g.id:24} {'preview' if g.preview else g.state:9} "
-                    f"since {g.since:%Y-%m-%dT%H:%M:%SZ}  "
-                    f"root until {g.root.not_valid_after_utc:%Y-%m-%d}  "
-                    f"signing CA until {g.bundle.not_after:%Y-%m-%d}{until}"
-                )
-            if (waiting := cas.pending()) is not None:
-                print(
-                    f"{waiting.id:24} {'awaiting signed chain':9} "
-                    f"since {waiting.since:%Y-%m-%dT%H:%M:%SZ}  "
-                    f"(CSR for spiffe://{waiting.trust_domain}; "
-                    f"`ca import --id {waiting.id} --chain FILE`)"
-                )
             due = cas.due() if gens[0].id != "operator" else None
-            print(f"next step due: {type(due).__name__ if due else 'none'}")
+            print("\n".join(status_lines(gens, cas.pending(), due)))
             return 0
         if (done := upstreamcli.run(args, cas)) is not None:
             return done
+        if args.action == "revoke":
+            return revoking.run(args, cas, kube)
         step = schedule.manual_step(
             args.action, gens, utcnow(), target=args.id, preview=args.preview, force=args.force
         )

@@ -35,7 +35,7 @@ from podcert.client.rest import JSON, ApiError
 from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
 from podcert.reconcile.reflector import Reflector
 from signer import model
-from signer.authority import ca, offline, schedule, spiffebundle
+from signer.authority import ca, offline, revoke, schedule, spiffebundle
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -70,6 +70,7 @@ class CAStore:
         self._issuing: model.IssuingCA | None = None
         self._version = ""
         self._sequence = 0
+        self._revoked: list[revoke.Revocation] = []
         self.error: str | None = None
         # Set while the Secret is in a format this release cannot read (cleared by one it can).
         self.too_new: FormatTooNew | None = None
@@ -83,6 +84,11 @@ class CAStore:
     def generations(self) -> list[schedule.Generation]:
         with self._lock:
             return list(self._generations)
+
+    @property
+    def revoked(self) -> list[revoke.Revocation]:
+        with self._lock:
+            return list(self._revoked)
 
     @property
     def bundle(self) -> ca.CABundle | None:
@@ -155,6 +161,7 @@ class CAStore:
             return None
         try:
             gens = schedule.from_secret(data, self.clock())
+            revoked = revoke.from_secret(data)
         except ca.CAError as err:
             self.error = f"CA Secret {self.ref}: {err}"
             log.error("cannot use the CA: %s", self.error)
@@ -164,10 +171,13 @@ class CAStore:
             self.too_new = None
         sequence = _sequence(data, gens)
         current = schedule.active(gens)
-        issuing = ca.issuing_ca(current.bundle) if current is not None else None
+        issuing = None
+        if current is not None and revoke.issuable(current, revoked):
+            issuing = ca.issuing_ca(current.bundle)
         with self._lock:
             changed = version != self._version
             self._generations, self._version, self.error = gens, version, None
+            self._revoked = revoked
             self._sequence, self._issuing = sequence, issuing
         if changed:
             for listener in self._listeners:
@@ -204,24 +214,43 @@ class CAStore:
 
     def step(self, step: schedule.Step) -> list[schedule.Generation]:
         """Apply one rotation step to the Secret (409 when someone else wrote it first)."""
-        now = self.clock()
-        found = self.kube.read_secret(self.namespace, self.secret_name)
-        if found is None:
-            raise ApiError(404, "NotFound", f"CA Secret {self.ref} does not exist")
-        data, version = found
-        try:
-            self._check_format(data)  # a newer release's Secret is left as it is
-        except (FormatTooNew, FormatUnreadable) as err:
-            raise schedule.RotationError(str(err)) from None
-        gens = schedule.from_secret(data, now)
-        if any(g.id == "operator" for g in gens):
-            raise schedule.RotationError(
-                f"{self.ref} holds an operator-provided CA; rotate it by replacing the Secret"
-            )
+        data, version, gens = self._read_for_write()
         fresh = self._new_ca() if isinstance(step, schedule.Prepare) else None
-        after = schedule.apply(gens, step, now, self.settings, fresh)
+        after = schedule.apply(gens, step, self.clock(), self.settings, fresh)
+        return self._write(
+            data, version, gens, after, revoke.from_secret(data), type(step).__name__
+        )
+
+    def revoke_generation(self, gid: str, *, at_once: bool) -> list[schedule.Generation]:
+        """Revoke generation `gid` (see `signer.authority.revoke`); 409 when someone else wrote
+        the Secret first."""
+        data, version, gens = self._read_for_write()
+        revoked = revoke.from_secret(data)
+        fresh = self._new_ca() if any(g.id == gid and g.state == "active" for g in gens) else None
+        after, revoked = revoke.revoke(
+            gens, gid, self.clock(), revoked, at_once=at_once, fresh=fresh, settings=self.settings
+        )
+        return self._write(data, version, gens, after, revoked, "Revoke")
+
+    def untrust(self, gid: str) -> list[schedule.Generation]:
+        """Drop revoked generation `gid`'s root from every trust bundle."""
+        data, version, gens = self._read_for_write()
+        after, revoked = revoke.untrust(gens, revoke.from_secret(data), gid)
+        return self._write(data, version, gens, after, revoked, "Untrust")
+
+    def _write(
+        self,
+        data: dict[str, bytes],
+        version: str,
+        gens: list[schedule.Generation],
+        after: list[schedule.Generation],
+        revoked: list[revoke.Revocation],
+        what: str,
+    ) -> list[schedule.Generation]:
+        now = self.clock()
         written = schedule.to_secret(after)
         written.update(offline.carried_over(data))  # a generation awaiting its chain stays
+        written.update(revoke.to_secret(revoked))
         written[FORMAT_KEY] = str(FORMAT).encode()
         sequence = spiffebundle.next_sequence(
             _sequence(data, gens), schedule.trusted_roots(gens), schedule.trusted_roots(after), now
@@ -231,7 +260,7 @@ class CAStore:
             self.namespace, self.secret_name, written, version, MANAGED_LABEL
         )
         self._adopt(written, new_version)
-        log.info("CA rotation step %s applied: %s", type(step).__name__, describe(after))
+        log.info("CA rotation step %s applied: %s", what, describe(after))
         return after
 
     def due(self) -> schedule.Step | None:
@@ -296,6 +325,7 @@ class CAStore:
         # The generation keeps the id its CSR was made under.
         after = [replace(g, id=gid) if g.bundle is bundle else g for g in after]
         written = schedule.to_secret(after)
+        written.update(revoke.to_secret(revoke.from_secret(data)))  # revocations stay
         written[FORMAT_KEY] = str(FORMAT).encode()
         sequence = spiffebundle.next_sequence(
             _sequence(data, gens), schedule.trusted_roots(gens), schedule.trusted_roots(after), now
@@ -341,3 +371,30 @@ def describe(generations: list[schedule.Generation]) -> str:
         f"(root {g.root.not_valid_after_utc:%Y-%m-%d})"
         for g in generations
     )
+
+
+def status_lines(
+    generations: list[schedule.Generation],
+    waiting: offline.Pending | None,
+    due: schedule.Step | None,
+) -> list[str]:
+    """What `podcert signer ca status` prints: a line per generation, the one awaiting its
+    signed chain, and the next step due."""
+    lines = []
+    for g in generations:
+        until = f" trusted until {g.trusted_until:%Y-%m-%dT%H:%M:%SZ}" if g.trusted_until else ""
+        lines.append(
+            f"{g.id:24} {'preview' if g.preview else g.state:9} "
+            f"since {g.since:%Y-%m-%dT%H:%M:%SZ}  "
+            f"root until {g.root.not_valid_after_utc:%Y-%m-%d}  "
+            f"signing CA until {g.bundle.not_after:%Y-%m-%d}{until}"
+        )
+    if waiting is not None:
+        lines.append(
+            f"{waiting.id:24} {'awaiting signed chain':9} "
+            f"since {waiting.since:%Y-%m-%dT%H:%M:%SZ}  "
+            f"(CSR for spiffe://{waiting.trust_domain}; "
+            f"`ca import --id {waiting.id} --chain FILE`)"
+        )
+    lines.append(f"next step due: {type(due).__name__ if due else 'none'}")
+    return lines

@@ -25,6 +25,7 @@ def test_the_tree_holds_every_command_nested_command_flag_and_choice() -> None:
         "activate",
         "retire",
         "import",
+        "revoke",
     )
     assert NODES[("status",)].choices["-o"] == ("table", "json", "yaml")
     assert "--kubeconfig" in NODES[("explain",)].options
@@ -55,7 +56,8 @@ def _complete(script: Path, *words: str) -> list[str]:
         pytest.param(("podcert", "status", "-o", ""), ["table", "json", "yaml"],
                      id="a flag's choices"),
         pytest.param(("podcert", "status", "--ou"), ["--output"], id="a flag"),
-        pytest.param(("podcert", "signer", "ca", "re"), ["retire"], id="a nested command's choice"),
+        pytest.param(("podcert", "signer", "ca", "re"), ["retire", "revoke"],
+                     id="a nested command's choices"),
         pytest.param(("podcert", "explain", ""), ["pod"], id="a positional choice"),
         pytest.param(("kubectl-podcert", "inspect", "cred"), ["credential-bundle.pem"],
                      id="a file"),

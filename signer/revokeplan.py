@@ -1,0 +1,124 @@
+"""Which pods hold a leaf of a revoked CA generation, and how each is replaced: pure decisions.
+
+A pod's credential is judged by its PodCertificateRequests: for each signer name, the newest
+issued request of the pod (by its UID) holds the chain the pod was last given. The pod is stale
+when that chain was signed by a revoked generation (`revoke.chains_to`). A pod with a
+podCertificate volume for one of `signer_names` and no issued request for it at all (the API
+server deletes old requests) is stale too: nothing shows its leaf is from a good generation.
+
+A pod is re-keyed by the shim when the requests for it were made by the shim (their
+managedFields manager is podcert's, `SHIM_MANAGER`); any other maker is a kubelet, which ignores
+the rotate-before annotation, so its pod is evicted (or, by choice, left to its next refresh).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from cryptography import x509
+
+from signer.authority import revoke
+
+# The annotation the shim honours (`kubelet_shim.kube.ROTATE_ANNOTATION`; the signer may not
+# import the shim, a unit test holds the two equal).
+ROTATE_ANNOTATION: Final = "podcert.dev/rotate-before"
+# The managedFields manager of what podcert's clients write (their user agent's product).
+SHIM_MANAGER: Final = "podcert"
+
+Replacer = Literal["shim", "kubelet"]
+
+
+@dataclass(frozen=True)
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    signer_names: frozenset[str]  # of its podCertificate volumes
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class Issued:
+    """One issued PodCertificateRequest, as far as the decision reads it."""
+
+    pod_uid: str
+    signer_name: str
+    created: dt.datetime
+    chain: tuple[x509.Certificate, ...]  # leaf first
+    manager: str  # who created it (managedFields)
+
+
+@dataclass(frozen=True)
+class Stale:
+    pod: Pod
+    replacer: Replacer
+    why: str
+
+
+def stale_pods(
+    pods: Iterable[Pod],
+    issued: Iterable[Issued],
+    revoked: Sequence[revoke.Revocation],
+    signer_names: Iterable[str] = (),
+) -> list[Stale]:
+    """The live pods still holding a leaf of a revoked generation, each with who replaces it."""
+    newest: dict[tuple[str, str], Issued] = {}
+    for item in issued:
+        key = (item.pod_uid, item.signer_name)
+        if key not in newest or item.created >= newest[key].created:
+            newest[key] = item
+    watched = frozenset(signer_names)
+    out = []
+    for pod in pods:
+        if pod.terminating:
+            continue
+        mine = {s: i for (uid, s), i in newest.items() if uid == pod.uid}
+        why = ""
+        for signer, item in sorted(mine.items()):
+            hit = next((r for r in revoked if revoke.chains_to(item.chain, r)), None)
+            if hit is not None:
+                why = f"{signer}: its leaf was signed by revoked CA {hit.id}"
+                break
+        if not why:
+            missing = sorted((pod.signer_names & watched) - mine.keys())
+            if missing:
+                why = f"{missing[0]}: no issued request shows where its leaf came from"
+        if why:
+            makers = {i.manager for i in mine.values()}
+            replacer: Replacer = (
+                "shim" if makers and all(m.startswith(SHIM_MANAGER) for m in makers) else "kubelet"
+            )
+            out.append(Stale(pod, replacer, why))
+    return sorted(out, key=lambda s: (s.pod.node, s.pod.namespace, s.pod.name))
+
+
+def waves(stale: Sequence[Stale], size: int) -> list[list[Stale]]:
+    """The kubelet nodes' pods in eviction waves of at most `size` pods, node by node in order
+    (as `kubectl drain` takes one node at a time); at least one pod per wave."""
+    pods = [s for s in stale if s.replacer == "kubelet"]
+    size = max(1, size)
+    return [pods[i : i + size] for i in range(0, len(pods), size)]
+
+
+def eviction(pod: Pod) -> dict[str, object]:
+    """The policy/v1 Eviction body for `pod` (its PodDisruptionBudgets are checked by the API
+    server: a 429 answer means wait and try again)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+    }
+
+
+def progress_line(revoked_id: str, stale: Sequence[Stale], elapsed: dt.timedelta) -> str:
+    by = {"shim": 0, "kubelet": 0}
+    for s in stale:
+        by[s.replacer] += 1
+    return (
+        f"[{elapsed.total_seconds():6.1f}s] {len(stale)} live pod(s) still chain to {revoked_id} "
+        f"({by['shim']} on shim nodes, {by['kubelet']} on kubelet nodes)"
+    )

@@ -1,0 +1,212 @@
+"""`podcert signer ca revoke GEN`: revoke a compromised CA generation and replace every live leaf
+it signed, then take its root out of the trust bundles.
+
+Order: (1) with `--now`, say first that mutual TLS between pods not yet replaced fails; (2) write
+the revocation to the CA Secret (a fresh generation signs at once when GEN was signing); (3) set
+`podcert.dev/rotate-before` on every stale pod the shim serves; (4) evict the stale pods on
+kubelet nodes through the Eviction API in waves (a 429, a PodDisruptionBudget saying no, is
+retried after `--retry-seconds`), or with `--wait-refresh` leave them to their kubelet's next
+refresh; (5) poll until no live pod chains to GEN, a line per change; (6) drop GEN's root from
+the bundles. On `--timeout` the root stays trusted (the schedule removes it when its last leaf
+has surely expired) and the command fails naming the pods left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cryptography import x509
+
+from podcert.api.times import format_micro_time, parse_time
+from podcert.api.versions import group_version
+from podcert.client.discovery import certificates_versions
+from podcert.client.rest import JSON, ApiError, Rest, path_of
+from podcert.errors import CommandError
+from signer import revokeplan
+from signer.authority import revoke
+from signer.authority.castore import CAStore, describe
+from signer.kube import SignerKube
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--now",
+        action="store_true",
+        help="revoke: take the revoked root out of every trust bundle at once (mutual TLS "
+        "between pods not yet replaced then fails)",
+    )
+    p.add_argument(
+        "--wait-refresh",
+        action="store_true",
+        help="revoke: leave pods on kubelet nodes to their next refresh instead of evicting them",
+    )
+    p.add_argument(
+        "--signer-name",
+        dest="revoke_signer_names",
+        action="append",
+        default=[],
+        help="revoke: a pod with a podCertificate volume for this name and no issued request "
+        "left to show its leaf's issuer is replaced too (repeatable)",
+    )
+    p.add_argument("--wave-size", type=int, default=10, help="revoke: pods evicted per wave")
+    p.add_argument(
+        "--retry-seconds",
+        type=float,
+        default=5.0,
+        help="revoke: wait before asking again for an eviction a disruption budget refused",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="revoke: give up after this many seconds"
+    )
+
+
+def run(
+    args: argparse.Namespace,
+    cas: CAStore,
+    kube: SignerKube,
+    *,
+    clock: Callable[[], dt.datetime] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    gid = args.generation or args.id
+    if not gid:
+        raise CommandError("ca revoke: name the generation (see `podcert signer ca status`)")
+    now = clock or (lambda: dt.datetime.now(dt.UTC))
+    if args.now:
+        print(
+            f"--now: {gid}'s root leaves every trust bundle at once; mutual TLS between pods "
+            "still holding its leaves fails until they are replaced"
+        )
+    started = now()
+    after = cas.revoke_generation(gid, at_once=args.now)
+    print(f"revoked {gid}: {describe(after)}")
+    rest = kube.rest
+    revoked = [r for r in cas.revoked if r.id == gid]
+    stale = _stale(rest, revoked, args.revoke_signer_names)
+    print(revokeplan.progress_line(gid, stale, now() - started))
+    stamp = format_micro_time(now())
+    for s in stale:
+        if s.replacer == "shim":
+            _annotate(rest, s.pod, stamp)
+    shim = sum(1 for s in stale if s.replacer == "shim")
+    if shim:
+        print(f"asked the shim to re-key {shim} pod(s)")
+    deadline = started + dt.timedelta(seconds=args.timeout)
+    if not args.wait_refresh:
+        for n, wave in enumerate(revokeplan.waves(stale, args.wave_size), 1):
+            for s in wave:
+                _evict(rest, s.pod, deadline, now, sleep, args.retry_seconds)
+            print(f"wave {n}: evicted {', '.join(f'{s.pod.namespace}/{s.pod.name}' for s in wave)}")
+    elif any(s.replacer == "kubelet" for s in stale):
+        print("pods on kubelet nodes are left to their next refresh (--wait-refresh)")
+    last = len(stale)
+    while stale:
+        if now() >= deadline:
+            left = ", ".join(f"{s.pod.namespace}/{s.pod.name}" for s in stale[:10])
+            raise CommandError(
+                f"ca revoke: {len(stale)} pod(s) still hold leaves of {gid} after "
+                f"{args.timeout:.0f}s ({left}); its root stays trusted until they are replaced"
+            )
+        sleep(1.0)
+        stale = _stale(rest, revoked, args.revoke_signer_names)
+        if len(stale) != last:
+            print(revokeplan.progress_line(gid, stale, now() - started))
+            last = len(stale)
+    if not args.now and any(g.id == gid for g in cas.generations):
+        cas.untrust(gid)
+        print(f"no live leaf chains to {gid}: its root left every trust bundle")
+    return 0
+
+
+def _stale(
+    rest: Rest, revoked: list[revoke.Revocation], signer_names: list[str]
+) -> list[revokeplan.Stale]:
+    pods = [_pod(p) for p in rest.request("GET", path_of("v1", "pods")).get("items") or []]
+    pcr_version, _ = certificates_versions(rest)
+    body = rest.request("GET", path_of(group_version(pcr_version), "podcertificaterequests"))
+    issued = [i for i in map(_issued, body.get("items") or []) if i is not None]
+    return revokeplan.stale_pods(pods, issued, revoked, signer_names)
+
+
+def _pod(obj: JSON) -> revokeplan.Pod:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return revokeplan.Pod(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("uid", "")),
+        str(spec.get("nodeName") or ""),
+        frozenset(_signer_names(spec)),
+        terminating=bool(meta.get("deletionTimestamp"))
+        or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+    )
+
+
+def _signer_names(spec: JSON) -> Iterator[str]:
+    for volume in spec.get("volumes") or []:
+        for source in ((volume or {}).get("projected") or {}).get("sources") or []:
+            name = ((source or {}).get("podCertificate") or {}).get("signerName")
+            if isinstance(name, str):
+                yield name
+
+
+def _issued(obj: JSON) -> revokeplan.Issued | None:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    pem = (obj.get("status") or {}).get("certificateChain")
+    created = parse_time(str(meta.get("creationTimestamp", "")))
+    if not isinstance(pem, str) or not pem or created is None:
+        return None
+    try:
+        chain = tuple(x509.load_pem_x509_certificates(pem.encode()))
+    except ValueError:
+        return None
+    managers: list[Any] = meta.get("managedFields") or [{}]
+    return revokeplan.Issued(
+        str(spec.get("podUID", "")),
+        str(spec.get("signerName", "")),
+        created,
+        chain,
+        str((managers[0] or {}).get("manager", "")),
+    )
+
+
+def _annotate(rest: Rest, pod: revokeplan.Pod, stamp: str) -> None:
+    try:
+        rest.request(
+            "PATCH",
+            path_of("v1", "pods", pod.namespace, pod.name),
+            body={"metadata": {"annotations": {revokeplan.ROTATE_ANNOTATION: stamp}}},
+            content_type="application/merge-patch+json",
+        )
+    except ApiError as err:
+        if err.status != 404:  # a pod gone holds no leaf
+            raise
+
+
+def _evict(
+    rest: Rest,
+    pod: revokeplan.Pod,
+    deadline: dt.datetime,
+    now: Callable[[], dt.datetime],
+    sleep: Callable[[float], None],
+    retry: float,
+) -> None:
+    """Evict one pod, asking again while a PodDisruptionBudget refuses (429) until `deadline`."""
+    path = path_of("v1", "pods", pod.namespace, pod.name) + "/eviction"
+    while True:
+        try:
+            rest.request("POST", path, body=revokeplan.eviction(pod))
+            return
+        except ApiError as err:
+            if err.status == 404:
+                return
+            if err.status != 429 or now() >= deadline:
+                raise CommandError(
+                    f"ca revoke: evicting {pod.namespace}/{pod.name}: {err}"
+                ) from None
+        sleep(retry)

@@ -1,0 +1,119 @@
+"""signer.revokeplan: a pod is stale when the newest issued request for it chains to a revoked
+generation, or when it has a volume for a watched signer name and no issued request at all; a
+pod whose requests the shim made is re-keyed, any other is on a kubelet node and evicted in
+waves; terminating pods are left alone."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from kubelet_shim.kube import ROTATE_ANNOTATION
+from signer import revokeplan
+from signer.authority import ca, revoke, schedule
+from tests.unit.test_signer_revoke import leaf
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+SIGNER = "podcert.dev/workload"
+
+
+@pytest.fixture(scope="module")
+def bundles() -> list[ca.CABundle]:
+    return [ca.new_ca(f"gen{i}", T0) for i in range(2)]
+
+
+def revoked_first(bundles: list[ca.CABundle]) -> list[revoke.Revocation]:
+    gen = schedule.Generation("g0", bundles[0], "retired", T0)
+    return [revoke.record(gen, T0, untrusted=False)]
+
+
+def pod(name: str, node: str = "n1", *, terminating: bool = False) -> revokeplan.Pod:
+    return revokeplan.Pod("ns", name, f"uid-{name}", node, frozenset({SIGNER}), terminating)
+
+
+def issued(
+    name: str, bundle: ca.CABundle, minutes: int = 0, manager: str = "podcert/0.3.0"
+) -> revokeplan.Issued:
+    created = T0 + dt.timedelta(minutes=minutes)
+    return revokeplan.Issued(
+        f"uid-{name}", SIGNER, created, (leaf(bundle), bundle.intermediate), manager
+    )
+
+
+def test_the_shim_and_the_signer_name_the_same_annotation() -> None:
+    assert revokeplan.ROTATE_ANNOTATION == ROTATE_ANNOTATION
+
+
+def test_only_the_newest_issued_leaf_of_a_pod_counts(bundles: list[ca.CABundle]) -> None:
+    revoked = revoked_first(bundles)
+    pods = [pod("renewed"), pod("stale")]
+    requests = [
+        issued("renewed", bundles[0], 0),
+        issued("renewed", bundles[1], 5),
+        issued("stale", bundles[1], 0),
+        issued("stale", bundles[0], 5),
+    ]
+    stale = revokeplan.stale_pods(pods, requests, revoked)
+    assert [s.pod.name for s in stale] == ["stale"]
+    assert "revoked CA g0" in stale[0].why
+
+
+@pytest.mark.parametrize(
+    ("manager", "replacer"),
+    [
+        pytest.param("podcert/0.3.0", "shim", id="made by the shim: re-keyed"),
+        pytest.param("kubelet", "kubelet", id="made by a kubelet: evicted"),
+        pytest.param("kubemark", "kubelet", id="made by a hollow kubelet: evicted"),
+    ],
+)
+def test_who_made_the_request_says_who_replaces_the_leaf(
+    bundles: list[ca.CABundle], manager: str, replacer: str
+) -> None:
+    stale = revokeplan.stale_pods(
+        [pod("a")], [issued("a", bundles[0], manager=manager)], revoked_first(bundles)
+    )
+    assert [s.replacer for s in stale] == [replacer]
+
+
+def test_a_pod_with_no_issued_request_is_stale_only_for_a_watched_signer(
+    bundles: list[ca.CABundle],
+) -> None:
+    revoked = revoked_first(bundles)
+    assert revokeplan.stale_pods([pod("a")], [], revoked) == []
+    stale = revokeplan.stale_pods([pod("a")], [], revoked, [SIGNER])
+    assert [(s.pod.name, s.replacer) for s in stale] == [("a", "kubelet")]
+
+
+def test_terminating_pods_are_left_alone(bundles: list[ca.CABundle]) -> None:
+    stale = revokeplan.stale_pods(
+        [pod("a", terminating=True)], [issued("a", bundles[0])], revoked_first(bundles)
+    )
+    assert stale == []
+
+
+def test_kubelet_pods_go_in_waves_node_by_node(bundles: list[ca.CABundle]) -> None:
+    names = [("a", "n2"), ("b", "n1"), ("c", "n1"), ("d", "n2"), ("e", "n3")]
+    pods = [pod(n, node) for n, node in names]
+    requests = [issued(n, bundles[0], manager="kubelet") for n, _ in names]
+    requests.append(issued("e", bundles[0], 1, manager="podcert/0.3.0"))
+    stale = revokeplan.stale_pods(pods, requests, revoked_first(bundles))
+    waves = revokeplan.waves(stale, 2)
+    assert [[s.pod.name for s in w] for w in waves] == [["b", "c"], ["a", "d"]]
+    assert revokeplan.waves(stale, 0)[0] == [stale[0]]
+
+
+def test_an_eviction_names_the_pod() -> None:
+    body = revokeplan.eviction(pod("a"))
+    assert body["kind"] == "Eviction" and body["apiVersion"] == "policy/v1"
+    assert body["metadata"] == {"name": "a", "namespace": "ns"}
+
+
+def test_a_progress_line_counts_each_kind_of_node(bundles: list[ca.CABundle]) -> None:
+    stale = revokeplan.stale_pods(
+        [pod("a"), pod("b")],
+        [issued("a", bundles[0]), issued("b", bundles[0], manager="kubelet")],
+        revoked_first(bundles),
+    )
+    line = revokeplan.progress_line("g0", stale, dt.timedelta(seconds=3))
+    assert "2 live pod(s) still chain to g0 (1 on shim nodes, 1 on kubelet nodes)" in line

@@ -1,0 +1,97 @@
+"""signer.revoking: what the revoke command reads of pods and requests (the podCertificate
+volumes' signer names, a terminating pod, the chain and who made a request; an unissued or
+garbled request is no evidence), and an eviction a disruption budget refuses is asked for again
+until it is accepted or the deadline passes. The API answers are recorded objects; the command
+against a real API server is in tests/integration/test_revoke.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, cast
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from podcert.client.rest import ApiError, Rest
+from podcert.errors import CommandError
+from signer import revokeplan, revoking
+from signer.authority import ca
+from tests.unit.test_signer_revoke import leaf
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def test_a_pod_is_read_with_its_signer_names() -> None:
+    obj = {
+        "metadata": {"namespace": "ns", "name": "a", "uid": "u1", "deletionTimestamp": "x"},
+        "spec": {
+            "nodeName": "n1",
+            "volumes": [
+                {"name": "v", "projected": {"sources": [{"podCertificate": {"signerName": "s"}}]}},
+                {"name": "w", "emptyDir": {}},
+            ],
+        },
+    }
+    got = revoking._pod(obj)
+    assert got == revokeplan.Pod("ns", "a", "u1", "n1", frozenset({"s"}), terminating=True)
+
+
+def test_an_issued_request_is_read_with_its_chain_and_maker() -> None:
+    bundle = ca.new_ca("r", T0)
+    pem = b"".join(
+        c.public_bytes(serialization.Encoding.PEM) for c in (leaf(bundle), bundle.intermediate)
+    ).decode()
+    obj = {
+        "metadata": {
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {"podUID": "u1", "signerName": "s"},
+        "status": {"certificateChain": pem},
+    }
+    got = revoking._issued(obj)
+    assert got is not None and got.manager == "kubelet" and len(got.chain) == 2
+    assert got.created == T0 and got.pod_uid == "u1"
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        pytest.param({}, id="not issued yet"),
+        pytest.param({"certificateChain": "garbage"}, id="a chain that is not PEM"),
+    ],
+)
+def test_a_request_without_a_readable_chain_is_no_evidence(status: dict[str, Any]) -> None:
+    obj = {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}, "status": status}
+    assert revoking._issued(obj) is None
+
+
+class Answers:
+    """Recorded answers to the eviction POST, in order."""
+
+    def __init__(self, *answers: ApiError | None) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        self.calls += 1
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+        return {}
+
+
+def test_an_eviction_refused_by_a_budget_is_asked_again() -> None:
+    answers = Answers(ApiError(429, "TooManyRequests", "pdb"), None)
+    slept: list[float] = []
+    pod = revokeplan.Pod("ns", "a", "u", "n", frozenset())
+    deadline = T0 + dt.timedelta(minutes=1)
+    revoking._evict(cast(Rest, answers), pod, deadline, lambda: T0, slept.append, 5.0)
+    assert answers.calls == 2 and slept == [5.0]
+
+
+def test_an_eviction_refused_past_the_deadline_fails_naming_the_pod() -> None:
+    answers = Answers(ApiError(429, "TooManyRequests", "pdb"))
+    pod = revokeplan.Pod("ns", "a", "u", "n", frozenset())
+    with pytest.raises(CommandError, match="ns/a"):
+        revoking._evict(cast(Rest, answers), pod, T0, lambda: T0, lambda _: None, 5.0)
