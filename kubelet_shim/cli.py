@@ -10,16 +10,17 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
-from kubelet_shim import build, projection
+from kubelet_shim import build, projection, rekeyable
 from kubelet_shim import kube as shim_kube
 from kubelet_shim.agent import Settings, utcnow
 from podcert import logs, processflags
 from podcert.api.times import TimeFieldError, parse_zoned_time
 from podcert.api.validation import is_dns_label, is_dns_name
-from podcert.client import commandline
+from podcert.client import commandline, eviction
 from podcert.client.rest import ApiError, Rest
 from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
@@ -114,6 +115,18 @@ def register(subparsers: Any) -> None:
         help="RFC 3339 instant; credentials issued before it are replaced (default: now; a "
         "future instant schedules the rotation)",
     )
+    r.add_argument(
+        "--evict",
+        action="store_true",
+        help="evict (Eviction API, PodDisruptionBudgets respected) the pods on kubelet nodes, "
+        "where no shim acts on the annotation",
+    )
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="--evict: give up on a pod its disruption budget keeps refusing after this long",
+    )
     r.set_defaults(run=rotate)
 
 
@@ -189,9 +202,36 @@ def rotate(args: argparse.Namespace) -> int:
             pods = shim_kube.pods_of_service_account(rest, namespace, args.service_account)
             if not pods:
                 raise CommandError(f"no pod in {namespace} runs as {args.service_account}")
+        managers = shim_kube.request_makers(rest, namespace)
+        if managers is None:
+            print(
+                f"cannot list PodCertificateRequests in {namespace}: "
+                "whether a shim serves each pod is unchecked"
+            )
+        verdicts = rekeyable.verdicts(pods, managers or {})
+        kubelet = [name for name in pods if verdicts[name] == "kubelet"]
         for name in pods:
+            if verdicts[name] == "kubelet":
+                continue
             shim_kube.request_rotation(rest, namespace, name, before)
             print(f"pod {namespace}/{name}: re-key credentials issued before {before}")
+            if verdicts[name] == "unknown":
+                print(f"pod {namespace}/{name}: no request of it shows a shim serves it")
+        deadline = utcnow() + dt.timedelta(seconds=args.timeout)
+        for name in kubelet:
+            if args.evict:
+                eviction.evict(rest, namespace, name, deadline, utcnow, time.sleep, 5.0)
+                print(f"pod {namespace}/{name}: on a kubelet node: evicted")
+            else:
+                print(
+                    f"pod {namespace}/{name}: on a kubelet node, where no shim acts on the "
+                    "annotation: NOT re-keyed (--evict evicts it)"
+                )
     except ApiError as err:
         raise CommandError(f"rotate failed: {one_line(str(err))}") from None
+    if kubelet and not args.evict:
+        raise CommandError(
+            f"rotate: {len(kubelet)} pod(s) on kubelet nodes not re-keyed: "
+            f"{', '.join(kubelet[:10])} (rerun with --evict)"
+        )
     return 0

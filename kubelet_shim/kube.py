@@ -32,7 +32,7 @@ from podcert.api.pods import WorkKey
 from podcert.api.requests import STUB_CSR, KeyForm, Read, RequestError, Spec, parse_request
 from podcert.api.times import format_micro_time
 from podcert.api.versions import group_version
-from podcert.client.discovery import certificates_versions, key_form
+from podcert.client.discovery import Unserved, certificates_versions, key_form
 from podcert.client.rest import JSON, REQUESTS, ApiError, Rest, path_of
 
 log = logging.getLogger("podcert.shim")
@@ -431,3 +431,29 @@ def pods_of_service_account(rest: Rest, namespace: str, service_account: str) ->
         for pod in body.get("items") or []
         if ((pod.get("spec") or {}).get("serviceAccountName") or "default") == service_account
     )
+
+
+def request_makers(rest: Rest, namespace: str) -> dict[str, list[str]] | None:
+    """Per pod name in `namespace`, the managedFields managers of its PodCertificateRequests
+    (who made them: the shim's client or a kubelet); None when the caller may not list them,
+    or the server serves none."""
+    try:
+        version, _ = certificates_versions(rest)
+        body = rest.request(
+            "GET", path_of(group_version(version), "podcertificaterequests", namespace)
+        )
+    except Unserved:
+        return None
+    except ApiError as err:
+        if err.status == 403:
+            return None
+        raise
+    out: dict[str, list[str]] = {}
+    for item in body.get("items") or []:
+        pod = str((item.get("spec") or {}).get("podName", ""))
+        for field in (item.get("metadata") or {}).get("managedFields") or []:
+            manager = (field or {}).get("manager")
+            if isinstance(manager, str):
+                out.setdefault(pod, []).append(manager)
+                break
+    return out

@@ -104,16 +104,6 @@ def waves(stale: Sequence[Stale], size: int) -> list[list[Stale]]:
     return [pods[i : i + size] for i in range(0, len(pods), size)]
 
 
-def eviction(pod: Pod) -> dict[str, object]:
-    """The policy/v1 Eviction body for `pod` (its PodDisruptionBudgets are checked by the API
-    server: a 429 answer means wait and try again)."""
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": pod.name, "namespace": pod.namespace},
-    }
-
-
 def progress_line(revoked_id: str, stale: Sequence[Stale], elapsed: dt.timedelta) -> str:
     by = {"shim": 0, "kubelet": 0}
     for s in stale:

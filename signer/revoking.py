@@ -23,6 +23,7 @@ from cryptography import x509
 
 from podcert.api.times import format_micro_time, parse_time
 from podcert.api.versions import group_version
+from podcert.client import eviction
 from podcert.client.discovery import certificates_versions
 from podcert.client.rest import JSON, ApiError, Rest, path_of
 from podcert.errors import CommandError
@@ -99,7 +100,9 @@ def run(
     if not args.wait_refresh:
         for n, wave in enumerate(revokeplan.waves(stale, args.wave_size), 1):
             for s in wave:
-                _evict(rest, s.pod, deadline, now, sleep, args.retry_seconds)
+                eviction.evict(
+                    rest, s.pod.namespace, s.pod.name, deadline, now, sleep, args.retry_seconds
+                )
             print(f"wave {n}: evicted {', '.join(f'{s.pod.namespace}/{s.pod.name}' for s in wave)}")
     elif any(s.replacer == "kubelet" for s in stale):
         print("pods on kubelet nodes are left to their next refresh (--wait-refresh)")
@@ -186,27 +189,3 @@ def _annotate(rest: Rest, pod: revokeplan.Pod, stamp: str) -> None:
     except ApiError as err:
         if err.status != 404:  # a pod gone holds no leaf
             raise
-
-
-def _evict(
-    rest: Rest,
-    pod: revokeplan.Pod,
-    deadline: dt.datetime,
-    now: Callable[[], dt.datetime],
-    sleep: Callable[[float], None],
-    retry: float,
-) -> None:
-    """Evict one pod, asking again while a PodDisruptionBudget refuses (429) until `deadline`."""
-    path = path_of("v1", "pods", pod.namespace, pod.name) + "/eviction"
-    while True:
-        try:
-            rest.request("POST", path, body=revokeplan.eviction(pod))
-            return
-        except ApiError as err:
-            if err.status == 404:
-                return
-            if err.status != 429 or now() >= deadline:
-                raise CommandError(
-                    f"ca revoke: evicting {pod.namespace}/{pod.name}: {err}"
-                ) from None
-        sleep(retry)

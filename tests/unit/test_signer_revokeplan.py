@@ -103,12 +103,6 @@ def test_kubelet_pods_go_in_waves_node_by_node(bundles: list[ca.CABundle]) -> No
     assert revokeplan.waves(stale, 0)[0] == [stale[0]]
 
 
-def test_an_eviction_names_the_pod() -> None:
-    body = revokeplan.eviction(pod("a"))
-    assert body["kind"] == "Eviction" and body["apiVersion"] == "policy/v1"
-    assert body["metadata"] == {"name": "a", "namespace": "ns"}
-
-
 def test_a_progress_line_counts_each_kind_of_node(bundles: list[ca.CABundle]) -> None:
     stale = revokeplan.stale_pods(
         [pod("a"), pod("b")],

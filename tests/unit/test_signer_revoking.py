@@ -1,19 +1,15 @@
 """signer.revoking: what the revoke command reads of pods and requests (the podCertificate
 volumes' signer names, a terminating pod, the chain and who made a request; an unissued or
-garbled request is no evidence), and an eviction a disruption budget refuses is asked for again
-until it is accepted or the deadline passes. The API answers are recorded objects; the command
-against a real API server is in tests/integration/test_revoke.py."""
+garbled request is no evidence)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from podcert.client.rest import ApiError, Rest
-from podcert.errors import CommandError
 from signer import revokeplan, revoking
 from signer.authority import ca
 from tests.unit.test_signer_revoke import leaf
@@ -64,34 +60,3 @@ def test_an_issued_request_is_read_with_its_chain_and_maker() -> None:
 def test_a_request_without_a_readable_chain_is_no_evidence(status: dict[str, Any]) -> None:
     obj = {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}, "status": status}
     assert revoking._issued(obj) is None
-
-
-class Answers:
-    """Recorded answers to the eviction POST, in order."""
-
-    def __init__(self, *answers: ApiError | None) -> None:
-        self.answers = list(answers)
-        self.calls = 0
-
-    def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
-        self.calls += 1
-        answer = self.answers.pop(0)
-        if answer is not None:
-            raise answer
-        return {}
-
-
-def test_an_eviction_refused_by_a_budget_is_asked_again() -> None:
-    answers = Answers(ApiError(429, "TooManyRequests", "pdb"), None)
-    slept: list[float] = []
-    pod = revokeplan.Pod("ns", "a", "u", "n", frozenset())
-    deadline = T0 + dt.timedelta(minutes=1)
-    revoking._evict(cast(Rest, answers), pod, deadline, lambda: T0, slept.append, 5.0)
-    assert answers.calls == 2 and slept == [5.0]
-
-
-def test_an_eviction_refused_past_the_deadline_fails_naming_the_pod() -> None:
-    answers = Answers(ApiError(429, "TooManyRequests", "pdb"))
-    pod = revokeplan.Pod("ns", "a", "u", "n", frozenset())
-    with pytest.raises(CommandError, match="ns/a"):
-        revoking._evict(cast(Rest, answers), pod, T0, lambda: T0, lambda _: None, 5.0)
