@@ -398,7 +398,7 @@ def run_ca(args: argparse.Namespace) -> int:
             raise CommandError(str(cas.error))
         if args.action == "status":
             due = cas.due() if gens[0].id != "operator" else None
-            print("\n".join(status_lines(gens, cas.pending(), due)))
+            print("\n".join(status_lines(gens, cas.pending(), due, cas.revoked)))
             return 0
         if (done := upstreamcli.run(args, cas)) is not None:
             return done

@@ -32,6 +32,9 @@ from signer.authority import revoke
 from signer.authority.castore import CAStore, describe
 from signer.kube import SignerKube
 
+# How long a shim pod may stay stale before the command asks its shim again.
+REASK = dt.timedelta(seconds=10)
+
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -106,7 +109,7 @@ def run(
             print(f"wave {n}: evicted {', '.join(f'{s.pod.namespace}/{s.pod.name}' for s in wave)}")
     elif any(s.replacer == "kubelet" for s in stale):
         print("pods on kubelet nodes are left to their next refresh (--wait-refresh)")
-    last = len(stale)
+    last, asked = len(stale), now()
     while stale:
         if now() >= deadline:
             left = ", ".join(f"{s.pod.namespace}/{s.pod.name}" for s in stale[:10])
@@ -116,6 +119,13 @@ def run(
             )
         sleep(1.0)
         stale = _stale(rest, revoked, args.revoke_signer_names)
+        if now() - asked >= REASK:
+            # A replica may have signed once more with the revoked CA before it read the
+            # Secret's new version: ask the shim again for what is still stale.
+            asked, stamp = now(), format_micro_time(now())
+            for s in stale:
+                if s.replacer == "shim":
+                    _annotate(rest, s.pod, stamp)
         if len(stale) != last:
             print(revokeplan.progress_line(gid, stale, now() - started))
             last = len(stale)

@@ -377,9 +377,10 @@ def status_lines(
     generations: list[schedule.Generation],
     waiting: offline.Pending | None,
     due: schedule.Step | None,
+    revoked: list[revoke.Revocation],
 ) -> list[str]:
     """What `podcert signer ca status` prints: a line per generation, the one awaiting its
-    signed chain, and the next step due."""
+    signed chain, the next step due, and each revocation."""
     lines = []
     for g in generations:
         until = f" trusted until {g.trusted_until:%Y-%m-%dT%H:%M:%SZ}" if g.trusted_until else ""
@@ -397,4 +398,7 @@ def status_lines(
             f"`ca import --id {waiting.id} --chain FILE`)"
         )
     lines.append(f"next step due: {type(due).__name__ if due else 'none'}")
+    for r in revoked:
+        where = "out of every trust bundle" if r.untrusted else "root still trusted"
+        lines.append(f"revoked: {r.id} at {r.revoked_at:%Y-%m-%dT%H:%M:%SZ} ({where})")
     return lines
