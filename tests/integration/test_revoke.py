@@ -90,6 +90,7 @@ def test_revoking_the_signing_ca_rekeys_every_shim_pod_then_untrusts_its_root(
     old_root = x509.load_pem_x509_certificates(ca_secret(devcluster)["ca.crt"])
 
     out = ca(devcluster, SIGNER_NAMESPACE, "revoke", gid, "--timeout=120")
+    print(out)
 
     assert f"revoked {gid}" in out
     assert f"no live leaf chains to {gid}: its root left every trust bundle" in out
