@@ -103,17 +103,20 @@ def new_intermediate(
     lifetime: dt.timedelta = dt.timedelta(days=90),
     backdate: dt.timedelta = DEFAULT_BACKDATE,
     common_name_prefix: str | None = None,
+    key: CAKey | None = None,
 ) -> CABundle:
     """A new intermediate under `bundle`'s root (rotation); needs the root key.
 
     The intermediate never outlives the root. Its name carries the issue time so that
-    successive intermediates are told apart in logs and chains.
+    successive intermediates are told apart in logs and chains. `key` is the intermediate's key
+    when it is made elsewhere (in a PKCS#11 token); otherwise one of `key_type` is generated.
     """
     if bundle.root_key is None:
         raise CAError(f"{CA_KEY}: the root key is not available, so no intermediate can be made")
     if common_name_prefix is None:
         common_name_prefix = _common_name(bundle.root).removesuffix(" root")
-    key = keys.generate(key_type)
+    if key is None:
+        key = keys.generate(key_type)
     intermediate = _ca_certificate(
         subject=_name(
             f"{common_name_prefix} intermediate {now.astimezone(dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
