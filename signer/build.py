@@ -35,7 +35,7 @@ from podcert import __version__
 from podcert.api.versions import CTBS
 from podcert.client.discovery import Unserved
 from podcert.client.rest import ApiError, Rest, load_client
-from podcert.errors import Refused, refusal_is_final
+from podcert.errors import ConfigError, Refused, refusal_is_final
 from podcert.reconcile.runtime import GaveUp, Runtime, retry_until
 from podcert.serving import health
 from podcert.serving.connections import DEFAULT_LIMITS, Limits
@@ -44,7 +44,7 @@ from signer.admission.cainjector import CAInjector
 from signer.auditlog import writer
 from signer.auditlog.trail import DEFAULT_CHECKPOINT_INTERVAL, AuditTrail
 from signer.authority import schedule
-from signer.authority.castore import CAStore
+from signer.authority.castore import CAStore, KeySource
 from signer.authority.rotator import Rotator
 from signer.authority.trustbundles import Publisher
 from signer.federation import endpoint
@@ -91,6 +91,8 @@ class Config:
     webhook_configuration: str = ""  # the ValidatingWebhookConfiguration whose caBundle we keep
     bundle_endpoint: endpoint.Settings | None = None  # None: no SPIFFE bundle endpoint
     startup_timeout: float = 120.0  # seconds of API trouble at start before exit 1 (0: never)
+    ca_key_uri: str = ""  # a pkcs11: URI: the intermediates' keys live in that token ("": Secret)
+    ca_key_pin_file: Path | None = None  # the token's PIN (else the URI's pin-source)
 
     @property
     def trust_domain(self) -> str:
@@ -102,9 +104,39 @@ class CAUnusable(Exception):
     """The CA Secret is missing (and may not be created) or holds no usable CA."""
 
 
+def token_keys(uri: str, pin_file: Path | None) -> KeySource | None:
+    """The token holding the CA keys when `uri` names one, logged in now: a wrong URI, PIN,
+    token or module raises ConfigError (one line naming it). python-pkcs11 (the `hsm` extra) is
+    imported only then."""
+    if not uri:
+        return None
+    from signer.authority import pkcs11uri
+
+    try:
+        parsed = pkcs11uri.parse(uri)
+    except pkcs11uri.URIError as err:
+        raise ConfigError(f"--ca-key-uri: {err}") from None
+    try:
+        from signer.authority import tokenkeys
+    except ImportError as err:
+        raise ConfigError(f"--ca-key-uri needs python-pkcs11 (podcert[hsm]): {err}") from None
+    where = pin_file or parsed.pin_file()
+    if where is None:
+        raise ConfigError("--ca-key-uri: give the PIN with --ca-key-pin-file or a pin-source")
+    try:
+        return tokenkeys.TokenKeys(parsed, tokenkeys.read_pin(where))
+    except tokenkeys.TokenConfigError as err:
+        raise ConfigError(f"--ca-key-uri: {err}") from None
+
+
 def run(config: Config) -> int:
     runtime = Runtime("signer", logger=log)
     runtime.handle_signals()
+    try:
+        keys = token_keys(config.ca_key_uri, config.ca_key_pin_file)
+    except ConfigError as err:
+        log.error("%s", err)
+        return 1
     kube = SignerKube(Rest(load_client(config.kubeconfig)))
     cas = CAStore(
         kube,
@@ -113,6 +145,7 @@ def run(config: Config) -> int:
         utcnow,
         create=config.create_ca,
         settings=config.rotation,
+        keys=keys,
     )
 
     @refusal_is_final

@@ -75,6 +75,12 @@ def _cluster_flags(p: argparse.ArgumentParser, *, after_ca: bool) -> None:
         help="Secret holding the CA; created with a new root + intermediate if absent",
     )
     p.add_argument(
+        "--ca-key-uri",
+        default=default(build.Config.ca_key_uri),
+        help="a pkcs11: URI (RFC 7512): CA keys are made and kept in that token (docs/hsm.md)",
+    )
+    p.add_argument("--ca-key-pin-file", type=Path, help="the token's PIN (else pin-source)")
+    p.add_argument(
         "--ca-prepare-at",
         type=float,
         default=default(schedule.DEFAULT_SETTINGS.prepare_at),
@@ -305,6 +311,7 @@ def _cluster_problem(args: argparse.Namespace) -> str | None:
         return f"--namespace {args.namespace!r} is not a namespace name"
     if not is_dns_name(args.ca_secret):
         return f"--ca-secret {args.ca_secret!r} is not a Secret name"
+
     if not 0.0 < args.ca_prepare_at < 1.0:
         return (
             "--ca-prepare-at must be between 0 and 1 (a share of the CA's life), "
@@ -384,6 +391,7 @@ def run_ca(args: argparse.Namespace) -> int:
         settings.namespace if settings.namespace != "default" else _namespace_default()
     )
     kube = SignerKube(Rest(settings))
+    keys = build.token_keys(args.ca_key_uri, args.ca_key_pin_file)  # ConfigError, one line
     cas = CAStore(
         kube,
         namespace,
@@ -391,6 +399,7 @@ def run_ca(args: argparse.Namespace) -> int:
         utcnow,
         create=False,
         settings=_rotation_settings(args),
+        keys=keys,
     )
     try:
         gens = cas.load()
@@ -469,6 +478,8 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         webhook_configuration=args.webhook_configuration,
         bundle_endpoint=_bundle_endpoint(args),
         startup_timeout=args.startup_timeout,
+        ca_key_uri=args.ca_key_uri,
+        ca_key_pin_file=args.ca_key_pin_file,
     )
 
 

@@ -126,6 +126,12 @@ class Metrics:
             "Audit log writes (entries, fsyncs, checkpoints) that failed.",
             registry=self.registry,
         )
+        self.token_errors = Counter(
+            "podcert_signer_token_errors",
+            "Signatures the CA key's PKCS#11 token refused or could not make (the request "
+            "retries): alert on any increase.",
+            registry=self.registry,
+        )
         self.ca_generations = Gauge(
             "podcert_signer_ca_generations",
             "CA generations in the CA Secret, by state (prepared, active, retired): an expiring "

@@ -99,6 +99,11 @@ class ServiceAccount(msgspec.Struct, frozen=True, gc=False):
     uid: str
 
 
+class KeyUnavailable(Exception):
+    """The CA key could not sign this once (its token unreachable or refusing): retry, never
+    fail the request. The message names the token, never key material."""
+
+
 @dataclass(frozen=True)
 class IssuingCA:
     """The CA that signs leaves now: an intermediate, its key, and the root it chains to."""

@@ -14,9 +14,9 @@ arguments; nothing here reads the clock or touches the disk.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -37,6 +37,8 @@ TLS_CRT: Final = "tls.crt"
 TLS_KEY: Final = "tls.key"
 CA_CRT: Final = "ca.crt"
 CA_KEY: Final = "ca.key"
+# Instead of tls.key: the URI of the issuing CA's key in a PKCS#11 token (no private key at all).
+TLS_KEY_URI: Final = "tls.key-uri"
 
 # CA certificates start a little in the past: leaves are backdated too, and peers' clocks drift.
 DEFAULT_BACKDATE: Final = dt.timedelta(minutes=5)
@@ -44,6 +46,18 @@ DEFAULT_BACKDATE: Final = dt.timedelta(minutes=5)
 
 class CAError(Exception):
     """The CA material cannot be used; the message names the Secret field at fault."""
+
+
+@runtime_checkable
+class KeyReference(Protocol):
+    """A key held elsewhere (a PKCS#11 token) that the Secret names by URI instead of holding."""
+
+    @property
+    def key_uri(self) -> str: ...
+
+
+# Finds the key a Secret's URI names; raises CAError naming what is wrong.
+KeyResolver = Callable[[str], CAKey]
 
 
 @dataclass(frozen=True)
@@ -71,8 +85,10 @@ def new_ca(
     root_lifetime: dt.timedelta = dt.timedelta(days=365),
     intermediate_lifetime: dt.timedelta = dt.timedelta(days=90),
     backdate: dt.timedelta = DEFAULT_BACKDATE,
+    intermediate_key: CAKey | None = None,
 ) -> CABundle:
-    """A fresh root and an intermediate under it, both valid from `now` (minus `backdate`)."""
+    """A fresh root and an intermediate under it, both valid from `now` (minus `backdate`).
+    `intermediate_key`, when given, is the intermediate's (one made in a token)."""
     root_key = keys.generate(key_type)
     not_before = certs.truncate_to_second(now - backdate)
     root = _ca_certificate(
@@ -92,6 +108,7 @@ def new_ca(
         lifetime=intermediate_lifetime,
         backdate=backdate,
         common_name_prefix=common_name_prefix,
+        key=intermediate_key,
     )
 
 
@@ -150,16 +167,21 @@ def to_secret_data(bundle: CABundle) -> dict[str, bytes]:
             c.public_bytes(serialization.Encoding.PEM)
             for c in (bundle.intermediate, *bundle.upstream)
         ),
-        TLS_KEY: dump_private_key(bundle.intermediate_key),
         CA_CRT: bundle.root.public_bytes(serialization.Encoding.PEM),
     }
+    if isinstance(bundle.intermediate_key, KeyReference):
+        data[TLS_KEY_URI] = bundle.intermediate_key.key_uri.encode()
+    else:
+        data[TLS_KEY] = dump_private_key(bundle.intermediate_key)
     if bundle.root_key is not None:
         data[CA_KEY] = dump_private_key(bundle.root_key)
     return data
 
 
-def from_secret_data(data: Mapping[str, bytes]) -> CABundle:
-    """Load and check a CA Secret; raises CAError naming the field for anything unusable."""
+def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = None) -> CABundle:
+    """Load and check a CA Secret; raises CAError naming the field for anything unusable.
+    `resolve` finds a key the Secret names by URI (tls.key-uri); without it such a Secret is
+    refused."""
     root = _one_certificate(data, CA_CRT)
     issuing = _certificates(data, TLS_CRT)
     # tls.crt is the issuing CA, then any upstream intermediates up to the root (an offline
@@ -178,7 +200,9 @@ def from_secret_data(data: Mapping[str, bytes]) -> CABundle:
                     f"{TLS_CRT}: certificate {n + 1} ({_common_name(child)!r}) is not signed by "
                     f"the one after it ({_common_name(parent)!r}): {exc or type(exc).__name__}"
                 ) from exc
-    intermediate_key = _private_key(data, TLS_KEY)
+    intermediate_key = _referenced_key(data, resolve) if TLS_KEY_URI in data else None
+    if intermediate_key is None:
+        intermediate_key = _private_key(data, TLS_KEY)
     _check_is_ca(intermediate, TLS_CRT)
     _check_is_ca(root, CA_CRT)
     _check_key_matches(intermediate_key, intermediate, TLS_KEY, TLS_CRT)
@@ -202,6 +226,18 @@ def from_secret_data(data: Mapping[str, bytes]) -> CABundle:
         root_key=root_key,
         upstream=upstream,
     )
+
+
+def _referenced_key(data: Mapping[str, bytes], resolve: KeyResolver | None) -> CAKey:
+    uri = _field(data, TLS_KEY_URI).decode("utf-8", "replace")
+    if TLS_KEY in data:
+        raise CAError(f"{TLS_KEY_URI}: given with {TLS_KEY}; a CA key lives in one place")
+    if resolve is None:
+        raise CAError(
+            f"{TLS_KEY_URI}: the issuing CA's key is in a PKCS#11 token ({uri}); start the "
+            "signer with --ca-key-uri and --ca-key-pin-file"
+        )
+    return resolve(uri)
 
 
 def _ca_certificate(

@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Final
+from typing import Final, Protocol
 
 from cryptography import x509
 
@@ -47,6 +47,14 @@ FORMAT_KEY: Final = "podcert.format"
 FORMAT: Final = 1
 
 
+class KeySource(Protocol):
+    """Where the CA keys live when not in the Secret (`signer.authority.tokenkeys.TokenKeys`)."""
+
+    def new_key(self, name: str) -> ca.CAKey: ...
+
+    def resolve(self, reference: str) -> ca.CAKey: ...
+
+
 class CAStore:
     def __init__(
         self,
@@ -57,8 +65,11 @@ class CAStore:
         *,
         create: bool = True,
         settings: schedule.Settings = schedule.DEFAULT_SETTINGS,
+        keys: KeySource | None = None,
     ) -> None:
         self.kube = kube
+        # The intermediates' keys are made in, and found again in, this source when given.
+        self.keys = keys
         self.namespace = namespace
         self.secret_name = secret_name
         self.clock = clock
@@ -119,13 +130,18 @@ class CAStore:
 
     def _new_ca(self) -> ca.CABundle:
         now = self.clock()
+        key = self.keys.new_key(f"{now:%Y%m%dT%H%M%SZ}") if self.keys is not None else None
         # Each generation's names differ, so peers and humans can tell old roots from new.
         return ca.new_ca(
             f"podcert {now:%Y-%m-%dT%H:%M:%SZ}",
             now,
             root_lifetime=self.settings.root_lifetime,
             intermediate_lifetime=self.settings.intermediate_lifetime,
+            intermediate_key=key,
         )
+
+    def _resolve(self) -> ca.KeyResolver | None:
+        return self.keys.resolve if self.keys is not None else None
 
     def load(self) -> list[schedule.Generation] | None:
         """Read the Secret (creating it when allowed and absent). Transient errors raise
@@ -160,7 +176,7 @@ class CAStore:
             log.error("cannot use the CA: %s", self.error)
             return None
         try:
-            gens = schedule.from_secret(data, self.clock())
+            gens = schedule.from_secret(data, self.clock(), self._resolve())
             revoked = revoke.from_secret(data)
         except ca.CAError as err:
             self.error = f"CA Secret {self.ref}: {err}"
@@ -347,7 +363,7 @@ class CAStore:
             self._check_format(data)
         except (FormatTooNew, FormatUnreadable) as err:
             raise schedule.RotationError(str(err)) from None
-        gens = schedule.from_secret(data, self.clock())
+        gens = schedule.from_secret(data, self.clock(), self._resolve())
         if any(g.id == "operator" for g in gens):
             raise schedule.RotationError(
                 f"{self.ref} holds an operator-provided CA; rotate it by replacing the Secret"

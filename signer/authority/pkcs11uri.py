@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import unquote, unquote_to_bytes
+from urllib.parse import quote, unquote, unquote_to_bytes
 
 SCHEME: Final = "pkcs11:"
 _PATH_TEXT: Final = frozenset({"token", "object", "manufacturer", "serial", "model", "type"})
@@ -39,6 +39,17 @@ class KeyURI:
         if self.pin_source is None:
             return None
         return self.pin_source.removeprefix("file://").removeprefix("file:")
+
+
+def key_reference(uri: KeyURI) -> str:
+    """The URI of `uri`'s key alone, as the CA Secret stores it: the token and the key's label or
+    id, never the module path or the PIN's source (those are the signer's configuration)."""
+    parts = [f"token={quote(uri.token, safe='')}"]
+    if uri.object is not None:
+        parts.append(f"object={quote(uri.object, safe='')}")
+    if uri.id is not None:
+        parts.append("id=" + "".join(f"%{b:02X}" for b in uri.id))
+    return SCHEME + ";".join([*parts, "type=private"])
 
 
 def parse(uri: str) -> KeyURI:

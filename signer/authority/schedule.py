@@ -300,11 +300,14 @@ def _time(value: object, field: str) -> dt.datetime:
     return parsed
 
 
-def from_secret(data: Mapping[str, bytes], now: dt.datetime) -> list[Generation]:
+def from_secret(
+    data: Mapping[str, bytes], now: dt.datetime, resolve: ca.KeyResolver | None = None
+) -> list[Generation]:
     """The CA set in a Secret. A Secret without an index (an operator's own CA, or one written
-    before rotation existed) is one active generation that never rotates by itself."""
+    before rotation existed) is one active generation that never rotates by itself. `resolve`
+    finds the keys the Secret names by URI (`ca.from_secret_data`)."""
     if INDEX_KEY not in data:
-        return [Generation("operator", ca.from_secret_data(data), "active", now)]
+        return [Generation("operator", ca.from_secret_data(data, resolve), "active", now)]
     try:
         index = json.loads(data[INDEX_KEY])
     except ValueError:
@@ -330,8 +333,11 @@ def from_secret(data: Mapping[str, bytes], now: dt.datetime) -> list[Generation]
         }
         if f"{gid}.ca.key" in data:
             fields[ca.CA_KEY] = data[f"{gid}.ca.key"]
+        if f"{gid}.{ca.TLS_KEY_URI}" in data:
+            fields[ca.TLS_KEY_URI] = data[f"{gid}.{ca.TLS_KEY_URI}"]
+            del fields[ca.TLS_KEY]
         try:
-            bundle = ca.from_secret_data(fields)
+            bundle = ca.from_secret_data(fields, resolve)
         except ca.CAError as err:
             raise ca.CAError(f"generation {gid}: {err}") from None
         until = item.get("trustedUntil")
@@ -372,7 +378,9 @@ def to_secret(generations: Sequence[Generation]) -> dict[str, bytes]:
     current = active(generations)
     if current is not None:
         mirror = ca.to_secret_data(current.bundle)
-        data[ca.TLS_CRT], data[ca.TLS_KEY] = mirror[ca.TLS_CRT], mirror[ca.TLS_KEY]
+        for name in (ca.TLS_CRT, ca.TLS_KEY, ca.TLS_KEY_URI):
+            if name in mirror:
+                data[name] = mirror[name]
     data[ca.CA_CRT] = b"".join(
         r.public_bytes(serialization.Encoding.PEM) for r in trusted_roots(generations)
     )

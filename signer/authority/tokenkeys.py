@@ -13,6 +13,7 @@ signature) is retryable and never carries key material.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -29,6 +30,8 @@ from pkcs11.util.ec import (
     encode_named_curve_parameters,
 )
 
+from signer import model
+from signer.authority import ca, pkcs11uri
 from signer.authority.pkcs11uri import KeyURI
 
 DEFAULT_MODULE: Final = "/usr/lib/softhsm/libsofthsm2.so"
@@ -39,7 +42,7 @@ class TokenConfigError(Exception):
     """The token, its PIN or the key named by the URI cannot be used: start-up must stop."""
 
 
-class TokenError(Exception):
+class TokenError(model.KeyUnavailable):
     """The token failed one operation (unreachable, refused); the caller retries."""
 
 
@@ -169,6 +172,11 @@ class TokenKey(ec.EllipticCurvePrivateKey):
         self._public = loaded
 
     @property
+    def key_uri(self) -> str:
+        """The key's reference, as the CA Secret holds it instead of the key (`ca.KeyReference`)."""
+        return pkcs11uri.key_reference(self._session.uri)
+
+    @property
     def protected(self) -> bool:
         """The token says the key is sensitive and never was, nor is, extractable."""
         try:
@@ -225,6 +233,51 @@ class TokenKey(ec.EllipticCurvePrivateKey):
 
     def __deepcopy__(self, memo: dict[int, object]) -> TokenKey:
         return self
+
+
+class TokenKeys:
+    """The signer's keys in one token: a new one per CA generation, each labelled
+    `<the URI's object>-<name>`, and those the CA Secret names found again. One logged-in
+    session is shared (PKCS#11 logs a process in once)."""
+
+    def __init__(self, uri: KeyURI, pin: str) -> None:
+        self.uri = uri
+        self._pin = pin
+        self._session = TokenSession(uri, pin)  # the start-up check: the token and the PIN
+        self._sessions: dict[KeyURI, TokenSession] = {}
+
+    def _for(self, uri: KeyURI) -> TokenSession:
+        found = self._sessions.get(uri)
+        if found is None:
+            found = self._sessions[uri] = TokenSession(uri, self._pin, module_path=self._module)
+        return found
+
+    @property
+    def _module(self) -> str:
+        return self.uri.module_path or DEFAULT_MODULE
+
+    def new_key(self, name: str) -> TokenKey:
+        """A key made in the token for the CA generation `name`."""
+        label = f"{self.uri.object or 'podcert'}-{name}"
+        return self._for(dataclasses.replace(self.uri, object=label, id=None)).generate()
+
+    def resolve(self, reference: str) -> TokenKey:
+        """The key a CA Secret's URI names, in this signer's token; ca.CAError when it cannot be
+        used (another token, no such key)."""
+        try:
+            uri = pkcs11uri.parse(reference)
+        except pkcs11uri.URIError as exc:
+            raise ca.CAError(f"{ca.TLS_KEY_URI}: {exc}") from None
+        if uri.token != self.uri.token:
+            raise ca.CAError(
+                f"{ca.TLS_KEY_URI}: names token {uri.token!r}, but the signer's is "
+                f"{self.uri.token!r} (--ca-key-uri)"
+            )
+        mine = dataclasses.replace(self.uri, object=uri.object, id=uri.id)
+        try:
+            return self._for(mine).key()
+        except TokenConfigError as exc:
+            raise ca.CAError(f"{ca.TLS_KEY_URI}: {exc}") from None
 
 
 def _name(exc: BaseException) -> str:

@@ -307,7 +307,12 @@ class Controller:
             wait = self._hold_back(key, request)
             if wait > 0:
                 return wait
-            answer = sign(decision.plan, facts.ca)
+            try:
+                answer = sign(decision.plan, facts.ca)
+            except model.KeyUnavailable as err:
+                self.metrics.token_errors.inc()
+                log.warning("the CA key did not sign, retrying: %s", err, extra=_ctx(key))
+                return 2.0  # seconds: a token that refused may well sign the next time
         elif isinstance(decision, model.Deny | model.Fail):
             answer = decision
         else:

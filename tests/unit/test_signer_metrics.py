@@ -34,6 +34,7 @@ EXPORTED = {
     "podcert_signer_ca_too_short": set(),
     "podcert_signer_audit_log_writable": set(),
     "podcert_signer_audit_log_errors_total": set(),
+    "podcert_signer_token_errors_total": set(),
     "podcert_signer_ca_generations": {"state"},
     "podcert_signer_leader": set(),
     "podcert_signer_audit_checkpoint": set(),

@@ -16,8 +16,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509 import verification
 
 from podcert.api import keys
-from signer import certs, model
-from signer.authority import ca, pkcs11uri, tokenkeys
+from podcert.errors import ConfigError
+from signer import build, certs, model
+from signer.authority import ca, pkcs11uri, schedule, tokenkeys
 from signer.authority.tokenkeys import TokenConfigError, TokenError, TokenSession
 from tests import softhsm
 
@@ -161,3 +162,64 @@ def test_a_leaf_signed_through_the_token_verifies_against_the_root(
     assert leaf.extensions.get_extension_for_class(
         x509.SubjectAlternativeName
     ).value.get_values_for_type(x509.UniformResourceIdentifier) == [plan.spiffe_id]
+
+
+def test_the_ca_secret_holds_the_token_keys_uri_and_no_intermediate_key(
+    tokens: softhsm.Tokens,
+) -> None:
+    source = tokenkeys.TokenKeys(
+        pkcs11uri.parse(f"pkcs11:token={TOKEN};object=ca-{uuid.uuid4().hex}"), softhsm.PIN
+    )
+    key = source.new_key("gen1")
+    bundle = ca.new_ca("token test", NOW, intermediate_key=key)
+    data = ca.to_secret_data(bundle)
+    assert ca.TLS_KEY not in data
+    assert data[ca.TLS_KEY_URI] == key.key_uri.encode()
+    assert key.key_uri.startswith(f"pkcs11:token={TOKEN};object=ca-")
+    assert "pin" not in key.key_uri
+    # Only the root's key (kept in the Secret for now) is a private key there.
+    assert b"".join(data.values()).count(b"PRIVATE KEY-----") == 2  # ca.key's BEGIN and END
+
+    loaded = ca.from_secret_data(data, source.resolve)
+    assert loaded.intermediate_key.public_key() == key.public_key()
+    assert loaded.intermediate == bundle.intermediate
+    with pytest.raises(ca.CAError, match=r"tls\.key-uri: the issuing CA's key is in a PKCS#11"):
+        ca.from_secret_data(data)
+
+
+def test_a_secret_naming_another_token_or_a_missing_key_is_refused_by_field(
+    tokens: softhsm.Tokens,
+) -> None:
+    source = tokenkeys.TokenKeys(pkcs11uri.parse(f"pkcs11:token={TOKEN};object=ca"), softhsm.PIN)
+    with pytest.raises(ca.CAError, match=r"tls\.key-uri: names token 'elsewhere'"):
+        source.resolve("pkcs11:token=elsewhere;object=ca-x")
+    with pytest.raises(ca.CAError, match=r"tls\.key-uri: .*holds no such EC key"):
+        source.resolve(f"pkcs11:token={TOKEN};object=never-made")
+
+
+def test_rotations_secret_round_trips_token_keys_per_generation(tokens: softhsm.Tokens) -> None:
+    source = tokenkeys.TokenKeys(
+        pkcs11uri.parse(f"pkcs11:token={TOKEN};object=rot-{uuid.uuid4().hex}"), softhsm.PIN
+    )
+    fresh = ca.new_ca("token test", NOW, intermediate_key=source.new_key("g1"))
+    gens = schedule.apply([], schedule.Prepare(), NOW, schedule.DEFAULT_SETTINGS, fresh)
+    data = schedule.to_secret(gens)
+    assert not any(name.endswith("tls.key") for name in data)
+    again = schedule.from_secret(data, NOW, source.resolve)
+    assert [g.bundle.intermediate for g in again] == [g.bundle.intermediate for g in gens]
+    assert all(isinstance(g.bundle.intermediate_key, tokenkeys.TokenKey) for g in again)
+
+
+def test_the_signer_start_up_stops_with_one_line_on_a_wrong_pin_or_uri(
+    tokens: softhsm.Tokens, tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong-pin"
+    wrong.write_text("not-the-pin\n")
+    uri = f"pkcs11:token={UNTOUCHED};object=ca"
+    with pytest.raises(ConfigError, match=f"^--ca-key-uri: token '{UNTOUCHED}': the PIN is wrong$"):
+        build.token_keys(uri, wrong)
+    with pytest.raises(ConfigError, match=r"^--ca-key-uri: key URI: token= .* is required$"):
+        build.token_keys("pkcs11:object=ca", wrong)
+    with pytest.raises(ConfigError, match="--ca-key-pin-file or a pin-source"):
+        build.token_keys(uri, None)
+    assert build.token_keys("", None) is None
