@@ -223,3 +223,23 @@ def test_the_signer_start_up_stops_with_one_line_on_a_wrong_pin_or_uri(
     with pytest.raises(ConfigError, match="--ca-key-pin-file or a pin-source"):
         build.token_keys(uri, None)
     assert build.token_keys("", None) is None
+
+
+def test_a_signature_the_token_refuses_is_a_retryable_key_unavailable(
+    tokens: softhsm.Tokens,
+) -> None:
+    session = _session(tokens)
+    key = session.generate()
+    session.close()  # the token's session is gone, as when the token is unplugged
+    bundle = ca.new_intermediate(ca.new_ca("token test", NOW), NOW - dt.timedelta(days=1))
+    plan = model.LeafPlan(
+        public_key=keys.generate("ECDSAP256").public_key(),
+        spiffe_id="spiffe://cluster.local/ns/web/sa/frontend",
+        dns_names=(),
+        not_before=NOW,
+        not_after=NOW + dt.timedelta(hours=1),
+        begin_refresh_at=NOW + dt.timedelta(minutes=30),
+    )
+    issuer = model.IssuingCA(certificate=bundle.intermediate, key=key, root=bundle.root)
+    with pytest.raises(model.KeyUnavailable, match=f"token '{TOKEN}' refused a signature"):
+        certs.sign_leaf(plan, issuer, serial=1)
