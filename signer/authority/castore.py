@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
+import secrets
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -130,7 +131,9 @@ class CAStore:
 
     def _new_ca(self) -> ca.CABundle:
         now = self.clock()
-        key = self.keys.new_key(f"{now:%Y%m%dT%H%M%SZ}") if self.keys is not None else None
+        # Named by time and a random part: two generations made in one second still differ.
+        label = f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+        key = self.keys.new_key(label) if self.keys is not None else None
         # Each generation's names differ, so peers and humans can tell old roots from new.
         return ca.new_ca(
             f"podcert {now:%Y-%m-%dT%H:%M:%SZ}",

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from devcluster import processes
+from devcluster.identities import Paths
 from devcluster.testing import DevCluster
 from podcert.client.rest import Rest, path_of
 from tests import softhsm
@@ -42,10 +46,14 @@ def _signer(devcluster: DevCluster, tmp_path: Path, tokens: softhsm.Tokens, pin:
         tmp_path,
         [SIGNER],
         namespace=NAMESPACE,
-        extra=[f"--ca-key-uri=pkcs11:token={TOKEN};object=podcert-ca", f"--ca-key-pin-file={pin}"],
+        extra=_token_flags(pin),
     )
     proc.env.update(tokens.env)
     return proc.start()
+
+
+def _token_flags(pin: Path) -> list[str]:
+    return [f"--ca-key-uri=pkcs11:token={TOKEN};object=podcert-ca", f"--ca-key-pin-file={pin}"]
 
 
 def _texts(obj: Any) -> list[bytes]:
@@ -84,11 +92,7 @@ def test_leaves_are_signed_in_the_token_and_its_key_is_in_no_api_object(
         signer.stop()
     rest = Rest(devcluster.admin)
     secret = rest.request("GET", path_of("v1", "secrets", NAMESPACE, "podcert-ca"))["data"]
-    assert not [name for name in secret if name.endswith("tls.key")]
-    uri = base64.b64decode(secret["tls.key-uri"]).decode()
-    assert uri.startswith(f"pkcs11:token={TOKEN};object=podcert-ca-"), uri
     [root] = x509.load_pem_x509_certificates(base64.b64decode(secret["ca.crt"]))
-    token_public = None
     for pcr in done:
         assert condition(pcr).type == "Issued"
         leaf, intermediate = x509.load_pem_x509_certificates(
@@ -96,8 +100,36 @@ def test_leaves_are_signed_in_the_token_and_its_key_is_in_no_api_object(
         )
         leaf.verify_directly_issued_by(intermediate)
         intermediate.verify_directly_issued_by(root)
-        token_public = intermediate.public_key().public_bytes(*SPKI)
-    assert token_public is not None
+        assert intermediate.public_bytes(serialization.Encoding.PEM) == base64.b64decode(
+            secret["tls.crt"]
+        )
+
+    # `ca prepare` makes the next generation's key in the token too.
+    prepare = subprocess.run(
+        [
+            *(sys.executable, "-m", "podcert", "signer", "ca", "prepare"),
+            f"--kubeconfig={Paths(devcluster.root.resolve()).admin_kubeconfig}",
+            f"--namespace={NAMESPACE}",
+            *_token_flags(tokens.pin_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **tokens.env},
+    )
+    assert prepare.returncode == 0, prepare.stderr
+    secret = rest.request("GET", path_of("v1", "secrets", NAMESPACE, "podcert-ca"))["data"]
+    assert not [name for name in secret if name.endswith("tls.key")]
+    uris = {base64.b64decode(v).decode() for k, v in secret.items() if k.endswith("tls.key-uri")}
+    assert len(uris - {base64.b64decode(secret["tls.key-uri"]).decode()}) == 1, uris
+    assert all(u.startswith(f"pkcs11:token={TOKEN};object=podcert-ca-") for u in uris), uris
+    token_publics = {
+        x509.load_pem_x509_certificate(base64.b64decode(v)).public_key().public_bytes(*SPKI)
+        for k, v in secret.items()
+        if k.endswith(".tls.crt")
+    }
+    assert len(token_publics) == 2
 
     keys_seen = 0
     for obj in _every_object(rest):
@@ -105,7 +137,7 @@ def test_leaves_are_signed_in_the_token_and_its_key_is_in_no_api_object(
             for block in PEM_KEY.findall(text):
                 key = serialization.load_pem_private_key(block, password=None)
                 keys_seen += 1
-                assert key.public_key().public_bytes(*SPKI) != token_public, obj["metadata"]
+                assert key.public_key().public_bytes(*SPKI) not in token_publics, obj["metadata"]
     assert keys_seen >= 1  # the scan sees private keys where they are: the root's ca.key
 
 
