@@ -527,8 +527,10 @@ def test_the_commands_serve_and_count(
 
     assert done.returncode == 0, done.stderr
     client_stats = json.loads(done.stdout)
+    # How many calls a second of the schedule makes depends on the machine's load; that every
+    # call made was answered, and counted alike by both sides, does not.
     assert client_stats["failed"] == 0
-    assert client_stats["ok"] >= 30
+    assert client_stats["ok"] == client_stats["requests"] > 0
     process.send_signal(signal.SIGTERM)
     out, _ = process.communicate(timeout=30)
     assert process.returncode == 0
