@@ -156,7 +156,7 @@ class Faults:
     def rotate_service_account(self) -> str:
         account = self.rng.choice(self.fleet.shim_accounts())
         self.fleet.rotate(account)
-        return f"podcert shim rotate --service-account {account}"
+        return f"podcert shim rotate --pod, for each pod of {account} on a shim node"
 
     def start_ca_rotation(self) -> str:
         self.campaign = CaRotation(self.fleet, self)

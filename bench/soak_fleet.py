@@ -288,14 +288,18 @@ class Fleet:
             time.sleep(1.0)
 
     def rotate(self, account: str) -> None:
-        """Re-key every pod of `account` on the shims' nodes, as an operator does."""
-        self.podcert(
-            "shim",
-            "rotate",
-            f"--kubeconfig={self.admin_kubeconfig}",
-            f"--namespace={NAMESPACE}",
-            f"--service-account={account}",
-        )
+        """Re-key every pod of `account` on the shims' nodes, as an operator does: pod by pod,
+        since `--service-account` refuses to claim the re-key of the account's pods on kubelet
+        nodes (those the CA rotation re-keys by restarting their kubelet)."""
+        for pod in self.pods:
+            if pod.service_account == account and pod.node in self.shims:
+                self.podcert(
+                    "shim",
+                    "rotate",
+                    f"--kubeconfig={self.admin_kubeconfig}",
+                    f"--namespace={NAMESPACE}",
+                    f"--pod={pod.name}",
+                )
 
     def ca(self, action: str, *flags: str) -> str:
         return self.podcert(
