@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint unit integration controlplane image lock clean chart
+.PHONY: demo test lint unit integration controlplane image lock clean chart docs
 
 # Exactly the locked versions, every file checked against its hash, then podcert itself with
 # nothing left to resolve (locks/README.md says what each lock holds). The editable install maps
@@ -46,6 +46,15 @@ lint: $(VENV)/.installed
 chart: $(VENV)/.installed
 	$(BIN)/python -m devcluster.chartfiles
 
+# The documentation site (docs/, Sphinx + MyST, docs/conf.py) into build/docs/html: warnings are
+# errors (-W; --keep-going lists them all), every reference and link is checked (-n, MyST's
+# heading anchors), and the environment is fresh (-E) because the reference pages are generated
+# from the code as they are read (devcluster/docsite.py). The test command builds it first.
+DOCS_OUT ?= build/docs
+
+docs: $(VENV)/.installed
+	$(BIN)/sphinx-build -W --keep-going -n -E -q -b html -d $(DOCS_OUT)/doctrees docs $(DOCS_OUT)/html
+
 # Install what a real node needs from Debian (apt-get, only when something is missing), then build
 # (once, cached outside the repo) the devcluster's binaries, showing progress: the whole cluster
 # with both kubelets for each minor, 1.37 first, each minor in one go build (kube-proxy 1.37 with
@@ -85,7 +94,7 @@ unit: $(VENV)/.installed
 integration: controlplane
 	$(call PYTEST,-m integration)
 
-test: lint controlplane
+test: lint docs controlplane
 	$(call PYTEST,)
 
 clean:
