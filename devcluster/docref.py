@@ -421,6 +421,14 @@ def _flat(literal: Any) -> list[str]:
     return out
 
 
+def exit_codes_markdown(source: Path = ROOT / "podcert" / "errors.py") -> str:
+    """Every command's exit codes: podcert.errors' EXIT_* constants and their comments."""
+    rows = re.findall(r"^EXIT_(\w+): Final = (\d+)(?:\s*#\s*(.*))?$", source.read_text(), re.M)
+    out = ["| code | name | when |", "|---|---|---|"]
+    out += [f"| {code} | `EXIT_{name}` | {_cell(said or 'success')} |" for name, code, said in rows]
+    return "\n".join(out) + "\n"
+
+
 def _commands() -> str:
     from podcert.cli import build_parser
 
@@ -433,6 +441,7 @@ GENERATORS: Final[Mapping[str, Callable[[], str]]] = {
     "metrics": metrics_markdown,
     "alerts": alerts_markdown,
     "reasons": reasons_markdown,
+    "exit-codes": exit_codes_markdown,
 }
 """What a page may ask for with `<!-- podcert-reference: NAME -->`."""
 

@@ -131,3 +131,11 @@ def test_the_runbook_url_is_the_sites_page_of_the_alert() -> None:
     assert docref.runbook_url("PodcertNoLeader") == (
         "https://podcert.github.io/podcert/runbooks/PodcertNoLeader.html"
     )
+
+
+def test_every_exit_code_is_listed_with_its_meaning() -> None:
+    from podcert import errors
+
+    page = docref.exit_codes_markdown()
+    for name in ("EXIT_OK", "EXIT_FINDINGS", "EXIT_USAGE", "EXIT_CLUSTER_UNREADABLE"):
+        assert f"| {getattr(errors, name)} | `{name}` |" in page
