@@ -127,3 +127,11 @@ def test_the_site_carries_the_generated_reference(site: Path) -> None:
     assert 'id="podcert-signer-ca"' in commands
     assert "podcert_signer_requests_total" in (site / "reference" / "metrics.html").read_text()
     assert "TLSSource" in (site / "reference" / "bundles.html").read_text()
+
+
+def test_every_relative_link_of_the_readme_names_a_file_that_exists() -> None:
+    """The README is not a page of the site (GitHub and PyPI show it): its links into docs/ and
+    the rest of the repository are checked here, every one as a repository file."""
+    readme = ROOT / "README.md"
+    outside = ROOT / ".no-docs"  # so that no link is left to MyST: each must name a file
+    docsite.rewrite_links(readme.read_text(), readme, ROOT, outside)
