@@ -119,7 +119,11 @@ def blocks(path: Path, text: str | None = None) -> list[Block]:
             rf"^\s*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[end]
         ):
             end += 1
-        body = "\n".join(lines[index + 1 : end])
+        # A fence inside a list item: its lines lose the fence's indent, as CommonMark reads them.
+        indent = len(opened["indent"])
+        body = "\n".join(
+            x[indent:] if not x[:indent].strip() else x.lstrip() for x in lines[index + 1 : end]
+        )
         language = info.split()[0] if info else ""
         out.append(Block(path, index + 1, language, body + "\n", before == RUN_MARKER))
         index = end + 1

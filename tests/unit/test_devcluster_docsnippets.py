@@ -158,6 +158,7 @@ def test_blocks_know_their_language_line_and_run_marker() -> None:
         (12, "text", False),
         (18, "yaml", False),
     ]
+    assert found[-1].body == "a: 1\n"
 
 
 def test_the_run_script_holds_the_marked_blocks_in_page_order(tmp_path: Path) -> None:
