@@ -12,7 +12,9 @@ mutual TLS, each verifying the other against its own cluster's trust bundle (the
 and authorizing the other's SPIFFE ID. Then A's CA rotates on its own (prepare, the root signs
 the new CSR, import, activate, the pod re-keyed, retire) and B's after it, while both clients
 keep calling: the clients' counters must show 0 failed calls, and `podcert audit` is clean in
-both clusters. docs/two-clusters.md is the operator's version of this.
+both clusters. B's new intermediate is signed for 3 days only, so B's signer must say that its
+successor is due (`ca status`, `podcert status`, the gauge, an Event on the CA Secret) while A,
+30 days from its end, says nothing. docs/two-clusters.md is the operator's version of this.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,9 +145,9 @@ def ca(cluster: DevCluster, action: str, *more: str) -> str:
     return podcert(cluster, "signer", "ca", action, f"--namespace={NAMESPACE}", *more).stdout
 
 
-def import_from(cluster: DevCluster, root: OfflineRoot, work: Path) -> str:
-    """The operator's round: prepare in the cluster, sign the CSR with the root, import it.
-    Returns the new generation's id (prepared: published, not signing yet)."""
+def import_from(cluster: DevCluster, root: OfflineRoot, work: Path, days: int = 30) -> str:
+    """The operator's round: prepare in the cluster, sign the CSR with the root (for `days`),
+    import it. Returns the new generation's id (prepared: published, not signing yet)."""
     csr = work / "podcert.csr"
     said = ca(
         cluster,
@@ -155,7 +158,7 @@ def import_from(cluster: DevCluster, root: OfflineRoot, work: Path) -> str:
     )
     gen = said.split()[0]
     chain = work / f"{gen}.chain.pem"
-    chain.write_bytes(root.sign(csr.read_bytes()))
+    chain.write_bytes(root.sign(csr.read_bytes(), days))
     ca(cluster, "import", f"--id={gen}", f"--chain={chain}")
     return gen
 
@@ -176,6 +179,7 @@ class Side:
     name: str
     cluster: DevCluster
     work: Path
+    signer: processes.Signer
     shim: processes.Shim
     namespace: str = ""
     pod: str = ""
@@ -266,7 +270,7 @@ def start_side(
 ) -> Side:
     """A signer with the operator's intermediate active and its own first root retired, then
     a shim node and a pod whose first leaf comes from that intermediate."""
-    start_signer(
+    signer = start_signer(
         SIGNER,
         namespace=NAMESPACE,
         cluster=cluster,
@@ -279,7 +283,7 @@ def start_side(
     ca(cluster, "activate", f"--id={gen}")
     ca(cluster, "retire", "--force")  # podcert's own first root leaves the bundles
     shim = start_shim(f"tc-node-{name}", cluster=cluster, workdir=work)
-    side = Side(name, cluster, work, shim)
+    side = Side(name, cluster, work, signer, shim)
     side.start_pod()
     eventually(
         lambda: side.trust() == {root.der} and side.issuer() is not None,
@@ -318,16 +322,17 @@ class Caller:
 
 def caller(side: Side, url: str, server_id: str, log: Path) -> Caller:
     args = python_client_flags(
-        side.identity, url, server_id, rate=5, reload_interval=0.5, duration=3600
+        side.identity, url, server_id, rate=10, reload_interval=0.5, duration=3600
     )
     return Caller(processes.Process(args=args, log=log, module="examples.mtls.client").start())
 
 
-def rotate_alone(side: Side, other: Side, root: OfflineRoot) -> None:
-    """One cluster's CA rotation under the same root, the other cluster left alone."""
+def rotate_alone(side: Side, other: Side, root: OfflineRoot, days: int = 30) -> str:
+    """One cluster's CA rotation under the same root, the other cluster left alone; the new
+    generation's id."""
     other_issuer = other.active_intermediate()
     before = side.active_intermediate()
-    gen = import_from(side.cluster, root, side.work / "rotation")
+    gen = import_from(side.cluster, root, side.work / "rotation", days)
     assert side.trust() == {root.der}  # the same root: nothing new for any pod to learn
     ca(side.cluster, "activate", f"--id={gen}")
     new = side.active_intermediate()
@@ -336,6 +341,29 @@ def rotate_alone(side: Side, other: Side, root: OfflineRoot) -> None:
     eventually(lambda: side.issuer() == new, timeout=TIMEOUT, what=f"{side.name}'s leaf from {gen}")
     ca(side.cluster, "retire", "--force")
     assert other.active_intermediate() == other_issuer  # the other cluster did not move
+    return gen
+
+
+def successor_gauge(side: Side) -> float | None:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{side.signer.metrics_port}/metrics", timeout=5
+    ) as answer:
+        text = answer.read().decode()
+    for line in text.splitlines():
+        if line.startswith("podcert_signer_ca_upstream_successor_due "):
+            return float(line.split()[1])
+    return None
+
+
+def successor_events(side: Side) -> list[str]:
+    events = client.CoreV1Api(side.cluster.admin).list_namespaced_event(
+        NAMESPACE, field_selector="reason=UpstreamCASuccessorDue"
+    )
+    return [
+        str(e.message)
+        for e in events.items
+        if e.involved_object.kind == "Secret" and e.involved_object.name == "podcert-ca"
+    ]
 
 
 def test_pods_in_two_clusters_call_each_other_through_each_clusters_own_rotation(
@@ -360,7 +388,9 @@ def test_pods_in_two_clusters_call_each_other_through_each_clusters_own_rotation
         try:
             first = {s.name: s.issuer() for s in sides}
             rotate_alone(a, b, root)
-            rotate_alone(b, a, root)
+            # B's new intermediate lasts 3 days: within the 7 days in which only the operator
+            # can bring its successor, which every face of the signer must now say.
+            short = rotate_alone(b, a, root, days=3)
             assert all(s.issuer() != first[s.name] for s in sides)
             assert all(s.trust() == {root.der} for s in sides)
         finally:
@@ -371,6 +401,16 @@ def test_pods_in_two_clusters_call_each_other_through_each_clusters_own_rotation
         assert summary["ok"] > 0, (direction, summary)
         # Each client met the other side's leaf from before and after its cluster's rotation.
         assert len(summary["server_serials"]) >= 2, (direction, summary)
+    warned = f"imported intermediate {short} ends in 2d 23h"
+    assert f"URGENT: {warned}" in ca(b.cluster, "status")
+    shown = podcert(b.cluster, "status", f"--namespace={NAMESPACE}", "-o", "json").stdout
+    assert json.loads(shown)["ca"]["nextStep"].startswith(warned)
+    assert eventually(lambda: successor_gauge(b) == 1.0, timeout=60, what="B's gauge at 1")
+    [event] = eventually(lambda: successor_events(b), timeout=60, what="B's Event")
+    assert event.startswith(warned) and "prepare and import its successor" in event
+    # A's 30-day intermediate is far from its end: nothing said there.
+    assert successor_gauge(a) == 0.0 and successor_events(a) == []
+    assert "imported intermediate" not in ca(a.cluster, "status")
     for side in sides:
         report = side.audit()
         assert report["exit"] == 0, (side.name, json.dumps(report.get("findings"))[:3000])
