@@ -16,6 +16,12 @@ or an operator's own) is format 1. A Secret in a newer format than `FORMAT` is n
 `load` reports it (the signer does not start, so never leads on it), a watch event bringing one
 stops this replica from signing (`issuing` is None) and from rotating (`step` refuses), and the
 CA it held stays as it was until a Secret it reads comes back.
+
+A generation an upstream signed (`ca import`) is format 1 too: its certificates and index entry
+are a generation's as any other's, with no root key and its intermediate key under a name of its
+own (`schedule.UPSTREAM_TLS_KEY`). Every release that checks the format reads it; 0.1.0, which
+does not check it, refuses such a Secret for lack of `<id>.tls.key` instead of misreading it
+(docs/upstream-ca.md, "The CA Secret").
 """
 
 from __future__ import annotations
