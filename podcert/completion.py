@@ -75,14 +75,16 @@ def bash(nodes: list[Node]) -> str:
     ]
     for node in nodes:
         key = shlex.quote(_key(node.path))
+        # `+=(key value)`, not `[key]=value`: zsh keeps quotes in an assignment's subscript
+        # as part of the key, so a quoted key (any with a `|`) would never be found.
         lines += [
-            f"_podcert_sub[{key}]={_words(node.subcommands)}",
-            f"_podcert_arg[{key}]={_words(node.arguments)}",
-            f"_podcert_opt[{key}]={_words(node.options)}",
+            f"_podcert_sub+=({key} {_words(node.subcommands)})",
+            f"_podcert_arg+=({key} {_words(node.arguments)})",
+            f"_podcert_opt+=({key} {_words(node.options)})",
         ]
         for option, values in node.choices.items():
             lines.append(
-                f"_podcert_choice[{shlex.quote(_key(node.path) + '|' + option)}]={_words(values)}"
+                f"_podcert_choice+=({shlex.quote(_key(node.path) + '|' + option)} {_words(values)})"
             )
     lines.append(
         """_podcert() {
@@ -118,31 +120,33 @@ def zsh(nodes: list[Node]) -> str:
     ]
     for node in nodes:
         key = shlex.quote(_key(node.path))
+        # `+=(key value)`, not `[key]=value`: zsh keeps quotes in an assignment's subscript
+        # as part of the key, so a quoted key (any with a `|`) would never be found.
         lines += [
-            f"_podcert_sub[{key}]={_words(node.subcommands)}",
-            f"_podcert_arg[{key}]={_words(node.arguments)}",
-            f"_podcert_opt[{key}]={_words(node.options)}",
+            f"_podcert_sub+=({key} {_words(node.subcommands)})",
+            f"_podcert_arg+=({key} {_words(node.arguments)})",
+            f"_podcert_opt+=({key} {_words(node.options)})",
         ]
         for option, values in node.choices.items():
             lines.append(
-                f"_podcert_choice[{shlex.quote(_key(node.path) + '|' + option)}]={_words(values)}"
+                f"_podcert_choice+=({shlex.quote(_key(node.path) + '|' + option)} {_words(values)})"
             )
     lines.append(
         """_podcert() {
-    local cur="${words[CURRENT]}" prev="${words[CURRENT-1]}" path=root w i
+    local cur="${words[CURRENT]}" prev="${words[CURRENT-1]}" node=root w i
     for ((i = 2; i < CURRENT; i++)); do
         w="${words[i]}"
         [[ "$w" == -* ]] && continue
-        if [[ " ${_podcert_sub[$path]} " == *" $w "* ]]; then
-            path="$path/$w"
+        if [[ " ${_podcert_sub[$node]} " == *" $w "* ]]; then
+            node="$node/$w"
         fi
     done
-    if (( ${+_podcert_choice[$path|$prev]} )); then
-        compadd -- ${=_podcert_choice[$path|$prev]}
+    if (( ${+_podcert_choice[$node|$prev]} )); then
+        compadd -- ${=_podcert_choice[$node|$prev]}
     elif [[ "$cur" == -* ]]; then
-        compadd -- ${=_podcert_opt[$path]}
-    elif [[ -n "${_podcert_sub[$path]}${_podcert_arg[$path]}" ]]; then
-        compadd -- ${=_podcert_sub[$path]} ${=_podcert_arg[$path]}
+        compadd -- ${=_podcert_opt[$node]}
+    elif [[ -n "${_podcert_sub[$node]}${_podcert_arg[$node]}" ]]; then
+        compadd -- ${=_podcert_sub[$node]} ${=_podcert_arg[$node]}
     else
         _files
     fi

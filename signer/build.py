@@ -11,6 +11,7 @@ piece does one job and learns of the others only through the callbacks wired her
 | `AuditTrail`             | the audit log's entries, key and checkpoints; fails closed     |
 | `Publisher` (+ pool)     | one ClusterTrustBundle per signer name, equal to the roots     |
 | `Rotator`                | applies the CA schedule's due step (leader only)               |
+| `SuccessorWarning`       | an upstream-signed CA near its end: gauge, log line, Event     |
 | `Elector`                | the Lease; starts and stops leading                           |
 | `WebhookServer`          | the validating admission webhook (optional)                   |
 | `CAInjector` (+ pool)    | its configuration's caBundle, equal to the roots (leader only) |
@@ -45,7 +46,7 @@ from signer.auditlog import writer
 from signer.auditlog.trail import DEFAULT_CHECKPOINT_INTERVAL, AuditTrail
 from signer.authority import schedule
 from signer.authority.castore import CAStore, KeySource
-from signer.authority.rotator import Rotator
+from signer.authority.rotator import Rotator, SuccessorWarning
 from signer.authority.trustbundles import Publisher
 from signer.federation import endpoint
 from signer.federation.poller import Federator, load_bootstraps
@@ -380,8 +381,13 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
         runtime.stopping,
         preview_roots=cas.trusted_roots,
     )
+    warning = SuccessorWarning(cas, m.ca_upstream_successor_due.set, kube, leading.is_set)
     rotator = Rotator(
-        cas, leading.is_set, runtime.stopping, interval=config.rotation_check_interval
+        cas,
+        leading.is_set,
+        runtime.stopping,
+        interval=config.rotation_check_interval,
+        every_look=warning.check,
     )
     signer = Signer(
         config, runtime, kube, cas, m, audit, trail, controller, publisher, rotator, leading

@@ -18,7 +18,7 @@ from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
 from podcert.serving import connections
 from signer import build, policy, revoking, upstreamcli
-from signer.authority import offline, schedule, spiffebundle
+from signer.authority import offline, schedule, spiffebundle, successor
 from signer.authority.ca import CAError
 from signer.authority.castore import CAStore, describe, status_lines
 from signer.federation import endpoint, poller
@@ -407,7 +407,11 @@ def run_ca(args: argparse.Namespace) -> int:
             raise CommandError(str(cas.error))
         if args.action == "status":
             due = cas.due() if gens[0].id != "operator" else None
-            print("\n".join(status_lines(gens, cas.pending(), due, cas.revoked)))
+            waiting = cas.pending()
+            warning = successor.successor_due(
+                gens, waiting.id if waiting else None, utcnow(), cas.settings
+            )
+            print("\n".join(status_lines(gens, waiting, due, cas.revoked, warning)))
             return 0
         if (done := upstreamcli.run(args, cas)) is not None:
             return done

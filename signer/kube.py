@@ -186,6 +186,26 @@ class SignerKube:
                 extra={"namespace": namespace, "request": target.name},
             )
 
+    def record_secret_event(
+        self, namespace: str, name: str, reason: str, message: str, now: dt.datetime
+    ) -> None:
+        """A Warning Event on the Secret `namespace/name` (the CA Secret: what the operator acts
+        on); `kubectl -n NAMESPACE get events` lists it. Best effort."""
+        about = ObjectRef(api_version="v1", kind="Secret", namespace=namespace, name=name, uid="")
+        event = event_body(
+            about,
+            event_type="Warning",
+            reason=reason,
+            message=message,
+            now=now,
+            component=self.component,
+            suffix=uuid.uuid4().hex[:12],
+        )
+        try:
+            self.rest.request("POST", path_of("v1", "events", namespace), body=event)
+        except ApiError as err:
+            log.warning("could not record event %s: %s", reason, err)
+
     # --- the CA Secret ---------------------------------------------------------------------
 
     def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:

@@ -126,6 +126,14 @@ class Metrics:
             "Audit log writes (entries, fsyncs, checkpoints) that failed.",
             registry=self.registry,
         )
+        self.ca_upstream_successor_due = Gauge(
+            "podcert_signer_ca_upstream_successor_due",
+            "1 while the signing intermediate was signed by an upstream (podcert cannot make "
+            "its successor), has used the schedule's prepare fraction of its life (or has 7 "
+            "days left), and no successor is prepared: the operator must prepare and import "
+            "one (`podcert signer ca status` says which; alert on it).",
+            registry=self.registry,
+        )
         self.token_errors = Counter(
             "podcert_signer_token_errors",
             "Signatures the CA key's PKCS#11 token refused or could not make (the request "

@@ -8,7 +8,8 @@ loopback TLS server built with the `ssl` module alone, none of `bundles`: it pre
 `material()` callable returns when each connection arrives (so it rotates too), asks for a
 client certificate when given roots, records each connection's bytes and the leaf it presented,
 and answers a complete HTTP request with 200. A test that a refused server "never receives a
-byte of the request" asserts its `received` holds only empty byte strings.
+byte of the request" asserts its `received()` holds only empty byte strings. The stack suites'
+rotating pair of workloads is `tests.recording_stack_peer`.
 """
 
 from __future__ import annotations
@@ -91,18 +92,27 @@ def follows(source: TLSSource, workload: Workload, *roots: Authority) -> Callabl
 
 
 @dataclass
+class Connection:
+    """One connection a RecordingServer accepted: what it read and who was at the other end."""
+
+    received: bytearray = field(default_factory=bytearray)  # every application byte read
+    client_leaf: bytes | None = None  # DER, when the client presented one
+    ended: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
 class RecordingServer:
     """A loopback TLS server that records what it reads; see the module docstring. With
-    `context` instead of `material`, it listens with that context (e.g. one of `bundles`', to
-    record what reaches the application behind it)."""
+    `context` instead of `material`, it listens with that context (e.g. a TLSSource's server
+    context, to record what reaches the application behind it). It answers one request and
+    closes, unless `keep_alive`: then it answers every request on the connection, for the
+    suites that check their stack reuses connections."""
 
     material: Material | None = None
     context: Callable[[], ssl.SSLContext] | None = None
-    received: list[bytes] = field(default_factory=list)  # one entry per finished connection
-    presented: list[int] = field(default_factory=list)  # each one's leaf serial (0: unknown)
-    client_ids: list[bytes | None] = field(default_factory=list)  # each client's leaf (DER)
+    keep_alive: bool = False
+    connections: list[Connection] = field(default_factory=list)
     port: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def presenting(
@@ -122,7 +132,9 @@ class RecordingServer:
                     conn, _ = listener.accept()
                 except OSError:
                     return
-                thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+                record = Connection()
+                self.connections.append(record)
+                thread = threading.Thread(target=self._serve, args=(conn, record), daemon=True)
                 threads.append(thread)
                 thread.start()
 
@@ -142,12 +154,31 @@ class RecordingServer:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}/"
 
-    def wait_for(self, connections: int) -> None:
-        eventually(lambda: len(self.received) >= connections, f"{connections} connection(s)")
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
-    def _context(self) -> tuple[ssl.SSLContext, int]:
+    def received(self) -> list[bytes]:
+        """What each connection made so far read, in the order they arrived."""
+        return [bytes(c.received) for c in self.connections]
+
+    def client_ids(self) -> list[bytes | None]:
+        """The leaf (DER) each connection's client presented, None where it presented none."""
+        return [c.client_leaf for c in self.connections]
+
+    def wait_ended(self, count: int | None = None) -> None:
+        """Until `count` connections (default: every one made so far) have ended."""
+
+        def ended() -> bool:
+            made = list(self.connections)
+            wanted = len(made) if count is None else count
+            return len(made) >= wanted and all(c.ended.is_set() for c in made[:wanted])
+
+        eventually(ended, f"{count or 'every'} connection(s) to end")
+
+    def _context(self) -> ssl.SSLContext:
         if self.context is not None:
-            return self.context(), 0
+            return self.context()
         assert self.material is not None
         credential, client_roots = self.material()
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -156,31 +187,29 @@ class RecordingServer:
         if client_roots is not None:
             context.verify_mode = ssl.CERT_REQUIRED
             context.load_verify_locations(cadata=client_roots.decode())
-        return context, credential.leaf.serial_number
+        return context
 
-    def _serve(self, conn: socket.socket) -> None:
-        got, client = b"", None
-        context, serial = self._context()
+    def _serve(self, conn: socket.socket, record: Connection) -> None:
         conn.settimeout(DEADLINE)
+        close = b"" if self.keep_alive else b"Connection: close\r\n"
+        answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n" + close + b"\r\nok"
         try:
-            with context.wrap_socket(conn, server_side=True) as tls:
-                client = tls.getpeercert(binary_form=True)
-                while b"\r\n\r\n" not in got:
-                    data = tls.recv(65536)
-                    if not data:
-                        break
-                    got += data
-                if b"\r\n\r\n" in got:
-                    tls.sendall(
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-                    )
-        except OSError:  # the client went away mid-handshake or after it: nothing more to read
+            with self._context().wrap_socket(conn, server_side=True) as tls:
+                record.client_leaf = tls.getpeercert(binary_form=True)
+                pending = b""
+                while data := tls.recv(65536):
+                    record.received += data
+                    pending += data
+                    while b"\r\n\r\n" in pending:
+                        _, pending = pending.split(b"\r\n\r\n", 1)
+                        tls.sendall(answer)
+                        if not self.keep_alive:
+                            return
+        except OSError:  # refused, or the client went away: nothing more to read
             pass
         finally:
-            with self._lock:
-                self.received.append(got)
-                self.presented.append(serial)
-                self.client_ids.append(client)
+            conn.close()
+            record.ended.set()
 
 
 def raw_request(port: int, path: str = "/") -> bytes:

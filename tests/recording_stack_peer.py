@@ -1,6 +1,7 @@
 """What the stack integrations' suites (`test_bundles_httpx`, `_requests`, `_grpc`) share: two
 workloads whose files rotate the way the kubelet's atomic writer rotates them, and a loopback
-TLS server that records every application byte it reads, per connection.
+TLS server (`tests.recording_peer.RecordingServer`) that records every application byte it
+reads, per connection.
 
 `Workloads` holds a client and a server workload, each a projected volume (`Volume`) and a
 `TLSSource` over it, issued by one test CA; its steps are the rotations the suites go through:
@@ -10,33 +11,22 @@ the new CA, the old root removed). Each step refreshes both sources, as `watch()
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import ssl
-import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
-
 from bundles.authz import Authorizer, allow_ids
-from bundles.formats import Credential, dump_credential
+from bundles.formats import dump_credential
 from bundles.source import TLSSource
+from tests.recording_peer import DEADLINE, TOKEN, RecordingServer, der
 from tests.unit.test_bundles_formats import Authority
 from tests.unit.test_bundles_source import Volume
+
+__all__ = ["DEADLINE", "TOKEN", "RecordingServer", "der"]  # the suites import them from here too
 
 LOCAL = "cluster.local"
 SERVER_ID = f"spiffe://{LOCAL}/ns/shop/sa/api"
 CLIENT_ID = f"spiffe://{LOCAL}/ns/shop/sa/web"
 OTHER_ID = f"spiffe://{LOCAL}/ns/shop/sa/other"
-TOKEN = "Bearer s3cret-token"  # what must never reach a refused peer
-DEADLINE = 10.0  # seconds; reached only when something is broken
-
-
-def der(credential: Credential) -> bytes:
-    return credential.leaf.public_bytes(serialization.Encoding.DER)
 
 
 class Workload:
@@ -89,99 +79,8 @@ class Workloads:
         yield "old root removed"
 
 
-# --- a TLS server that records what it reads ------------------------------------------------------
-
-
-@dataclass
-class Connection:
-    received: bytearray = field(default_factory=bytearray)
-    client_leaf: bytes | None = None  # DER, when the client presented one
-    ended: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass
-class RecordingServer:
-    """A loopback TLS server; each connection's context comes from `context()` (a TLSSource's
-    server context follows rotation). Answers every complete HTTP/1.1 request with 200 "ok" on
-    the same connection (keep-alive) and records every application byte read."""
-
-    context: Callable[[], ssl.SSLContext]
-    connections: list[Connection] = field(default_factory=list)
-    port: int = 0
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[RecordingServer]:
-        listener = socket.create_server(("127.0.0.1", 0))
-        self.port = listener.getsockname()[1]
-        threads: list[threading.Thread] = []
-
-        def accept() -> None:
-            while True:
-                try:
-                    conn, _ = listener.accept()
-                except OSError:
-                    return
-                record = Connection()
-                self.connections.append(record)
-                thread = threading.Thread(target=self._serve, args=(conn, record), daemon=True)
-                threads.append(thread)
-                thread.start()
-
-        acceptor = threading.Thread(target=accept, daemon=True)
-        acceptor.start()
-        try:
-            yield self
-        finally:
-            listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (Linux)
-            listener.close()
-            acceptor.join(DEADLINE)
-            for thread in threads:
-                thread.join(DEADLINE)
-                assert not thread.is_alive(), "a connection outlived its deadline"
-
-    def _serve(self, conn: socket.socket, record: Connection) -> None:
-        conn.settimeout(DEADLINE)
-        try:
-            with self.context().wrap_socket(conn, server_side=True) as tls:
-                record.client_leaf = tls.getpeercert(binary_form=True)
-                pending = b""
-                while data := tls.recv(65536):
-                    record.received += data
-                    pending += data
-                    while b"\r\n\r\n" in pending:
-                        _, pending = pending.split(b"\r\n\r\n", 1)
-                        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        except OSError:  # refused, or the client went away: nothing more to read
-            pass
-        finally:
-            conn.close()
-            record.ended.set()
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}/"
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def wait_ended(self, count: int | None = None) -> None:
-        """Until `count` connections (default: every one made so far) have ended."""
-        deadline = time.monotonic() + DEADLINE
-        while True:
-            made = list(self.connections)
-            wanted = len(made) if count is None else count
-            if len(made) >= wanted and all(c.ended.is_set() for c in made[:wanted]):
-                return
-            assert time.monotonic() < deadline, "the server never saw the connections end"
-            time.sleep(0.01)
-
-    def received(self) -> list[bytes]:
-        return [bytes(c.received) for c in self.connections]
-
-
 def serving(workload: Workload, allow_clients: Authorizer | None = None) -> RecordingServer:
     """A recording server presenting `workload`'s current material, authorizing its clients
     with `allow_clients` (default: the client workload) inside the handshake."""
     rule = allow_clients or allow_ids([CLIENT_ID])
-    return RecordingServer(lambda: workload.source.server_context(rule))
+    return RecordingServer(context=lambda: workload.source.server_context(rule), keep_alive=True)

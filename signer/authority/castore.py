@@ -16,6 +16,12 @@ or an operator's own) is format 1. A Secret in a newer format than `FORMAT` is n
 `load` reports it (the signer does not start, so never leads on it), a watch event bringing one
 stops this replica from signing (`issuing` is None) and from rotating (`step` refuses), and the
 CA it held stays as it was until a Secret it reads comes back.
+
+A generation an upstream signed (`ca import`) is format 1 too: its certificates and index entry
+are a generation's as any other's, with no root key and its intermediate key under a name of its
+own (`schedule.UPSTREAM_TLS_KEY`). Every release that checks the format reads it; 0.1.0, which
+does not check it, refuses such a Secret for lack of `<id>.tls.key` instead of misreading it
+(docs/upstream-ca.md, "The CA Secret").
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from podcert.client.rest import JSON, ApiError
 from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
 from podcert.reconcile.reflector import Reflector
 from signer import model
-from signer.authority import ca, offline, revoke, schedule, spiffebundle
+from signer.authority import ca, offline, revoke, schedule, spiffebundle, successor
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -83,6 +89,8 @@ class CAStore:
         self._version = ""
         self._sequence = 0
         self._revoked: list[revoke.Revocation] = []
+        # The id of a generation prepared offline, awaiting its signed chain (None: none).
+        self._awaiting: str | None = None
         self.error: str | None = None
         # Set while the Secret is in a format this release cannot read (cleared by one it can).
         self.too_new: FormatTooNew | None = None
@@ -101,6 +109,12 @@ class CAStore:
     def revoked(self) -> list[revoke.Revocation]:
         with self._lock:
             return list(self._revoked)
+
+    @property
+    def awaiting(self) -> str | None:
+        """The generation prepared offline that awaits its signed chain, as last read."""
+        with self._lock:
+            return self._awaiting
 
     @property
     def bundle(self) -> ca.CABundle | None:
@@ -189,6 +203,10 @@ class CAStore:
             log.warning("CA Secret %s is in format %d again: signing resumes", self.ref, FORMAT)
             self.too_new = None
         sequence = _sequence(data, gens)
+        try:
+            waiting = offline.pending_from_secret(data)
+        except ca.CAError:
+            waiting = None  # `ca status` and `ca import` name what is wrong with it
         current = schedule.active(gens)
         issuing = None
         if current is not None and revoke.issuable(current, revoked):
@@ -196,7 +214,7 @@ class CAStore:
         with self._lock:
             changed = version != self._version
             self._generations, self._version, self.error = gens, version, None
-            self._revoked = revoked
+            self._revoked, self._awaiting = revoked, waiting.id if waiting else None
             self._sequence, self._issuing = sequence, issuing
         if changed:
             for listener in self._listeners:
@@ -314,7 +332,10 @@ class CAStore:
         pending = offline.Pending(gid, trust_domain, now, key, csr)
         written = dict(data)
         written.update(offline.pending_to_secret(pending))
-        self.kube.replace_secret(self.namespace, self.secret_name, written, version, MANAGED_LABEL)
+        new_version = self.kube.replace_secret(
+            self.namespace, self.secret_name, written, version, MANAGED_LABEL
+        )
+        self._adopt(written, new_version)
         log.info("generation %s awaits its signed chain (CSR written)", gid)
         return pending
 
@@ -397,9 +418,11 @@ def status_lines(
     waiting: offline.Pending | None,
     due: schedule.Step | None,
     revoked: list[revoke.Revocation],
+    warning: successor.SuccessorDue | None = None,
 ) -> list[str]:
     """What `podcert signer ca status` prints: a line per generation, the one awaiting its
-    signed chain, the next step due, and each revocation."""
+    signed chain, the next step due, an upstream-signed intermediate's end approaching with no
+    successor (`signer.authority.successor`), and each revocation."""
     lines = []
     for g in generations:
         until = f" trusted until {g.trusted_until:%Y-%m-%dT%H:%M:%SZ}" if g.trusted_until else ""
@@ -417,6 +440,8 @@ def status_lines(
             f"`ca import --id {waiting.id} --chain FILE`)"
         )
     lines.append(f"next step due: {type(due).__name__ if due else 'none'}")
+    if warning is not None:
+        lines.append(f"{'URGENT' if warning.urgent else 'warning'}: {warning.message()}")
     for r in revoked:
         where = "out of every trust bundle" if r.untrusted else "root still trusted"
         lines.append(f"revoked: {r.id} at {r.revoked_at:%Y-%m-%dT%H:%M:%SZ} ({where})")

@@ -27,7 +27,7 @@ from bundles.formats import dump_private_key
 from podcert.api import keys
 from podcert.api.times import format_time, parse_time
 from signer import certs
-from signer.authority import ca, schedule
+from signer.authority import ca, schedule, successor
 
 # The trust domain's own SPIFFE ID, as SPIRE's downstream (intermediate) CAs carry it.
 SPIFFE_SCHEME: Final = "spiffe://"
@@ -294,12 +294,17 @@ def next_step(
     now: dt.datetime,
     settings: schedule.Settings,
 ) -> str | None:
-    """The schedule's step in words, but for an offline upstream: a generation awaiting its
-    signed chain, or an upstream-signed CA whose next intermediate only the operator brings."""
+    """The schedule's step in words, but for an offline upstream: an upstream-signed
+    intermediate whose end approaches with no successor (`successor.SuccessorDue`'s message),
+    a generation awaiting its signed chain, or an upstream-signed CA whose next intermediate
+    only the operator brings."""
     try:
         waiting = pending_from_secret(secret)
     except ca.CAError as err:
         return f"the generation awaiting its signed chain is unreadable: {err}"
+    due = successor.successor_due(gens, waiting.id if waiting else None, now, settings)
+    if due is not None:
+        return due.message()
     if waiting is not None:
         return (
             f"{waiting.id} awaiting signed chain since {waiting.since:%Y-%m-%dT%H:%M:%SZ} "

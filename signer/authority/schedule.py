@@ -36,6 +36,11 @@ State = Literal["prepared", "active", "retired"]
 STATES: Final[tuple[State, ...]] = ("prepared", "active", "retired")
 
 INDEX_KEY: Final = "generations.json"
+# An upstream-signed generation's intermediate key is `<id>.upstream.tls.key`, never
+# `<id>.tls.key`: 0.1.0 ignores the Secret's format number but requires `<id>.tls.key`, so it
+# refuses a Secret holding such a generation ("tls.key: missing or empty") rather than signing
+# from it and, at half its life, rotating to a root of its own, out of the upstream's trust.
+UPSTREAM_TLS_KEY: Final = "upstream.tls.key"
 
 
 class RotationError(ValueError):
@@ -326,9 +331,12 @@ def from_secret(
         preview = item.get("preview", False)
         if not isinstance(preview, bool) or (preview and state != "prepared"):
             raise ca.CAError(f"{INDEX_KEY}: {where}.preview: true only for a prepared CA")
+        upstream_key = f"{gid}.{UPSTREAM_TLS_KEY}"
+        if upstream_key in data and f"{gid}.{ca.TLS_KEY}" in data:
+            raise ca.CAError(f"{upstream_key}: given with {gid}.{ca.TLS_KEY}; a key lives once")
         fields = {
             ca.TLS_CRT: data.get(f"{gid}.tls.crt", b""),
-            ca.TLS_KEY: data.get(f"{gid}.tls.key", b""),
+            ca.TLS_KEY: data.get(upstream_key, data.get(f"{gid}.tls.key", b"")),
             ca.CA_CRT: data.get(f"{gid}.ca.crt", b""),
         }
         if f"{gid}.ca.key" in data:
@@ -357,12 +365,15 @@ def from_secret(
 
 
 def to_secret(generations: Sequence[Generation]) -> dict[str, bytes]:
-    """Every generation's material under `<id>.*`, the index, and the active one mirrored as
-    tls.crt/tls.key with ca.crt = every trusted root (what other tools expect to find)."""
+    """Every generation's material under `<id>.*` (an upstream-signed one's key as
+    `<id>.upstream.tls.key`), the index, and the active one mirrored as tls.crt/tls.key with
+    ca.crt = every trusted root (what other tools expect to find)."""
     data: dict[str, bytes] = {}
     index = []
     for gen in generations:
         for name, value in ca.to_secret_data(gen.bundle).items():
+            if name == ca.TLS_KEY and gen.bundle.root_key is None:
+                name = UPSTREAM_TLS_KEY  # an upstream signed it (see UPSTREAM_TLS_KEY)
             data[f"{gen.id}.{name}"] = value
         entry: dict[str, str | bool] = {
             "id": gen.id,

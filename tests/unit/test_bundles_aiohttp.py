@@ -335,13 +335,13 @@ def test_the_client_never_sends_a_byte_to_a_server_with_another_id(
             with RecordingServer.presenting(ca1.issue(API)).running() as genuine:
                 async with session.get(genuine.url, headers={"Authorization": TOKEN}) as answer:
                     assert await answer.text() == "ok"
-                await asyncio.to_thread(genuine.wait_for, 1)
-            assert TOKEN.encode() in genuine.received[0]
+                await asyncio.to_thread(genuine.wait_ended, 1)
+            assert TOKEN.encode() in genuine.received()[0]
             with RecordingServer.presenting(ca1.issue(OTHER)).running() as impostor:
                 with pytest.raises(aiohttp.ClientConnectorCertificateError, match=OTHER):
                     await session.get(impostor.url, headers={"Authorization": TOKEN})
-                await asyncio.to_thread(impostor.wait_for, 1)
-            assert impostor.received == [b""]
+                await asyncio.to_thread(impostor.wait_ended, 1)
+            assert impostor.received() == [b""]
 
     run(scenario)
 

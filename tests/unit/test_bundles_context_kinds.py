@@ -78,10 +78,10 @@ def test_a_probe_context_admits_callers_without_a_certificate_and_judges_the_res
     context = api.server_context(ALLOW_WEB, client_certificate="optional")
     with RecordingServer(context=lambda: context).running() as server:
         assert answered(server.port, client_context_of(credential, ca.pem)) is admitted
-        server.wait_for(1)
-    assert (server.received[0] != b"") is admitted
+        server.wait_ended(1)
+    assert (server.received()[0] != b"") is admitted
     if admitted:
-        assert server.client_ids == [der(credential) if credential else None]
+        assert server.client_ids() == [der(credential) if credential else None]
 
 
 def test_the_strict_context_refuses_a_caller_without_a_certificate(
@@ -91,8 +91,8 @@ def test_the_strict_context_refuses_a_caller_without_a_certificate(
     assert strict.verify_mode == ssl.CERT_REQUIRED
     with RecordingServer(context=lambda: strict).running() as server:
         assert not answered(server.port, client_context_of(None, ca.pem))
-        server.wait_for(1)
-    assert server.received == [b""]
+        server.wait_ended(1)
+    assert server.received() == [b""]
 
 
 def test_a_strict_context_made_optional_by_a_library_still_refuses_anonymous_callers(
@@ -102,8 +102,8 @@ def test_a_strict_context_made_optional_by_a_library_still_refuses_anonymous_cal
     strict.verify_mode = ssl.CERT_OPTIONAL  # what a careless framework might do
     with RecordingServer(context=lambda: strict).running() as server:
         assert not answered(server.port, client_context_of(None, ca.pem))
-        server.wait_for(1)
-    assert server.received == [b""]
+        server.wait_ended(1)
+    assert server.received() == [b""]
 
 
 def test_the_probe_and_strict_contexts_are_distinct_and_cached(api: TLSSource) -> None:
@@ -146,8 +146,8 @@ def test_a_hostname_checking_client_context_checks_the_name_and_the_id(
             with pytest.raises(refusal) as caught:
                 call(server.port, context, server_hostname=dialled)
             assert type(caught.value) is refusal
-        server.wait_for(1)
-    assert (server.received[0] != b"") is (refusal is None)
+        server.wait_ended(1)
+    assert (server.received()[0] != b"") is (refusal is None)
 
 
 def test_the_default_client_context_ignores_hostnames(web: TLSSource, ca: Authority) -> None:

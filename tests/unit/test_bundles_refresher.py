@@ -380,5 +380,5 @@ def test_a_sync_stack_follows_leaf_and_ca_rotations_and_refuses_wrong_ids_before
     with RecordingServer.presenting(ca2.issue(OTHER)).running() as recorder:
         with pytest.raises(PeerRefusedError, match=f"{OTHER} is not the allowed ID"):
             sync_get(recorder.port, client_source)
-        recorder.wait_for(1)
-    assert recorder.received == [b""]
+        recorder.wait_ended(1)
+    assert recorder.received() == [b""]

@@ -99,7 +99,9 @@ def test_hostnames_are_checked_only_when_asked_before_the_first_write(tmp_path: 
     workloads = Workloads(tmp_path)
     named = _server_with_dns_name(tmp_path, workloads, "localhost")
     rule = allow_ids([CLIENT_ID])
-    with RecordingServer(lambda: named.server_context(rule)).running() as server:
+    with RecordingServer(
+        context=lambda: named.server_context(rule), keep_alive=True
+    ).running() as server:
         checking = session(workloads.client.source, ALLOW_SERVER, check_hostname=True)
         with checking:
             url = f"https://localhost:{server.port}/"

@@ -175,6 +175,7 @@ def test_the_rules_cover_the_alerts_the_readme_promises() -> None:
         "PodcertAuditLogUnwritable",
         "PodcertCATooShort",
         "PodcertCAExpiringWithoutSuccessor",
+        "PodcertUpstreamCASuccessorDue",
         "PodcertIssueLatencyHigh",
         "PodcertProjectionsOverdue",
         "PodcertProjectionsExpired",

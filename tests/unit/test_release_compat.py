@@ -37,12 +37,15 @@ from tests.unit.test_persisted import (
     release_roots,
     release_secret,
 )
+from tests.unit.test_signer_offline import NOW, TD, _sign_csr, pem_of
+from tests.unit.test_signer_offline import ROOT as UPSTREAM_ROOT
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL = ROOT / "releases" / "0.1.0" / "podcert-0.1.0-py3-none-any.whl"
 
 # Runs inside 0.1.0: `secret FILE` loads and rotates the Secret in FILE (JSON, base64 per key)
-# and writes it back; `log FILE` verifies and continues the audit log; `read-volume ROOT` and
+# and writes it back; `load FILE` loads it and says what it read, its error and the step due;
+# `log FILE` verifies and continues the audit log; `read-volume ROOT` and
 # `write-volume ROOT` read and write one shim volume.
 RELEASE_SIDE = """
 import base64, datetime as dt, json, sys
@@ -73,6 +76,13 @@ if what == "secret":
     after = store.step(rotation.Activate(prepared.id))
     path.write_text(json.dumps({k: base64.b64encode(v).decode() for k, v in kube.data.items()}))
     print(json.dumps({"read": [g.state for g in gens], "wrote": [g.state for g in after]}))
+elif what == "load":
+    kube = Kube({k: base64.b64decode(v) for k, v in json.loads(path.read_text()).items()})
+    store = CAStore(kube, "podcert-system", "podcert-ca", lambda: NOW, create=False)
+    gens = store.load()
+    due = store.due() if gens is not None else None
+    print(json.dumps({"read": [g.state for g in gens] if gens is not None else None,
+                      "error": store.error, "due": type(due).__name__ if due else None}))
 elif what == "log":
     lines = path.read_bytes().splitlines()
     roots = rotation.trusted_roots(rotation.from_secret(
@@ -155,6 +165,58 @@ def test_0_1_0_reads_and_rotates_a_ca_secret_todays_code_wrote_and_today_reads_i
     store = CAStore(cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: LATER)
     assert store.load() is not None and store.error is None
     assert [g.state for g in store.generations] == ["retired", "active"]
+
+
+def imported_secret() -> tuple[dict[str, bytes], str, dt.datetime]:
+    """Today's Secret once an offline root signed the active intermediate directly (as for one
+    trust domain across clusters, docs/two-clusters.md), podcert's own first root removed; the
+    generation's id and half its life, when 0.1.0's schedule would prepare a successor."""
+    kube = SecretKube(None)
+    store = CAStore(cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: NOW)
+    assert store.load() is not None
+    pending = store.prepare_offline(TD)
+    chain = pem_of(_sign_csr(pending.csr), UPSTREAM_ROOT)
+    store.import_chain(pending.id, chain)
+    store.step(schedule.Activate(pending.id))
+    store.step(schedule.Remove(next(g.id for g in store.generations if g.state == "retired")))
+    assert kube.data is not None and [g.id for g in store.generations] == [pending.id]
+    return kube.data, pending.id, NOW + dt.timedelta(days=16)
+
+
+def test_0_1_0_refuses_a_ca_secret_holding_an_upstream_signed_generation(
+    release: Path, tmp_path: Path
+) -> None:
+    data, gid, half = imported_secret()
+    secret = tmp_path / "secret.json"
+    write_secret(secret, data)
+
+    seen = as_release(release, "load", str(secret), half.isoformat())
+
+    assert seen["read"] is None
+    assert (
+        seen["error"]
+        == f"CA Secret podcert-system/podcert-ca: generation {gid}: tls.key: missing or empty"
+    )
+
+
+def test_without_the_key_of_its_own_name_0_1_0_would_rotate_out_of_the_upstreams_trust(
+    release: Path, tmp_path: Path
+) -> None:
+    """Why the upstream-signed key has a name of its own: under `<id>.tls.key` 0.1.0 reads the
+    generation as one of its own and, at half its life, prepares a root of its own."""
+    data, gid, half = imported_secret()
+    data[f"{gid}.tls.key"] = data.pop(f"{gid}.{schedule.UPSTREAM_TLS_KEY}")
+    secret = tmp_path / "secret.json"
+    write_secret(secret, data)
+
+    seen = as_release(release, "load", str(secret), half.isoformat())
+
+    assert seen == {"read": ["active"], "error": None, "due": "Prepare"}
+    # Today reads either name, and writes the upstream's.
+    store = CAStore(
+        cast(SignerKube, SecretKube(data)), "podcert-system", "podcert-ca", lambda: half
+    )
+    assert store.load() is not None and store.due() is None
 
 
 def test_0_1_0_verifies_and_continues_an_audit_log_todays_code_wrote(

@@ -32,6 +32,7 @@ EXPORTED = {
     "podcert_signer_live_reads_total": {"resource"},
     "podcert_signer_ca_not_after_timestamp_seconds": set(),
     "podcert_signer_ca_too_short": set(),
+    "podcert_signer_ca_upstream_successor_due": set(),
     "podcert_signer_audit_log_writable": set(),
     "podcert_signer_audit_log_errors_total": set(),
     "podcert_signer_token_errors_total": set(),

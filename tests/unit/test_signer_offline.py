@@ -258,6 +258,22 @@ def test_no_leaf_outlives_an_upstream_intermediate_that_ends_before_ours() -> No
     assert issuing.not_after == short.not_valid_after_utc
 
 
+def test_an_imported_generations_key_has_a_name_of_its_own_in_the_index_secret() -> None:
+    """`<id>.upstream.tls.key`, so 0.1.0 refuses the Secret (test_release_compat.py); the
+    usual name is still read, and both at once are refused by name."""
+    pending = offline.Pending("g1", TD, NOW, KEY, offline.intermediate_csr(KEY, TD, "p"))
+    bundle = offline.imported_bundle(pending, check([ours(), MID, ROOT]))
+    gen = schedule.Generation("g1", bundle, "active", NOW)
+    data = schedule.to_secret([gen])
+    assert "g1.upstream.tls.key" in data and "g1.tls.key" not in data
+    assert [g.bundle.intermediate for g in schedule.from_secret(data, NOW)] == [bundle.intermediate]
+    old = {k.replace("g1.upstream.tls.key", "g1.tls.key"): v for k, v in data.items()}
+    assert [g.id for g in schedule.from_secret(old, NOW)] == ["g1"]
+    both = {**data, "g1.tls.key": data["g1.upstream.tls.key"]}
+    with pytest.raises(ca.CAError, match=r"^g1\.upstream\.tls\.key: given with g1\.tls\.key"):
+        schedule.from_secret(both, NOW)
+
+
 def test_a_pending_generation_round_trips_the_secret_and_is_carried_over() -> None:
     pending = offline.Pending("g2", TD, NOW, KEY, offline.intermediate_csr(KEY, TD, "p"))
     data = offline.pending_to_secret(pending)
