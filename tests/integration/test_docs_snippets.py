@@ -45,13 +45,29 @@ def _resource(rest: Rest, api_version: str, kind: str) -> tuple[str, bool]:
     raise AssertionError(f"the API server serves no {kind} in {api_version}")
 
 
+def _service_account(obj: dict[str, Any]) -> str | None:
+    """The service account a pod, or a workload's pod template, runs as (None: not a pod)."""
+    spec = obj.get("spec") or {}
+    if obj["kind"] != "Pod":
+        spec = (spec.get("template") or {}).get("spec") or (
+            ((spec.get("jobTemplate") or {}).get("spec") or {}).get("template") or {}
+        ).get("spec")
+        if not spec:
+            return None
+    return str(spec.get("serviceAccountName") or "default")
+
+
 def dry_run(devcluster: DevCluster, obj: dict[str, Any]) -> Any:
-    """POST `obj` with dryRun=All (its namespace created first: a dry run needs it to exist)."""
+    """POST `obj` with dryRun=All. What it names must exist for the API server to judge it, as
+    on the reader's cluster: its namespace, and the service account its pods run as (this
+    cluster runs no controller that makes `default`) are created first."""
     rest = Rest(devcluster.admin)
     plural, namespaced = _resource(rest, obj["apiVersion"], obj["kind"])
     namespace = obj.get("metadata", {}).get("namespace", "default") if namespaced else None
     if namespace:
         kube.ensure_namespace(devcluster.admin, namespace)
+        if account := _service_account(obj):
+            kube.ensure_service_account(devcluster.admin, namespace, account)
     return rest.request(
         "POST", path_of(obj["apiVersion"], plural, namespace), query={"dryRun": "All"}, body=obj
     )
