@@ -60,7 +60,7 @@ def signer(start_signer: StartSigner, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def ca_command(devcluster: DevCluster, action: str) -> str:
-    """`podcert signer ca ACTION` as the README's runbook writes it (flags after the action)."""
+    """`podcert signer ca ACTION` as the operating guide writes it (flags after the action)."""
     done = subprocess.run(
         [
             sys.executable,

@@ -325,7 +325,7 @@ def test_podcert_audit_joins_a_1_35_request_issued_on_1_37(
 # --- the API server's flags: last, as these restart it ------------------------------------
 
 # What a 1.37 API server needs while 1.35/1.36 kubelets remain: they create and watch requests and
-# watch ClusterTrustBundles at v1beta1 (the README's upgrade section names this).
+# watch ClusterTrustBundles at v1beta1 (docs/guides/upgrading.md names this).
 OLD_KUBELETS = (
     "--runtime-config=certificates.k8s.io/v1beta1/podcertificaterequests=true,"
     "certificates.k8s.io/v1beta1/clustertrustbundles=true"

@@ -261,7 +261,7 @@ def test_mutual_tls_both_ways_between_a_spire_workload_and_a_pod(
 @pytest.mark.parametrize(
     ("rule", "admitted"),
     [
-        pytest.param("shop/web", False, id="shop/web is podcert.test's, as the README runs it"),
+        pytest.param("shop/web", False, id="shop/web is podcert.test's, as the docs run it"),
         pytest.param(f"{SPIRE_TD}/shop/web", True, id="spire.test/shop/web names the partner's"),
     ],
 )

@@ -99,7 +99,7 @@ def commands(kubeconfig: Path, tmp_path: Path) -> dict[str, list[str]]:
         "version": ["version", f"--kubeconfig={kubeconfig}"],
     }
     for action in CA_ACTIONS:
-        # Flags after the action, as the README's runbook writes them.
+        # Flags after the action, as docs/guides/operating.md's CA rotation writes them.
         out[f"signer ca {action}"] = [
             "signer",
             "ca",

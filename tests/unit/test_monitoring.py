@@ -263,8 +263,7 @@ def test_the_dashboard_is_importable() -> None:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}"
             assert panel["targets"], panel["title"]
-    # Every metric the dashboard shows is one the alerts or the README name, and vice versa
-    # every alerting metric has a panel.
+    # Every metric an alert uses has a panel.
     shown = {s.name for _, e in dashboard_queries() for s in selectors(promql_parser.parse(e))}
     alerted = {s.name for r in rules() for s in selectors(promql_parser.parse(r["expr"]))}
     assert alerted <= shown, alerted - shown

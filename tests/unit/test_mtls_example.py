@@ -450,7 +450,7 @@ def server_process(
 @pytest.mark.parametrize(
     ("rule", "admitted"),
     [
-        pytest.param("shop/web", {CLIENT_ID}, id="shop/web: ours only, as the README runs it"),
+        pytest.param("shop/web", {CLIENT_ID}, id="shop/web: ours only, as the docs run it"),
         pytest.param(
             "partner.test/shop/web",
             {"spiffe://partner.test/ns/shop/sa/web"},
@@ -471,7 +471,7 @@ def test_the_server_command_scopes_a_workload_rule_to_a_trust_domain(
     rule: str,
     admitted: set[str],
 ) -> None:
-    """Run as the README runs it plus a federated bundle as docs/SPIRE.md
+    """Run as docs/getting-started/demo.md runs it plus a federated bundle as docs/SPIRE.md
     adds it, `--allow-workload shop/web` let spiffe://partner.test/ns/shop/sa/web in."""
     server_pod, ours = pods
     partner_ca = new_ca("partner")
