@@ -6,6 +6,8 @@
 - A link to a repository file outside docs/ (`[values](../charts/podcert/values.yaml)`) becomes
   its GitHub URL (GITHUB_BLOB), the same link the page has on GitHub; a link to a path that does
   not exist is a warning, so the build (warnings are errors) fails on it.
+- A docstring written in the house style (prose with `- ` lists, no blank line before them) is
+  read by autodoc as reStructuredText lists (`docstring_lines`).
 - `<!-- podcert-docsite: other top-level pages -->` inside a toctree lists every top-level page
   no toctree of the index names (a new guide of another change lands in Guides, not in a
   "not included in any toctree" warning).
@@ -98,6 +100,32 @@ def other_pages(index: str, docs: Path = DOCS) -> list[str]:
     return [p for p in pages if p not in named]
 
 
+def docstring_lines(lines: list[str]) -> list[str]:
+    """A docstring in the house style (prose, then `- ` bullets right under the line that
+    introduces them, continued by indented lines) as reStructuredText wants it: a blank line
+    before each list and after it, so that docutils reads a list, not a quote or a definition."""
+    out: list[str] = []
+    in_list = False
+    for line in lines:
+        bullet = line.lstrip().startswith("- ") and not line.startswith("  ")
+        if bullet and not in_list and out and out[-1].strip():
+            out.append("")
+        if in_list and not bullet and line.strip() and not line.startswith(" "):
+            out.append("")  # the list ended without a blank line: prose goes on
+        if bullet:
+            in_list = True
+        elif not line.strip() or not line.startswith(" "):
+            in_list = False
+        out.append(line)
+    return out
+
+
+def _process_docstring(
+    app: Any, what: str, name: str, obj: object, options: Any, lines: list[str]
+) -> None:
+    lines[:] = docstring_lines(lines)
+
+
 def _source_read(app: Any, docname: str, source: list[str]) -> None:
     page = Path(app.srcdir) / f"{docname}.md"
     try:
@@ -121,4 +149,5 @@ def setup(app: Any) -> dict[str, Any]:
     """Sphinx's entry point (docs/conf.py lists this module in `extensions`)."""
     app.connect("source-read", _source_read)
     app.connect("include-read", _include_read)
+    app.connect("autodoc-process-docstring", _process_docstring)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

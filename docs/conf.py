@@ -48,6 +48,7 @@ default_role = "code"
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
+autodoc_inherit_docstrings = False  # a library's own words on a method we override are not ours
 
 html_theme = "furo"
 html_title = f"podcert {__version__}"
@@ -59,7 +60,7 @@ html_copy_source = False
 # type aliases, which the signatures show by name.
 nitpick_ignore_regex = [
     ("py:class", r"(?!bundles\.).*\..*"),
-    ("py:class", r"Path|StrPath|Clock|Wake|bundles\.spiffe\.Workload"),
+    ("py:class", r"Path|StrPath|Clock|Wake|Authorizer|RefusalHook|_\w+|bundles\.spiffe\.Workload"),
 ]
 # A Pygments lexer that retries a block in relaxed mode (the HCL of SPIRE's configuration)
 # still highlights it: not an error of the page.

@@ -135,3 +135,30 @@ def test_every_relative_link_of_the_readme_names_a_file_that_exists() -> None:
     readme = ROOT / "README.md"
     outside = ROOT / ".no-docs"  # so that no link is left to MyST: each must name a file
     docsite.rewrite_links(readme.read_text(), readme, ROOT, outside)
+
+
+def test_a_house_style_docstring_list_becomes_a_restructuredtext_list() -> None:
+    lines = [
+        "Server, `ServerTLS`:",
+        "- `ssl_context()`: listen with it,",
+        "  continued here.",
+        "- `middleware`: the second.",
+        "Prose again.",
+        "",
+        "Example::",
+        "",
+        "    - not a list: code",
+    ]
+    assert docsite.docstring_lines(lines) == [
+        "Server, `ServerTLS`:",
+        "",
+        "- `ssl_context()`: listen with it,",
+        "  continued here.",
+        "- `middleware`: the second.",
+        "",
+        "Prose again.",
+        "",
+        "Example::",
+        "",
+        "    - not a list: code",
+    ]
