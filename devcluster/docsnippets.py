@@ -69,7 +69,10 @@ PROGRAMS: Final = frozenset(
         "stat", "id", "whoami", "hostname", "nproc", "df", "du", "less",
     }
 )  # fmt: skip
-_KEYWORDS: Final = frozenset({"then", "else", "do", "!", "time", "sudo", "exec", "timeout"})
+# Words that run the command after them: the command checked is what follows.
+_KEYWORDS: Final = frozenset(
+    {"if", "elif", "while", "until", "then", "else", "do", "!", "time", "sudo", "exec"}
+)
 _SEPARATORS: Final = frozenset({"|", "||", "&&", ";", "&", "(", ")", ";;", "{", "}"})
 _REDIRECTS: Final = frozenset({">", ">>", "<", ">&", "<&", "&>", ">|", "<>"})
 _HEREDOC: Final = re.compile(r"<<-?\s*['\"]?(?P<word>\w+)['\"]?")
@@ -191,6 +194,9 @@ def words(command: str) -> list[list[str]]:
     for argv in out:
         while argv and (argv[0] in _KEYWORDS or re.match(r"^\w+=", argv[0]) or argv[0] == "$"):
             argv = argv[1:]
+        if argv[:1] == ["timeout"]:  # timeout [OPTION]... DURATION COMMAND: check COMMAND
+            rest = list(itertools.dropwhile(lambda w: w.startswith("-"), argv[1:]))
+            argv = rest[1:] if len(rest) > 1 else argv
         if argv and argv[-1] == "$":
             argv = argv[:-1]
         if argv:

@@ -62,6 +62,7 @@ def test_the_checks_cover_the_readme_and_every_page_of_the_site() -> None:
             id="a here-document's body is not commands",
         ),
         pytest.param("sh", 'NS=shop kubectl get pods -n "$NS" | grep api\n', id="assignments"),
+        pytest.param("sh", "timeout 60 podcert status\n", id="timeout runs a command"),
         pytest.param("text", "anything <at> all | ok\n", id="text is not checked"),
         pytest.param("python", "from bundles import TLSSource\nawait x()\n", id="python"),
         pytest.param("yaml", "# values.yaml\ntrustDomain: prod.example.com\n", id="values"),
@@ -88,6 +89,15 @@ def test_a_good_snippet_holds(language: str, body: str) -> None:
         pytest.param("sh", "podcert frobnicate\n", "frobnicate", id="a bad command"),
         pytest.param("sh", "kubectl podcert status -o xml\n", "invalid choice", id="a bad choice"),
         pytest.param("sh", "make nope\n", "no target 'nope'", id="a make target"),
+        pytest.param(
+            "sh",
+            "if ! podcert status --bogus; then echo no; fi\n",
+            "bogus",
+            id="a command under if and ! is checked",
+        ),
+        pytest.param(
+            "sh", "timeout --signal=KILL 60 podcert status --bogus\n", "bogus", id="under timeout"
+        ),
         pytest.param(
             "sh",
             "helm upgrade --install p charts/podcert --set image.nope=1\n",
