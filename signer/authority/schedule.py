@@ -341,6 +341,8 @@ def from_secret(
         }
         if f"{gid}.ca.key" in data:
             fields[ca.CA_KEY] = data[f"{gid}.ca.key"]
+        if f"{gid}.{ca.CA_KEY_URI}" in data:
+            fields[ca.CA_KEY_URI] = data[f"{gid}.{ca.CA_KEY_URI}"]
         if f"{gid}.{ca.TLS_KEY_URI}" in data:
             fields[ca.TLS_KEY_URI] = data[f"{gid}.{ca.TLS_KEY_URI}"]
             del fields[ca.TLS_KEY]
