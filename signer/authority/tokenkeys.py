@@ -27,11 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, utils
 from pkcs11 import Attribute, KeyType, Mechanism, ObjectClass, exceptions
 from pkcs11.types import SignMixin
-from pkcs11.util.ec import (
-    encode_ec_public_key,
-    encode_ecdsa_signature,
-    encode_named_curve_parameters,
-)
+from pkcs11.util.ec import encode_ec_public_key, encode_named_curve_parameters
 
 from signer import model
 from signer.authority import ca, pkcs11uri
@@ -307,7 +303,11 @@ class TokenKey(ec.EllipticCurvePrivateKey):
         if isinstance(algorithm, utils.Prehashed) or not isinstance(algorithm, hashes.SHA256):
             raise TokenError("a token key signs ECDSA over SHA-256 of the data only")
         raw = self._session.sign_ecdsa_sha256(bytes(data))
-        return encode_ecdsa_signature(raw)
+        # DER ECDSA-Sig-Value by cryptography (Rust), a tenth of python-pkcs11's asn1crypto's.
+        half = len(raw) // 2
+        return utils.encode_dss_signature(
+            int.from_bytes(raw[:half], "big"), int.from_bytes(raw[half:], "big")
+        )
 
     def exchange(self, algorithm: ec.ECDH, peer_public_key: ec.EllipticCurvePublicKey) -> bytes:
         raise TokenError("a token key signs only")
