@@ -190,10 +190,13 @@ def to_secret_data(bundle: CABundle) -> dict[str, bytes]:
     return data
 
 
-def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = None) -> CABundle:
+def from_secret_data(
+    data: Mapping[str, bytes], resolve: KeyResolver | None = None, *, unopened: bool = False
+) -> CABundle:
     """Load and check a CA Secret; raises CAError naming the field for anything unusable.
     `resolve` finds a key the Secret names by URI (tls.key-uri, ca.key-uri); without it such a
-    Secret is refused."""
+    Secret is refused, unless `unopened`: then such a key is an `Unopened` one, for a reader of
+    the certificates alone (`podcert status`), which has no token."""
     root = _one_certificate(data, CA_CRT)
     issuing = _certificates(data, TLS_CRT)
     # tls.crt is the issuing CA, then any upstream intermediates up to the root (an offline
@@ -212,14 +215,16 @@ def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = No
                     f"{TLS_CRT}: certificate {n + 1} ({_common_name(child)!r}) is not signed by "
                     f"the one after it ({_common_name(parent)!r}): {exc or type(exc).__name__}"
                 ) from exc
-    intermediate_key = (
-        _referenced_key(data, resolve, TLS_KEY_URI, TLS_KEY) if TLS_KEY_URI in data else None
-    )
-    if intermediate_key is None:
+    key_field = TLS_KEY_URI if TLS_KEY_URI in data else TLS_KEY
+    if key_field == TLS_KEY_URI:
+        intermediate_key = _referenced_key(
+            data, resolve, TLS_KEY_URI, TLS_KEY, intermediate, unopened
+        )
+    else:
         intermediate_key = _private_key(data, TLS_KEY)
     _check_is_ca(intermediate, TLS_CRT)
     _check_is_ca(root, CA_CRT)
-    _check_key_matches(intermediate_key, intermediate, TLS_KEY, TLS_CRT)
+    _check_key_matches(intermediate_key, intermediate, key_field, TLS_CRT)
     last = issuing[-1]
     if not _same(last, root):
         try:
@@ -231,7 +236,7 @@ def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = No
             ) from exc
     root_key: CAKey | None = None
     if CA_KEY_URI in data:
-        root_key = _referenced_key(data, resolve, CA_KEY_URI, CA_KEY)
+        root_key = _referenced_key(data, resolve, CA_KEY_URI, CA_KEY, root, unopened)
         _check_key_matches(root_key, root, CA_KEY_URI, CA_CRT)
     elif data.get(CA_KEY):
         root_key = _private_key(data, CA_KEY)
@@ -246,18 +251,66 @@ def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = No
 
 
 def _referenced_key(
-    data: Mapping[str, bytes], resolve: KeyResolver | None, name: str, instead_of: str
+    data: Mapping[str, bytes],
+    resolve: KeyResolver | None,
+    name: str,
+    instead_of: str,
+    certificate: x509.Certificate,
+    unopened: bool,
 ) -> CAKey:
-    """The key `data[name]` names by URI (where `instead_of` would hold the key itself)."""
+    """The key `data[name]` names by URI (where `instead_of` would hold the key itself), for
+    `certificate`."""
     uri = _field(data, name).decode("utf-8", "replace")
     if instead_of in data:
         raise CAError(f"{name}: given with {instead_of}; a CA key lives in one place")
+    if unopened:
+        public = certificate.public_key()
+        if not isinstance(public, ec.EllipticCurvePublicKey):
+            raise CAError(f"{name}: a key in a token is an EC key; the certificate's is not")
+        return Unopened(public, uri)
     if resolve is None:
         raise CAError(
             f"{name}: the CA's key is in a PKCS#11 token ({uri}); start the "
             "signer with --ca-key-uri and --ca-key-pin-file"
         )
     return resolve(uri, name)
+
+
+class Unopened(ec.EllipticCurvePrivateKey):
+    """A key the Secret names by URI, read without its token: its public half is its
+    certificate's, and it signs nothing (model.KeyUnavailable)."""
+
+    def __init__(self, public: ec.EllipticCurvePublicKey, uri: str) -> None:
+        self._public, self.key_uri = public, uri
+
+    @property
+    def curve(self) -> ec.EllipticCurve:
+        return self._public.curve
+
+    @property
+    def key_size(self) -> int:
+        return self._public.key_size
+
+    def public_key(self) -> ec.EllipticCurvePublicKey:
+        return self._public
+
+    def sign(self, data: object, signature_algorithm: object) -> bytes:
+        raise model.KeyUnavailable(f"{self.key_uri}: read without its token, signs nothing")
+
+    def exchange(self, algorithm: ec.ECDH, peer_public_key: ec.EllipticCurvePublicKey) -> bytes:
+        raise model.KeyUnavailable(f"{self.key_uri}: signs nothing")
+
+    def private_numbers(self) -> ec.EllipticCurvePrivateNumbers:
+        raise model.KeyUnavailable(f"{self.key_uri}: not here")
+
+    def private_bytes(self, *args: object, **kwargs: object) -> bytes:
+        raise model.KeyUnavailable(f"{self.key_uri}: not here")
+
+    def __copy__(self) -> Unopened:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Unopened:
+        return self
 
 
 def _ca_certificate(

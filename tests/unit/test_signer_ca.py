@@ -335,3 +335,15 @@ def test_keys_held_elsewhere_are_stored_as_uris_and_found_again_by_field() -> No
     assert ca.TLS_KEY in only_root_held and ca.CA_KEY not in only_root_held
     with pytest.raises(ca.CAError, match=r"^ca\.key-uri: the CA's key is in a PKCS#11 token"):
         ca.from_secret_data(only_root_held)
+
+
+def test_a_secret_of_keys_in_a_token_reads_without_it_for_its_certificates_only() -> None:
+    intermediate, root = _Held("pkcs11:token=t;object=i"), _Held("pkcs11:token=t;object=r")
+    bundle = ca.new_ca("held", NOW, intermediate_key=intermediate, root_key=root)
+    loaded = ca.from_secret_data(ca.to_secret_data(bundle), unopened=True)
+    assert (loaded.root, loaded.intermediate) == (bundle.root, bundle.intermediate)
+    assert isinstance(loaded.intermediate_key, ca.Unopened)
+    assert loaded.intermediate_key.public_key() == intermediate.public_key()
+    assert ca.to_secret_data(loaded) == ca.to_secret_data(bundle)  # the same URIs
+    with pytest.raises(model.KeyUnavailable, match="signs nothing"):
+        ca.new_intermediate(loaded, NOW)
