@@ -329,7 +329,12 @@ class CAStore:
             raise schedule.RotationError("a prepared CA already exists; activate it first")
         # Its own suffix: the schedule names generations by time alone and cannot see this one.
         gid = f"{schedule.generation_id(now, gens)}-upstream"
-        key = keys.generate("ECDSAP256")
+        # In the token when there is one (its CSR signed there), as every CA key of ours.
+        key = (
+            self.keys.new_key(f"{gid}-{secrets.token_hex(3)}")
+            if self.keys is not None
+            else keys.generate("ECDSAP256")
+        )
         csr = offline.intermediate_csr(
             key, trust_domain, f"podcert {trust_domain} intermediate {now:%Y-%m-%dT%H:%M:%SZ}"
         )

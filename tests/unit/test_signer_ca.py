@@ -14,6 +14,7 @@ from bundles.formats import dump_private_key
 from podcert.api import keys
 from signer import certs, model
 from signer.authority import ca
+from tests.ca_secrets import Held
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 30, 250_000, tzinfo=dt.UTC)
 BUNDLE = ca.new_ca("podcert test", NOW)
@@ -266,45 +267,8 @@ def test_key_errors_never_quote_the_key() -> None:
     assert key_pem[30:50].decode() not in str(caught.value)
 
 
-class _Held(ec.EllipticCurvePrivateKey):
-    """A key held "elsewhere" (as a token's is): signs, names itself by URI, never exports."""
-
-    def __init__(self, uri: str) -> None:
-        self._key = ec.generate_private_key(ec.SECP256R1())
-        self.key_uri = uri
-
-    @property
-    def curve(self) -> ec.EllipticCurve:
-        return self._key.curve
-
-    @property
-    def key_size(self) -> int:
-        return self._key.key_size
-
-    def public_key(self) -> ec.EllipticCurvePublicKey:
-        return self._key.public_key()
-
-    def sign(self, data: object, signature_algorithm: ec.EllipticCurveSignatureAlgorithm) -> bytes:
-        return self._key.sign(data, signature_algorithm)  # type: ignore[arg-type]
-
-    def exchange(self, algorithm: ec.ECDH, peer_public_key: ec.EllipticCurvePublicKey) -> bytes:
-        raise NotImplementedError
-
-    def private_numbers(self) -> ec.EllipticCurvePrivateNumbers:
-        raise NotImplementedError("not extractable")
-
-    def private_bytes(self, *args: object) -> bytes:
-        raise NotImplementedError("not extractable")
-
-    def __copy__(self) -> _Held:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, object]) -> _Held:
-        return self
-
-
 def test_keys_held_elsewhere_are_stored_as_uris_and_found_again_by_field() -> None:
-    intermediate, root = _Held("pkcs11:token=t;object=i"), _Held("pkcs11:token=t;object=r")
+    intermediate, root = Held("pkcs11:token=t;object=i"), Held("pkcs11:token=t;object=r")
     bundle = ca.new_ca("held", NOW, intermediate_key=intermediate, root_key=root)
     bundle.intermediate.verify_directly_issued_by(bundle.root)
     data = ca.to_secret_data(bundle)
@@ -331,14 +295,14 @@ def test_keys_held_elsewhere_are_stored_as_uris_and_found_again_by_field() -> No
         ca.from_secret_data(
             {**data, ca.CA_KEY: dump_private_key(keys.generate("ECDSAP256"))}, resolve
         )
-    only_root_held = ca.to_secret_data(ca.new_ca("held", NOW, root_key=_Held("pkcs11:token=t")))
+    only_root_held = ca.to_secret_data(ca.new_ca("held", NOW, root_key=Held("pkcs11:token=t")))
     assert ca.TLS_KEY in only_root_held and ca.CA_KEY not in only_root_held
     with pytest.raises(ca.CAError, match=r"^ca\.key-uri: the CA's key is in a PKCS#11 token"):
         ca.from_secret_data(only_root_held)
 
 
 def test_a_secret_of_keys_in_a_token_reads_without_it_for_its_certificates_only() -> None:
-    intermediate, root = _Held("pkcs11:token=t;object=i"), _Held("pkcs11:token=t;object=r")
+    intermediate, root = Held("pkcs11:token=t;object=i"), Held("pkcs11:token=t;object=r")
     bundle = ca.new_ca("held", NOW, intermediate_key=intermediate, root_key=root)
     loaded = ca.from_secret_data(ca.to_secret_data(bundle), unopened=True)
     assert (loaded.root, loaded.intermediate) == (bundle.root, bundle.intermediate)
