@@ -64,7 +64,11 @@ class _Library:
     """One loaded PKCS#11 module, shared by every session of this process on it. A token that
     went away and came back is seen only after the module is initialised again (SoftHSM2, and
     many vendors' libraries, read their slots at C_Initialize): `generation` counts those
-    re-initialisations, so each session knows its handles died with the last one."""
+    re-initialisations, so each session knows its handles died with the last one.
+
+    One lock serialises every call of this process into the module: a PKCS#11 session is not
+    for two threads at once, and C_Finalize must never run beside another call. It costs
+    nothing the signer would use: only the active intermediate's key signs often."""
 
     _loaded: ClassVar[dict[str, _Library]] = {}
     _loading: ClassVar = threading.Lock()
@@ -77,7 +81,7 @@ class _Library:
         self.generation = 0
         self._clock = clock
         self._last = -REINITIALIZE_EVERY
-        self._lock = threading.Lock()
+        self.lock = threading.RLock()
 
     @classmethod
     def load(cls, module: str, clock: Callable[[], float] = time.monotonic) -> _Library:
@@ -90,7 +94,7 @@ class _Library:
     def reinitialize(self, seen: int) -> None:
         """Initialise the module again, unless another session did since `seen` or one did
         less than REINITIALIZE_EVERY ago (a token away for minutes is not hammered)."""
-        with self._lock:
+        with self.lock:
             if self.generation != seen or self._clock() - self._last < REINITIALIZE_EVERY:
                 return
             self._last = self._clock()
@@ -101,8 +105,8 @@ class _Library:
 
 
 class TokenSession:
-    """A logged-in session on the token a URI names, for the one key the URI names; one lock
-    serialises its operations, since a PKCS#11 session is not to be used by two threads at once.
+    """A logged-in session on the token a URI names, for the one key the URI names; its
+    operations hold the module's lock (`_Library`).
 
     A signature the token fails marks the session broken: the next one opens a new session
     (logging in again when the token asks) and finds the key again by its label or id, so a
@@ -110,11 +114,12 @@ class TokenSession:
 
     def __init__(self, uri: KeyURI, pin: str, *, module_path: str | None = None) -> None:
         self.uri = uri
-        self.lock = threading.Lock()
         self._pin = pin
         self._library = _Library.load(module_path or uri.module_path or DEFAULT_MODULE)
-        self._generation = self._library.generation
-        self._session = self._open()
+        self.lock = self._library.lock
+        with self.lock:
+            self._generation = self._library.generation
+            self._session = self._open()
         self._private: pkcs11.PrivateKey | None = None
         self._broken = False
 
