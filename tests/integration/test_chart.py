@@ -733,6 +733,9 @@ def test_notes_say_what_was_installed_how_to_check_it_and_warn_of_risky_values(
         "policy.maxLifetimeSeconds": 604800,
         "admission.webhook": False,
     }
+    token = run(dry, *sets({"hsm.enabled": True})).stdout.partition("\nNOTES:\n")[2]
+    assert "Secret podcert-hsm-pin" in token and "PersistentVolumeClaim podcert-hsm-tokens" in token
+    assert "PKCS#11" not in notes
     warned = run(dry, *sets(risky)).stdout.partition("WARNINGS:\n")[2]
     for value in (
         "networkPolicy.enabled=false",
