@@ -85,7 +85,13 @@ class OwnCert:
         with self._lock:
             due = self._renew_at is None or self.clock() >= self._renew_at
             if self._context is None or due or fingerprint != self._issuer:
-                self._context, self._renew_at = self._issue(issuer)
+                try:
+                    self._context, self._renew_at = self._issue(issuer)
+                except model.KeyUnavailable as err:
+                    # The CA's token is away: serve the certificate we have (if any) meanwhile;
+                    # the next handshake asks again.
+                    log.warning("the CA key did not sign %s, retrying: %s", self.what, err)
+                    return self._context
                 self._issuer = fingerprint
                 log.info("issued %s (%s)", self.what, self.spiffe_id)
             return self._context

@@ -58,6 +58,8 @@ class AuditTrail:
         self._key: ec.EllipticCurvePrivateKey | None = None
         self._chain: list[x509.Certificate] = []
         self._issuer: x509.Certificate | None = None
+        # A re-key the CA's key did not sign (its token away): retried every PROBE_INTERVAL.
+        self._rekey_due = False
         self._writable = threading.Event()
         self._writable.set()
         metrics.audit_log_writable.set(1)
@@ -103,14 +105,21 @@ class AuditTrail:
             return
         key = ec.generate_private_key(ec.SECP256R1())
         not_before = certs.truncate_to_second(self.clock() - self.backdate)
-        pem = certs.sign_audit_certificate(
-            key.public_key(),
-            self.trust_domain,
-            issuer,
-            not_before,
-            not_before + AUDIT_CERT_LIFETIME,
-            certs.random_serial(),
-        )
+        try:
+            pem = certs.sign_audit_certificate(
+                key.public_key(),
+                self.trust_domain,
+                issuer,
+                not_before,
+                not_before + AUDIT_CERT_LIFETIME,
+                certs.random_serial(),
+            )
+        except model.KeyUnavailable as err:
+            self.metrics.token_errors.inc()
+            log.warning("the CA key did not sign the audit certificate, retrying: %s", err)
+            self._rekey_due = True
+            return
+        self._rekey_due = False
         self._chain = list(x509.load_pem_x509_certificates(pem.encode()))
         self._key = key
         self._issuer = issuer.certificate
@@ -131,8 +140,12 @@ class AuditTrail:
         """Timed checkpoints until `stop`; while the log refuses writes, a forced checkpoint
         every second is the probe that finds it writable again."""
         while not stop.wait(
-            self.checkpoint_interval if self._writable.is_set() else PROBE_INTERVAL
+            self.checkpoint_interval
+            if self._writable.is_set() and not self._rekey_due
+            else PROBE_INTERVAL
         ):
+            if self._rekey_due:
+                self.rekey()
             self.checkpoint(force=not self._writable.is_set())
 
     def _failed(self, what: str, err: Exception) -> None:

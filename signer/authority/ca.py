@@ -7,6 +7,9 @@ cert-manager and `kubernetes.io/tls` tools already use, so an operator can bring
     tls.crt  issuing CA certificate (PEM)      tls.key  its private key (PKCS#8 PEM)
     ca.crt   root certificate (PEM)            ca.key   root private key (optional)
 
+With the keys in a PKCS#11 token, `tls.key-uri` and `ca.key-uri` name them instead of
+`tls.key` and `ca.key` (`signer.authority.tokenkeys`).
+
 A single self-signed CA is accepted too (tls.crt and ca.crt the same certificate). Times are
 arguments; nothing here reads the clock or touches the disk.
 """
@@ -39,6 +42,8 @@ CA_CRT: Final = "ca.crt"
 CA_KEY: Final = "ca.key"
 # Instead of tls.key: the URI of the issuing CA's key in a PKCS#11 token (no private key at all).
 TLS_KEY_URI: Final = "tls.key-uri"
+# Instead of ca.key: the URI of the root's key in that token.
+CA_KEY_URI: Final = "ca.key-uri"
 
 # CA certificates start a little in the past: leaves are backdated too, and peers' clocks drift.
 DEFAULT_BACKDATE: Final = dt.timedelta(minutes=5)
@@ -56,8 +61,9 @@ class KeyReference(Protocol):
     def key_uri(self) -> str: ...
 
 
-# Finds the key a Secret's URI names; raises CAError naming what is wrong.
-KeyResolver = Callable[[str], CAKey]
+# Finds the key a Secret's URI names (the URI, the Secret field holding it); raises CAError
+# naming that field and what is wrong.
+KeyResolver = Callable[[str, str], CAKey]
 
 
 @dataclass(frozen=True)
@@ -86,10 +92,13 @@ def new_ca(
     intermediate_lifetime: dt.timedelta = dt.timedelta(days=90),
     backdate: dt.timedelta = DEFAULT_BACKDATE,
     intermediate_key: CAKey | None = None,
+    root_key: CAKey | None = None,
 ) -> CABundle:
     """A fresh root and an intermediate under it, both valid from `now` (minus `backdate`).
-    `intermediate_key`, when given, is the intermediate's (one made in a token)."""
-    root_key = keys.generate(key_type)
+    `intermediate_key` and `root_key`, when given, are their keys (ones made in a token);
+    otherwise keys of `key_type` are generated here."""
+    if root_key is None:
+        root_key = keys.generate(key_type)
     not_before = certs.truncate_to_second(now - backdate)
     root = _ca_certificate(
         subject=_name(f"{common_name_prefix} root"),
@@ -173,15 +182,21 @@ def to_secret_data(bundle: CABundle) -> dict[str, bytes]:
         data[TLS_KEY_URI] = bundle.intermediate_key.key_uri.encode()
     else:
         data[TLS_KEY] = dump_private_key(bundle.intermediate_key)
-    if bundle.root_key is not None:
+    root_key: object = bundle.root_key
+    if isinstance(root_key, KeyReference):
+        data[CA_KEY_URI] = root_key.key_uri.encode()
+    elif bundle.root_key is not None:
         data[CA_KEY] = dump_private_key(bundle.root_key)
     return data
 
 
-def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = None) -> CABundle:
+def from_secret_data(
+    data: Mapping[str, bytes], resolve: KeyResolver | None = None, *, unopened: bool = False
+) -> CABundle:
     """Load and check a CA Secret; raises CAError naming the field for anything unusable.
-    `resolve` finds a key the Secret names by URI (tls.key-uri); without it such a Secret is
-    refused."""
+    `resolve` finds a key the Secret names by URI (tls.key-uri, ca.key-uri); without it such a
+    Secret is refused, unless `unopened`: then such a key is an `Unopened` one, for a reader of
+    the certificates alone (`podcert status`), which has no token."""
     root = _one_certificate(data, CA_CRT)
     issuing = _certificates(data, TLS_CRT)
     # tls.crt is the issuing CA, then any upstream intermediates up to the root (an offline
@@ -200,12 +215,16 @@ def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = No
                     f"{TLS_CRT}: certificate {n + 1} ({_common_name(child)!r}) is not signed by "
                     f"the one after it ({_common_name(parent)!r}): {exc or type(exc).__name__}"
                 ) from exc
-    intermediate_key = _referenced_key(data, resolve) if TLS_KEY_URI in data else None
-    if intermediate_key is None:
+    key_field = TLS_KEY_URI if TLS_KEY_URI in data else TLS_KEY
+    if key_field == TLS_KEY_URI:
+        intermediate_key = _referenced_key(
+            data, resolve, TLS_KEY_URI, TLS_KEY, intermediate, unopened
+        )
+    else:
         intermediate_key = _private_key(data, TLS_KEY)
     _check_is_ca(intermediate, TLS_CRT)
     _check_is_ca(root, CA_CRT)
-    _check_key_matches(intermediate_key, intermediate, TLS_KEY, TLS_CRT)
+    _check_key_matches(intermediate_key, intermediate, key_field, TLS_CRT)
     last = issuing[-1]
     if not _same(last, root):
         try:
@@ -216,7 +235,10 @@ def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = No
                 f"the root in {CA_CRT} ({_common_name(root)!r}): {exc or type(exc).__name__}"
             ) from exc
     root_key: CAKey | None = None
-    if data.get(CA_KEY):
+    if CA_KEY_URI in data:
+        root_key = _referenced_key(data, resolve, CA_KEY_URI, CA_KEY, root, unopened)
+        _check_key_matches(root_key, root, CA_KEY_URI, CA_CRT)
+    elif data.get(CA_KEY):
         root_key = _private_key(data, CA_KEY)
         _check_key_matches(root_key, root, CA_KEY, CA_CRT)
     return CABundle(
@@ -228,16 +250,67 @@ def from_secret_data(data: Mapping[str, bytes], resolve: KeyResolver | None = No
     )
 
 
-def _referenced_key(data: Mapping[str, bytes], resolve: KeyResolver | None) -> CAKey:
-    uri = _field(data, TLS_KEY_URI).decode("utf-8", "replace")
-    if TLS_KEY in data:
-        raise CAError(f"{TLS_KEY_URI}: given with {TLS_KEY}; a CA key lives in one place")
+def _referenced_key(
+    data: Mapping[str, bytes],
+    resolve: KeyResolver | None,
+    name: str,
+    instead_of: str,
+    certificate: x509.Certificate,
+    unopened: bool,
+) -> CAKey:
+    """The key `data[name]` names by URI (where `instead_of` would hold the key itself), for
+    `certificate`."""
+    uri = _field(data, name).decode("utf-8", "replace")
+    if instead_of in data:
+        raise CAError(f"{name}: given with {instead_of}; a CA key lives in one place")
+    if unopened:
+        public = certificate.public_key()
+        if not isinstance(public, ec.EllipticCurvePublicKey):
+            raise CAError(f"{name}: a key in a token is an EC key; the certificate's is not")
+        return Unopened(public, uri)
     if resolve is None:
         raise CAError(
-            f"{TLS_KEY_URI}: the issuing CA's key is in a PKCS#11 token ({uri}); start the "
+            f"{name}: the CA's key is in a PKCS#11 token ({uri}); start the "
             "signer with --ca-key-uri and --ca-key-pin-file"
         )
-    return resolve(uri)
+    return resolve(uri, name)
+
+
+class Unopened(ec.EllipticCurvePrivateKey):
+    """A key the Secret names by URI, read without its token: its public half is its
+    certificate's, and it signs nothing (model.KeyUnavailable)."""
+
+    def __init__(self, public: ec.EllipticCurvePublicKey, uri: str) -> None:
+        self._public, self.key_uri = public, uri
+
+    @property
+    def curve(self) -> ec.EllipticCurve:
+        return self._public.curve
+
+    @property
+    def key_size(self) -> int:
+        return self._public.key_size
+
+    def public_key(self) -> ec.EllipticCurvePublicKey:
+        return self._public
+
+    def sign(self, data: object, signature_algorithm: object) -> bytes:
+        raise model.KeyUnavailable(f"{self.key_uri}: read without its token, signs nothing")
+
+    def exchange(self, algorithm: ec.ECDH, peer_public_key: ec.EllipticCurvePublicKey) -> bytes:
+        raise model.KeyUnavailable(f"{self.key_uri}: signs nothing")
+
+    def private_numbers(self) -> ec.EllipticCurvePrivateNumbers:
+        raise model.KeyUnavailable(f"{self.key_uri}: not here")
+
+    def private_bytes(self, *args: object, **kwargs: object) -> bytes:
+        raise model.KeyUnavailable(f"{self.key_uri}: not here")
+
+    def __copy__(self) -> Unopened:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Unopened:
+        return self
 
 
 def _ca_certificate(

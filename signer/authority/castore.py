@@ -59,7 +59,7 @@ class KeySource(Protocol):
 
     def new_key(self, name: str) -> ca.CAKey: ...
 
-    def resolve(self, reference: str) -> ca.CAKey: ...
+    def resolve(self, reference: str, field: str) -> ca.CAKey: ...
 
 
 class CAStore:
@@ -147,7 +147,10 @@ class CAStore:
         now = self.clock()
         # Named by time and a random part: two generations made in one second still differ.
         label = f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
-        key = self.keys.new_key(label) if self.keys is not None else None
+        key = root_key = None
+        if self.keys is not None:
+            # Both made in the token: no private key of this CA is ever in memory or the Secret.
+            key, root_key = self.keys.new_key(label), self.keys.new_key(f"root-{label}")
         # Each generation's names differ, so peers and humans can tell old roots from new.
         return ca.new_ca(
             f"podcert {now:%Y-%m-%dT%H:%M:%SZ}",
@@ -155,6 +158,7 @@ class CAStore:
             root_lifetime=self.settings.root_lifetime,
             intermediate_lifetime=self.settings.intermediate_lifetime,
             intermediate_key=key,
+            root_key=root_key,
         )
 
     def _resolve(self) -> ca.KeyResolver | None:
@@ -325,7 +329,12 @@ class CAStore:
             raise schedule.RotationError("a prepared CA already exists; activate it first")
         # Its own suffix: the schedule names generations by time alone and cannot see this one.
         gid = f"{schedule.generation_id(now, gens)}-upstream"
-        key = keys.generate("ECDSAP256")
+        # In the token when there is one (its CSR signed there), as every CA key of ours.
+        key = (
+            self.keys.new_key(f"{gid}-{secrets.token_hex(3)}")
+            if self.keys is not None
+            else keys.generate("ECDSAP256")
+        )
         csr = offline.intermediate_csr(
             key, trust_domain, f"podcert {trust_domain} intermediate {now:%Y-%m-%dT%H:%M:%SZ}"
         )

@@ -21,6 +21,7 @@ from typing import Final
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from bundles.formats import dump_private_key
@@ -239,9 +240,14 @@ def pending_to_secret(pending: Pending) -> dict[str, bytes]:
         "trustDomain": pending.trust_domain,
         "since": format_time(pending.since),
     }
+    key: object = pending.key
+    if isinstance(key, ca.KeyReference):  # made in a PKCS#11 token: its URI, never the key
+        stored = {f"{PENDING_PREFIX}{pending.id}.{ca.TLS_KEY_URI}": key.key_uri.encode()}
+    else:
+        stored = {f"{PENDING_PREFIX}{pending.id}.tls.key": dump_private_key(pending.key)}
     return {
         PENDING_INDEX: json.dumps(index).encode(),
-        f"{PENDING_PREFIX}{pending.id}.tls.key": dump_private_key(pending.key),
+        **stored,
         f"{PENDING_PREFIX}{pending.id}.csr": csr_pem(pending.csr),
     }
 
@@ -263,13 +269,22 @@ def pending_from_secret(data: Mapping[str, bytes]) -> Pending | None:
     when = parse_time(since)
     if when is None:
         raise ca.CAError(f"{PENDING_INDEX}: since: {since!r} is not an RFC 3339 time")
-    key = ca.load_private_key(data, f"{PENDING_PREFIX}{gid}.tls.key")
     csr_name = f"{PENDING_PREFIX}{gid}.csr"
     try:
         csr = x509.load_pem_x509_csr(data.get(csr_name, b""))
     except Exception as exc:
         raise ca.CAError(f"{csr_name}: not a PEM certificate request") from exc
-    return Pending(gid, td, when, key, csr)
+    uri_name = f"{PENDING_PREFIX}{gid}.{ca.TLS_KEY_URI}"
+    if uri_name not in data:
+        return Pending(
+            gid, td, when, ca.load_private_key(data, f"{PENDING_PREFIX}{gid}.tls.key"), csr
+        )
+    # A key in a token: named by its URI, its public half the CSR's (it signed the CSR). It is
+    # only stored again, by that URI, once the chain is imported; the signer opens it then.
+    public = csr.public_key()
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        raise ca.CAError(f"{csr_name}: a key in a token is an EC key; the request's is not")
+    return Pending(gid, td, when, ca.Unopened(public, data[uri_name].decode()), csr)
 
 
 def carried_over(data: Mapping[str, bytes]) -> dict[str, bytes]:

@@ -306,13 +306,18 @@ def _time(value: object, field: str) -> dt.datetime:
 
 
 def from_secret(
-    data: Mapping[str, bytes], now: dt.datetime, resolve: ca.KeyResolver | None = None
+    data: Mapping[str, bytes],
+    now: dt.datetime,
+    resolve: ca.KeyResolver | None = None,
+    *,
+    unopened: bool = False,
 ) -> list[Generation]:
     """The CA set in a Secret. A Secret without an index (an operator's own CA, or one written
     before rotation existed) is one active generation that never rotates by itself. `resolve`
-    finds the keys the Secret names by URI (`ca.from_secret_data`)."""
+    finds the keys the Secret names by URI, or `unopened` leaves them so (`ca.from_secret_data`)."""
     if INDEX_KEY not in data:
-        return [Generation("operator", ca.from_secret_data(data, resolve), "active", now)]
+        bundle = ca.from_secret_data(data, resolve, unopened=unopened)
+        return [Generation("operator", bundle, "active", now)]
     try:
         index = json.loads(data[INDEX_KEY])
     except ValueError:
@@ -341,11 +346,13 @@ def from_secret(
         }
         if f"{gid}.ca.key" in data:
             fields[ca.CA_KEY] = data[f"{gid}.ca.key"]
+        if f"{gid}.{ca.CA_KEY_URI}" in data:
+            fields[ca.CA_KEY_URI] = data[f"{gid}.{ca.CA_KEY_URI}"]
         if f"{gid}.{ca.TLS_KEY_URI}" in data:
             fields[ca.TLS_KEY_URI] = data[f"{gid}.{ca.TLS_KEY_URI}"]
             del fields[ca.TLS_KEY]
         try:
-            bundle = ca.from_secret_data(fields, resolve)
+            bundle = ca.from_secret_data(fields, resolve, unopened=unopened)
         except ca.CAError as err:
             raise ca.CAError(f"generation {gid}: {err}") from None
         until = item.get("trustedUntil")

@@ -208,7 +208,8 @@ def authority(
     if isinstance(secret, str):
         return Authority(where, (), False, None, secret)
     try:
-        gens = schedule.from_secret(secret, now)
+        # Keys in a token stay there: only the certificates are read.
+        gens = schedule.from_secret(secret, now, unopened=True)
     except authority_ca.CAError as err:
         return Authority(where, (), False, None, f"the Secret holds no usable CA: {err}")
     rotates = schedule.INDEX_KEY in secret

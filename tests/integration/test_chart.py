@@ -26,6 +26,7 @@ from devcluster.identities import Paths
 from devcluster.testing import DevCluster
 from podcert import __version__
 from podcert.client.rest import ApiError, Rest
+from signer.authority import pkcs11uri
 from signer.policy import load_policy
 from tests.integration.test_manifests import MANIFESTS, documents, dry_run, renamed
 from tests.integration.test_manifests import kustomize as kustomize  # test_in_cluster's import
@@ -216,6 +217,57 @@ def test_the_example_overlay_is_the_chart_with_the_pair(helm: list[str]) -> None
     )
 
 
+def test_the_hsm_overlay_is_the_chart_with_the_token(helm: list[str]) -> None:
+    """hsm.enabled renders what manifests/hsm adds to the signer: the token's flags (a URI the
+    signer parses), SoftHSM2's configuration and token directory, the PIN from its Secret."""
+    docs = render(helm, **{"hsm.enabled": True})
+    assert_same(docs, kustomize(MANIFESTS / "hsm"))
+    pod = signer_template(docs)["spec"]
+    [container] = pod["containers"]
+    [uri] = [a.partition("=")[2] for a in container["args"] if a.startswith("--ca-key-uri=")]
+    assert pkcs11uri.parse(uri).module_path == "/usr/lib/softhsm/libsofthsm2.so"
+    assert "--ca-key-pin-file=/var/run/podcert/token-pin/pin" in container["args"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["token-pin"] == "/var/run/podcert/token-pin"
+    assert volumes["token-pin"]["secret"]["secretName"] == "podcert-hsm-pin"
+    [config] = [d for d in docs if d["metadata"]["name"] == "podcert-softhsm2"]
+    conf = config["data"]["softhsm2.conf"]
+    assert f"directories.tokendir = {mounts['softhsm2-tokens']}\n" in conf
+    assert {"name": "SOFTHSM2_CONF", "value": f"{mounts['softhsm2-conf']}/softhsm2.conf"} in (
+        container["env"]
+    )
+    claim = volumes["softhsm2-tokens"]["persistentVolumeClaim"]["claimName"]
+    assert claim == "podcert-hsm-tokens"
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
+def test_another_tokens_library_gets_its_own_env_and_volumes_and_no_softhsm(
+    helm: list[str],
+) -> None:
+    vendor = {
+        "hsm.enabled": True,
+        "hsm.keyUri": "pkcs11:token=prod;object=ca?module-path=/opt/vendor/lib/libpkcs11.so",
+        "hsm.pinSecret": "vendor-pin",
+        "hsm.softhsm.enabled": False,
+        "hsm.env": [{"name": "VENDOR_CONF", "value": "/etc/vendor/client.conf"}],
+        "hsm.volumes": [{"name": "vendor-conf", "configMap": {"name": "vendor-client"}}],
+        "hsm.volumeMounts": [{"name": "vendor-conf", "mountPath": "/etc/vendor"}],
+    }
+    docs = render(helm, **vendor)
+    assert not [d for d in docs if d["metadata"]["name"] == "podcert-softhsm2"]
+    pod = signer_template(docs)["spec"]
+    [container] = pod["containers"]
+    assert f"--ca-key-uri={vendor['hsm.keyUri']}" in container["args"]
+    assert [e["name"] for e in container["env"]] == ["POD_NAMESPACE", "VENDOR_CONF"]
+    assert [v["name"] for v in pod["volumes"]][-2:] == ["token-pin", "vendor-conf"]
+    assert pod["volumes"][-2]["secret"]["secretName"] == "vendor-pin"
+    assert {"name": "vendor-conf", "mountPath": "/etc/vendor"} in container["volumeMounts"]
+    assert "fsGroup" not in pod["securityContext"]
+    without = signer_template(render(helm))["spec"]
+    assert not [a for a in without["containers"][0]["args"] if a.startswith("--ca-key")]
+
+
 CUSTOM: dict[str, Any] = {
     "signerNames": ["example.com/workload", "example.com/batch"],
     "trustDomain": "example.org",
@@ -317,6 +369,9 @@ def test_helm_lint_passes_and_the_schema_refuses_bad_values(helm: list[str]) -> 
         '--set-json=signerNames=["no-slash"]',
         '--set-json=trustDomain="spiffe://example.org"',
         "--set-json=admission.webbook=true",
+        '--set-json=hsm.keyUri="file:///ca.key"',
+        '--set-json=hsm.keyUri="pkcs11:token=t;object=ca?pin-value=1234"',
+        "--set-json=hsm.softhsm.tokenClaim=true",
     ):
         done = run(helm, "lint", "--strict", str(CHART), bad, check=False)
         assert done.returncode != 0, f"helm lint accepted {bad}"
@@ -326,7 +381,12 @@ def test_helm_lint_passes_and_the_schema_refuses_bad_values(helm: list[str]) -> 
     "values",
     [
         pytest.param(
-            {"shim.enabled": True, "examples.enabled": True, "admission.policy": True},
+            {
+                "shim.enabled": True,
+                "examples.enabled": True,
+                "admission.policy": True,
+                "hsm.enabled": True,
+            },
             id="default values, every part on",
         ),
         pytest.param(CUSTOM, id="changed values"),
@@ -673,6 +733,9 @@ def test_notes_say_what_was_installed_how_to_check_it_and_warn_of_risky_values(
         "policy.maxLifetimeSeconds": 604800,
         "admission.webhook": False,
     }
+    token = run(dry, *sets({"hsm.enabled": True})).stdout.partition("\nNOTES:\n")[2]
+    assert "Secret podcert-hsm-pin" in token and "PersistentVolumeClaim podcert-hsm-tokens" in token
+    assert "PKCS#11" not in notes
     warned = run(dry, *sets(risky)).stdout.partition("WARNINGS:\n")[2]
     for value in (
         "networkPolicy.enabled=false",

@@ -1,9 +1,10 @@
 """Every manifest passes server-side dry-run on the real API server, the signer's pod
 template passes the `restricted` Pod Security level, and its RBAC is exactly what it needs.
-Each base is read as `kubectl apply -k` applies it (`kustomize`: resources and ConfigMaps
-generated from files, the two things our kustomizations use; checked against kustomize v5.7.1's
-own output when written). manifests/monitoring's prometheus-operator kinds have no CRDs here:
-their content is checked by tests/unit/test_monitoring.py, their wiring below.
+Each base is read as `kubectl apply -k` applies it (`kustomize`: resources, ConfigMaps
+generated from files and JSON 6902 `add` patches, the things our kustomizations use; checked
+against kustomize v5.7.1's own output when written, the patches against kustomize v5.5.0's).
+manifests/monitoring's prometheus-operator kinds have no CRDs here: their content is checked
+by tests/unit/test_monitoring.py, their wiring below.
 
 The dry-run creates each object under a fresh name, so that one already in the cluster (applied
 by another test) is still validated: a 409 would say nothing about the manifest."""
@@ -76,9 +77,19 @@ def object_path(doc: dict[str, Any]) -> str:
 
 # What our kustomizations may say: resources, and ConfigMaps generated from files under fixed names.
 # `kustomize` below reads exactly that; anything else would make its reading wrong.
-KUSTOMIZATION = {"apiVersion", "kind", "resources", "configMapGenerator", "generatorOptions"}
+KUSTOMIZATION = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "configMapGenerator",
+    "generatorOptions",
+    "patches",
+}
 GENERATOR = {"name", "namespace", "files", "options"}
 GENERATOR_OPTIONS = {"labels", "disableNameSuffixHash"}
+# Patches: a file of JSON 6902 `add` operations on the objects of one kind and name.
+PATCH = {"path", "target"}
+TARGET = {"kind", "name"}
 
 
 def kustomize(folder: Path) -> list[dict[str, Any]]:
@@ -92,7 +103,36 @@ def kustomize(folder: Path) -> list[dict[str, Any]]:
         docs += kustomize(target) if target.is_dir() else documents([target])
     shared = spec.get("generatorOptions", {})
     docs += [generated(folder, entry, shared) for entry in spec.get("configMapGenerator", [])]
+    for patch in spec.get("patches", []):
+        assert set(patch) == PATCH and set(patch["target"]) == TARGET, f"{folder}: {patch}"
+        targets = [
+            d
+            for d in docs
+            if (d["kind"], d["metadata"]["name"])
+            == (patch["target"]["kind"], patch["target"]["name"])
+        ]
+        assert targets, f"{folder}: {patch['target']} matches nothing"
+        for operation in yaml.safe_load((folder / patch["path"]).read_text()):
+            for doc in targets:
+                json_patch_add(doc, operation)
     return docs
+
+
+def json_patch_add(doc: dict[str, Any], operation: dict[str, Any]) -> None:
+    """RFC 6902 `add` (the only operation our patches use): into an object, or a list at an
+    index or at its end (`-`)."""
+    assert set(operation) == {"op", "path", "value"} and operation["op"] == "add", operation
+    *parents, last = [
+        p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]
+    ]
+    where: Any = doc
+    for part in parents:
+        where = where[int(part)] if isinstance(where, list) else where[part]
+    value = copy_module.deepcopy(operation["value"])
+    if isinstance(where, list):
+        where.insert(len(where) if last == "-" else int(last), value)
+    else:
+        where[last] = value
 
 
 def generated(folder: Path, entry: dict[str, Any], shared: dict[str, Any]) -> dict[str, Any]:

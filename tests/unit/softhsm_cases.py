@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,27 +168,37 @@ def test_a_leaf_signed_through_the_token_verifies_against_the_root(
     ).value.get_values_for_type(x509.UniformResourceIdentifier) == [plan.spiffe_id]
 
 
-def test_the_ca_secret_holds_the_token_keys_uri_and_no_intermediate_key(
+def test_the_ca_secret_holds_the_token_keys_uris_and_no_private_key(
     tokens: softhsm.Tokens,
 ) -> None:
     source = tokenkeys.TokenKeys(
         pkcs11uri.parse(f"pkcs11:token={TOKEN};object=ca-{uuid.uuid4().hex}"), softhsm.PIN
     )
-    key = source.new_key("gen1")
-    bundle = ca.new_ca("token test", NOW, intermediate_key=key)
+    key, root_key = source.new_key("gen1"), source.new_key("root-gen1")
+    bundle = ca.new_ca("token test", NOW, intermediate_key=key, root_key=root_key)
+    bundle.intermediate.verify_directly_issued_by(bundle.root)
+    bundle.root.verify_directly_issued_by(bundle.root)
     data = ca.to_secret_data(bundle)
-    assert ca.TLS_KEY not in data
+    assert ca.TLS_KEY not in data and ca.CA_KEY not in data
     assert data[ca.TLS_KEY_URI] == key.key_uri.encode()
+    assert data[ca.CA_KEY_URI] == root_key.key_uri.encode()
     assert key.key_uri.startswith(f"pkcs11:token={TOKEN};object=ca-")
-    assert "pin" not in key.key_uri
-    # Only the root's key (kept in the Secret for now) is a private key there.
-    assert b"".join(data.values()).count(b"PRIVATE KEY-----") == 2  # ca.key's BEGIN and END
+    assert "pin" not in key.key_uri + root_key.key_uri
+    assert b"PRIVATE KEY" not in b"".join(data.values())
 
     loaded = ca.from_secret_data(data, source.resolve)
     assert loaded.intermediate_key.public_key() == key.public_key()
+    assert loaded.root_key is not None and loaded.root_key.public_key() == root_key.public_key()
     assert loaded.intermediate == bundle.intermediate
-    with pytest.raises(ca.CAError, match=r"tls\.key-uri: the issuing CA's key is in a PKCS#11"):
+    with pytest.raises(ca.CAError, match=r"tls\.key-uri: the CA's key is in a PKCS#11"):
         ca.from_secret_data(data)
+    swapped = {**data, ca.CA_KEY_URI: data[ca.TLS_KEY_URI]}
+    with pytest.raises(ca.CAError, match=r"ca\.key-uri: the private key does not match"):
+        ca.from_secret_data(swapped, source.resolve)
+    with pytest.raises(ca.CAError, match=r"ca\.key-uri: .*holds no such EC key"):
+        ca.from_secret_data(
+            {**data, ca.CA_KEY_URI: f"pkcs11:token={TOKEN};object=gone".encode()}, source.resolve
+        )
 
 
 def test_a_secret_naming_another_token_or_a_missing_key_is_refused_by_field(
@@ -204,13 +215,25 @@ def test_rotations_secret_round_trips_token_keys_per_generation(tokens: softhsm.
     source = tokenkeys.TokenKeys(
         pkcs11uri.parse(f"pkcs11:token={TOKEN};object=rot-{uuid.uuid4().hex}"), softhsm.PIN
     )
-    fresh = ca.new_ca("token test", NOW, intermediate_key=source.new_key("g1"))
-    gens = schedule.apply([], schedule.Prepare(), NOW, schedule.DEFAULT_SETTINGS, fresh)
+
+    def fresh(n: int) -> ca.CABundle:
+        at = NOW + dt.timedelta(hours=n)
+        intermediate, root = source.new_key(f"g{n}"), source.new_key(f"root-g{n}")
+        return ca.new_ca("token test", at, intermediate_key=intermediate, root_key=root)
+
+    settings = schedule.DEFAULT_SETTINGS
+    gens = schedule.apply([], schedule.Prepare(), NOW, settings, fresh(0))
+    later = NOW + dt.timedelta(hours=1)
+    gens = schedule.apply(gens, schedule.Prepare(), later, settings, fresh(1))
+    gens = schedule.apply(gens, schedule.Activate(gens[1].id), later, settings)
     data = schedule.to_secret(gens)
-    assert not any(name.endswith("tls.key") for name in data)
+    assert [g.state for g in gens] == ["retired", "active"]
+    assert not any(name.endswith((".key", "tls.key")) for name in data)
+    assert b"PRIVATE KEY" not in b"".join(data.values())
     again = schedule.from_secret(data, NOW, source.resolve)
     assert [g.bundle.intermediate for g in again] == [g.bundle.intermediate for g in gens]
     assert all(isinstance(g.bundle.intermediate_key, tokenkeys.TokenKey) for g in again)
+    assert all(isinstance(g.bundle.root_key, tokenkeys.TokenKey) for g in again)
 
 
 def test_the_signer_start_up_stops_with_one_line_on_a_wrong_pin_or_uri(
@@ -246,3 +269,40 @@ def test_a_signature_the_token_refuses_is_a_retryable_key_unavailable(
     issuer = model.IssuingCA(certificate=bundle.intermediate, key=key, root=bundle.root)
     with pytest.raises(model.KeyUnavailable, match=f"token '{TOKEN}' refused a signature"):
         certs.sign_leaf(plan, issuer, serial=1)
+    # The next signature opens a session again and finds the key by its label: the token is back.
+    leaf = x509.load_pem_x509_certificates(certs.sign_leaf(plan, issuer, serial=2).encode())[0]
+    assert leaf.public_key() == plan.public_key
+
+
+def test_a_token_whose_files_went_away_signs_again_once_they_are_back(
+    tokens: softhsm.Tokens, tmp_path: Path
+) -> None:
+    source = tokenkeys.TokenKeys(
+        pkcs11uri.parse(f"pkcs11:token={TOKEN};object=away-{uuid.uuid4().hex}"), softhsm.PIN
+    )
+    key, root_key = source.new_key("g"), source.new_key("root-g")
+    algorithm = ec.ECDSA(certs.signature_hash(key))  # type: ignore[arg-type]
+    token_dirs = sorted(p for p in tokens.directory.iterdir() if p.is_dir())
+    away = tmp_path / "away"
+    away.mkdir()
+    for found in token_dirs:
+        found.rename(away / found.name)
+    try:
+        with pytest.raises(TokenError, match=f"token '{TOKEN}' refused a signature"):
+            key.sign(b"tbs", algorithm)
+        with pytest.raises(TokenError, match=f"token '{TOKEN}': cannot be reached again"):
+            key.sign(b"tbs", algorithm)
+    finally:
+        for found in token_dirs:
+            (away / found.name).rename(found)
+    # Back: the module is initialised again (at most once a second) and both keys sign.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            signature = key.sign(b"tbs", algorithm)
+            break
+        except TokenError:
+            assert time.monotonic() < deadline, "the token never signed again"
+            time.sleep(0.2)
+    key.public_key().verify(signature, b"tbs", algorithm)
+    root_key.public_key().verify(root_key.sign(b"tbs", algorithm), b"tbs", algorithm)

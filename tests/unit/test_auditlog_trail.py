@@ -19,7 +19,7 @@ import pytest
 from cryptography import x509
 
 from podcert.auditlog import audit_certificate_problem, verify
-from signer import certs
+from signer import certs, model
 from signer.auditlog import writer
 from signer.auditlog.trail import AUDIT_CERT_LIFETIME, PROBE_INTERVAL, AuditTrail
 from signer.authority import ca
@@ -209,3 +209,28 @@ def test_the_audit_certificate_is_an_audit_certificate_backdated_like_a_leaf(
     assert audit_certificate_problem(certificate) is None
     assert certificate.not_valid_before_utc == T0 - certs.DEFAULT_LEAF_BACKDATE
     assert certificate.not_valid_after_utc == T0 - certs.DEFAULT_LEAF_BACKDATE + AUDIT_CERT_LIFETIME
+
+
+def test_an_audit_certificate_the_cas_token_refuses_is_retried_each_probe_and_counted(
+    log: writer.AuditLog, first: ca.CABundle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = Metrics()
+    trail = trail_for(log, [first], metrics)
+    sign = certs.sign_audit_certificate
+
+    def refused(*args: object) -> str:
+        raise model.KeyUnavailable("token 't' refused a signature")
+
+    monkeypatch.setattr(certs, "sign_audit_certificate", refused)
+    trail.start()
+    assert log.lines == 0  # no key, so no checkpoint yet, and no crash
+    assert sample(metrics, "podcert_signer_token_errors_total") == 1
+
+    monkeypatch.setattr(certs, "sign_audit_certificate", sign)
+    ticks = Ticks(turns=1)
+    trail.run(ticks)
+
+    assert ticks.waited[0] == PROBE_INTERVAL  # a pending re-key is probed every second
+    result = verify(read_lines(log.path), [first.root], LATER)
+    assert result.ok and result.anchored, result.problems
+    assert result.last_checkpoint >= 1

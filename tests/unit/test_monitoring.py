@@ -173,6 +173,7 @@ def test_the_rules_cover_the_alerts_the_readme_promises() -> None:
         "PodcertDenialsRising",
         "PodcertSignerRetrying",
         "PodcertAuditLogUnwritable",
+        "PodcertCATokenRefusing",
         "PodcertCATooShort",
         "PodcertCAExpiringWithoutSuccessor",
         "PodcertUpstreamCASuccessorDue",

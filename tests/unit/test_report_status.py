@@ -224,3 +224,14 @@ def test_the_json_names_every_section() -> None:
         "time", "namespace", "signerNames", "signerNamesFrom", "healthy", "leader", "replicas",
         "ca", "trustBundles", "requests", "stuckAfterSeconds", "windowSeconds",
     }  # fmt: skip
+
+
+def test_a_ca_whose_keys_are_in_a_token_is_shown_without_the_token() -> None:
+    data = schedule.to_secret(_gens(NOW))
+    for name in [n for n in data if n.endswith(("tls.key", "ca.key"))]:
+        del data[name]
+        data[f"{name}-uri"] = b"pkcs11:token=podcert;object=" + name.encode()
+    assert not [n for n in data if n.endswith(".key")]
+    shown = authority(data, "ns/ca", NOW)
+    assert shown.problem is None, shown.problem
+    assert [g.state for g in shown.generations] == ["active"]

@@ -14,6 +14,7 @@ from bundles.formats import dump_private_key
 from podcert.api import keys
 from signer import certs, model
 from signer.authority import ca
+from tests.ca_secrets import Held
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, 30, 250_000, tzinfo=dt.UTC)
 BUNDLE = ca.new_ca("podcert test", NOW)
@@ -264,3 +265,49 @@ def test_key_errors_never_quote_the_key() -> None:
     with pytest.raises(ca.CAError) as caught:
         ca.from_secret_data(broken(tls_key=mangled))
     assert key_pem[30:50].decode() not in str(caught.value)
+
+
+def test_keys_held_elsewhere_are_stored_as_uris_and_found_again_by_field() -> None:
+    intermediate, root = Held("pkcs11:token=t;object=i"), Held("pkcs11:token=t;object=r")
+    bundle = ca.new_ca("held", NOW, intermediate_key=intermediate, root_key=root)
+    bundle.intermediate.verify_directly_issued_by(bundle.root)
+    data = ca.to_secret_data(bundle)
+    assert data[ca.TLS_KEY_URI] == b"pkcs11:token=t;object=i"
+    assert data[ca.CA_KEY_URI] == b"pkcs11:token=t;object=r"
+    assert ca.TLS_KEY not in data and ca.CA_KEY not in data
+    assert b"PRIVATE KEY" not in b"".join(data.values())
+
+    asked: list[tuple[str, str]] = []
+
+    def resolve(uri: str, field: str) -> ca.CAKey:
+        asked.append((uri, field))
+        return {"pkcs11:token=t;object=i": intermediate, "pkcs11:token=t;object=r": root}[uri]
+
+    loaded = ca.from_secret_data(data, resolve)
+    assert loaded.root_key is root and loaded.intermediate_key is intermediate
+    assert sorted(asked) == [
+        ("pkcs11:token=t;object=i", ca.TLS_KEY_URI),
+        ("pkcs11:token=t;object=r", ca.CA_KEY_URI),
+    ]
+    with pytest.raises(ca.CAError, match=r"^ca\.key-uri: the private key does not match"):
+        ca.from_secret_data(data, lambda uri, field: intermediate)
+    with pytest.raises(ca.CAError, match=r"^ca\.key-uri: given with ca\.key"):
+        ca.from_secret_data(
+            {**data, ca.CA_KEY: dump_private_key(keys.generate("ECDSAP256"))}, resolve
+        )
+    only_root_held = ca.to_secret_data(ca.new_ca("held", NOW, root_key=Held("pkcs11:token=t")))
+    assert ca.TLS_KEY in only_root_held and ca.CA_KEY not in only_root_held
+    with pytest.raises(ca.CAError, match=r"^ca\.key-uri: the CA's key is in a PKCS#11 token"):
+        ca.from_secret_data(only_root_held)
+
+
+def test_a_secret_of_keys_in_a_token_reads_without_it_for_its_certificates_only() -> None:
+    intermediate, root = Held("pkcs11:token=t;object=i"), Held("pkcs11:token=t;object=r")
+    bundle = ca.new_ca("held", NOW, intermediate_key=intermediate, root_key=root)
+    loaded = ca.from_secret_data(ca.to_secret_data(bundle), unopened=True)
+    assert (loaded.root, loaded.intermediate) == (bundle.root, bundle.intermediate)
+    assert isinstance(loaded.intermediate_key, ca.Unopened)
+    assert loaded.intermediate_key.public_key() == intermediate.public_key()
+    assert ca.to_secret_data(loaded) == ca.to_secret_data(bundle)  # the same URIs
+    with pytest.raises(model.KeyUnavailable, match="signs nothing"):
+        ca.new_intermediate(loaded, NOW)

@@ -19,7 +19,7 @@ from signer.authority import ca, offline, schedule
 from signer.authority.castore import CAStore
 from signer.kube import SignerKube
 from signer.report import status
-from tests.ca_secrets import SecretKube
+from tests.ca_secrets import HeldKeys, SecretKube
 
 NOW = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.UTC)
 TD = "example.org"
@@ -336,6 +336,32 @@ def test_the_store_keeps_a_generation_awaiting_its_chain_out_of_the_schedule_unt
     assert [g.id for g in cas.generations] == [pending.id]
     assert schedule.ca_schedule(cas.generations, clock[0]) == schedule.Prepare()
     assert cas.due() is None
+
+
+def test_with_a_token_the_awaiting_key_is_made_there_and_no_secret_holds_a_private_key() -> None:
+    kube = SecretKube(None)
+    keys = HeldKeys()
+    cas = CAStore(
+        cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: NOW, create=True, keys=keys
+    )
+    assert cas.load() is not None
+    pending = cas.prepare_offline(TD)
+    assert kube.data is not None
+    assert f"{offline.PENDING_PREFIX}{pending.id}.{ca.TLS_KEY_URI}" in kube.data
+    assert b"PRIVATE KEY" not in b"".join(kube.data.values())
+    assert pending.csr.public_key() == pending.key.public_key()
+    kept = cas.pending()
+    assert kept is not None and kept.key.public_key() == pending.key.public_key()
+    assert status.authority(kube.data, "ns/ca", NOW).problem is None  # read without the token
+
+    cas.import_chain(pending.id, pem_of(_sign_csr(pending.csr), ROOT))
+    # What the signer now holds is the token's key, found again by the URI the Secret keeps.
+    imported = next(g for g in cas.generations if g.id == pending.id)
+    uri = kube.data[f"{pending.id}.{ca.TLS_KEY_URI}"].decode()
+    assert imported.bundle.intermediate_key is keys.made[uri]
+    assert b"PRIVATE KEY" not in b"".join(kube.data.values())
+    # The first generation (a root of ours) has both keys in the token too.
+    assert len(keys.made) == 3
 
 
 def pem_of(*chain: x509.Certificate) -> bytes:

@@ -160,3 +160,22 @@ def test_the_key_is_on_disk_only_in_a_private_file_while_ssl_reads_it(
     ((path, mode),) = seen
     assert mode == 0o600
     assert not path.exists() and not path.parent.exists()
+
+
+def test_while_the_cas_token_refuses_the_last_certificate_is_served_and_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    signing = Signing(issuer("a"))
+    own = own_cert(signing, Clock(T0), lifetime=dt.timedelta(days=7))
+    first = own.current()
+    signing.issuer = issuer("b")
+    sign_leaf = serving.certs.sign_leaf
+
+    def refused(*args: object) -> str:
+        raise model.KeyUnavailable("token 't' refused a signature")
+
+    monkeypatch.setattr(serving.certs, "sign_leaf", refused)
+    assert own.current() is first  # not an exception in a handshake: the old certificate
+    monkeypatch.setattr(serving.certs, "sign_leaf", sign_leaf)
+    back = own.current()
+    assert back is not None and served(back).issuer == signing.issuer.certificate.subject
