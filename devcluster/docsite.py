@@ -147,6 +147,7 @@ def _include_read(app: Any, relative_path: Path, parent_docname: str, content: l
 
 def setup(app: Any) -> dict[str, Any]:
     """Sphinx's entry point (docs/conf.py lists this module in `extensions`)."""
+    app.setup_extension("sphinx.ext.autodoc")  # whose docstrings `docstring_lines` reads
     app.connect("source-read", _source_read)
     app.connect("include-read", _include_read)
     app.connect("autodoc-process-docstring", _process_docstring)
