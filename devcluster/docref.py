@@ -1,23 +1,21 @@
 """The site's reference pages, made from the code itself: every command's flags from the real
 argparse parsers, the policy file's fields from the signer's policy reader, every metric from
-the processes' registries, every alert from the shipped rules, every deny reason and Event
-reason from the closed types and call sites that emit them.
+the processes' registries, every alert from the shipped rules, the exit codes from
+`podcert.errors` (the reasons and Events: `devcluster.docevents`).
 
 Each `*_markdown` function returns one page's Markdown body (MyST), which `devcluster.docsite`
 puts where the page says `<!-- podcert-reference: NAME -->` at build time, so the reference
-cannot lag the code: a new flag, policy key, metric, alert or reason shows on the next build.
-Pure but for reading the repository's own files (the rules, the shim's sources).
+cannot lag the code: a new flag, policy key, metric or alert shows on the next build. Pure but
+for reading the repository's own files (the rules, `podcert/errors.py`).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final, get_args
+from typing import Any, Final
 
 import yaml
 
@@ -302,156 +300,9 @@ def alerts_markdown(path: Path = RULES) -> str:
     return "\n".join(out)
 
 
-# --- reasons and Events ---------------------------------------------------------------------
-
-
-def literal_comments(source: str, name: str) -> dict[str, str]:
-    """The trailing comment of each member of the `name = Literal[...]` block in `source`
-    (empty when none): what each reason means, as the code says it."""
-    out: dict[str, str] = {}
-    match = re.search(rf"^{name} = Literal\[\n(.*?)^\]", source, re.M | re.S)
-    lines = match[1].splitlines() if match else []
-    if not match:  # a one-line Literal: its comment speaks for every member
-        one = re.search(rf"^{name} = Literal\[(.*)$", source, re.M)
-        lines = [one[1]] if one else []
-    for line in lines:
-        for value in re.findall(r'"(\w+)"', line.split("#")[0]):
-            out[value] = line.split("#", 1)[1].strip() if "#" in line else ""
-    return out
-
-
-def shim_event_reasons(folder: Path = ROOT / "kubelet_shim") -> dict[str, str]:
-    """reason -> type of every Event the shim records: the string literals its sources pass as
-    the reason of `.event(pod, type, reason, ...)` and `RecordEvent(type, reason, ...)`, and
-    STALE_EVENTS' reasons. A call whose reason is neither a literal nor from STALE_EVENTS raises,
-    so a new kind of call site cannot be missed silently."""
-    found: dict[str, str] = {}
-    for path in sorted(folder.glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            targets = (
-                node.targets
-                if isinstance(node, ast.Assign)
-                else [node.target]
-                if isinstance(node, ast.AnnAssign)
-                else []
-            )
-            if any(isinstance(t, ast.Name) and t.id == "STALE_EVENTS" for t in targets):
-                assert isinstance(node, ast.Assign | ast.AnnAssign)
-                if isinstance(node.value, ast.Dict):
-                    for item in node.value.values:
-                        if isinstance(item, ast.Tuple) and isinstance(item.elts[0], ast.Constant):
-                            found[str(item.elts[0].value)] = "Warning"
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            at = {"event": 1, "RecordEvent": 0}.get(called)
-            if at is None or len(node.args) < at + 2:
-                continue
-            kind, reason = node.args[at], node.args[at + 1]
-            if isinstance(reason, ast.Constant) and isinstance(reason.value, str):
-                found[reason.value] = (
-                    str(kind.value) if isinstance(kind, ast.Constant) else "Warning"
-                )
-            elif not (isinstance(reason, ast.Name | ast.Attribute)):
-                raise ValueError(f"{path.name}:{node.lineno}: an Event reason that is not a name")
-    return found
-
-
-def reasons_markdown() -> str:
-    """The Denied, Failed and retry reasons (signer.model's closed types, with the code's own
-    comment on each), and the Events the signer and the shim record."""
-    from signer import model
-
-    source = (ROOT / "signer" / "model.py").read_text(encoding="utf-8")
-    binding = literal_comments(source, "BindingReason")
-    deny = literal_comments(source, "DenyReason")
-    out = [
-        "What a PodCertificateRequest's condition says (its `reason`), what the audit log",
-        "records and what `podcert_signer_requests_total`'s `reason` label carries.",
-        "",
-        "## Denied",
-        "",
-        "A denial is final for that request: the pod's node asks again only after the cause",
-        "is fixed (a new pod, a changed policy).",
-        "",
-        "| reason | what it means |",
-        "|---|---|",
-    ]
-    for reason in _flat(model.DenyReason):
-        note = binding.get(reason) or deny.get(reason) or ""
-        if reason in binding:
-            note = f"the NodeRestriction checks against live state. {note}".strip()
-        out.append(f"| {_code(reason)} | {_cell(note)} |")
-    fail = literal_comments(source, "FailReason")
-    retry = literal_comments(source, "RetryReason")
-    out += ["", "## Failed", "", "| reason | what it means |", "|---|---|"]
-    out += [f"| {_code(r)} | {_cell(fail.get(r, ''))} |" for r in _flat(model.FailReason)]
-    out += [
-        "",
-        "## Retried",
-        "",
-        "Transient, on the signer's side: the request stays pending and is decided again",
-        "(`podcert_signer_retries_total`'s `reason`).",
-        "",
-        "| reason | what it means |",
-        "|---|---|",
-    ]
-    out += [f"| {_code(r)} | {_cell(retry.get(r, ''))} |" for r in _flat(model.RetryReason)]
-    out += [
-        "",
-        "## Events",
-        "",
-        "The signer records a Warning Event on the PodCertificateRequest for each denial and",
-        "failure, with the reason above. The shim records these on the pod:",
-        "",
-        "| reason | type | recorded by |",
-        "|---|---|---|",
-    ]
-    out += [f"| {_code(r)} | {t} | shim |" for r, t in sorted(shim_event_reasons().items())]
-    return "\n".join(out) + "\n"
-
-
-def _flat(literal: Any) -> list[str]:
-    """The string members of a (possibly nested) Literal type, in order."""
-    out: list[str] = []
-    for arg in get_args(literal):
-        out += [arg] if isinstance(arg, str) else _flat(arg)
-    return out
-
-
 def exit_codes_markdown(source: Path = ROOT / "podcert" / "errors.py") -> str:
     """Every command's exit codes: podcert.errors' EXIT_* constants and their comments."""
     rows = re.findall(r"^EXIT_(\w+): Final = (\d+)(?:\s*#\s*(.*))?$", source.read_text(), re.M)
     out = ["| code | name | when |", "|---|---|---|"]
     out += [f"| {code} | `EXIT_{name}` | {_cell(said or 'success')} |" for name, code, said in rows]
     return "\n".join(out) + "\n"
-
-
-def _commands() -> str:
-    from podcert.cli import build_parser
-
-    return commands_markdown(build_parser(every=True))
-
-
-GENERATORS: Final[Mapping[str, Callable[[], str]]] = {
-    "commands": _commands,
-    "policy": policy_markdown,
-    "metrics": metrics_markdown,
-    "alerts": alerts_markdown,
-    "reasons": reasons_markdown,
-    "exit-codes": exit_codes_markdown,
-}
-"""What a page may ask for with `<!-- podcert-reference: NAME -->`."""
-
-
-def dump(name: str) -> str:
-    """One generated page body, for a look without building the site (`python -m ...`)."""
-    return GENERATORS[name]()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import sys
-
-    print(json.dumps(sorted(GENERATORS)) if len(sys.argv) < 2 else dump(sys.argv[1]))

@@ -1,8 +1,8 @@
 """The Sphinx extension behind docs/ (docs/conf.py loads it): what the site adds to MyST.
 
 - A page line `<!-- podcert-reference: NAME -->` becomes the generated reference NAME
-  (`devcluster.docref.GENERATORS`) while the page is read, so the reference is made from the
-  code on every build and never stored.
+  (`GENERATORS`, made by `devcluster.docref` and `devcluster.docevents`) while the page is
+  read, so the reference is made from the code on every build and never stored.
 - A link to a repository file outside docs/ (`[values](../charts/podcert/values.yaml)`) becomes
   its GitHub URL (GITHUB_BLOB), the same link the page has on GitHub; a link to a path that does
   not exist is a warning, so the build (warnings are errors) fails on it.
@@ -24,7 +24,9 @@ from typing import Any, Final
 
 from sphinx.util import logging
 
-from devcluster.docref import GENERATORS, ROOT, SITE_URL, runbook_url
+from devcluster import docref
+from devcluster.docevents import reasons_markdown
+from devcluster.docref import ROOT, SITE_URL, runbook_url
 
 __all__ = ["GITHUB_BLOB", "SITE_URL", "fill", "rewrite_links", "runbook_url", "setup"]
 
@@ -38,6 +40,23 @@ _OTHERS: Final = "<!-- podcert-docsite: other top-level pages -->"
 # An inline Markdown link's target: `](target)` or `](target "title")`, not an image's.
 _LINK: Final = re.compile(r"(?<!!)\]\((?P<target>[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)")
 _FENCE: Final = re.compile(r"^(?P<fence>\s*(`{3,}|~{3,}))")
+
+
+def _commands() -> str:
+    from podcert.cli import build_parser
+
+    return docref.commands_markdown(build_parser(every=True))
+
+
+GENERATORS: Final[Mapping[str, Callable[[], str]]] = {
+    "commands": _commands,
+    "policy": docref.policy_markdown,
+    "metrics": docref.metrics_markdown,
+    "alerts": docref.alerts_markdown,
+    "reasons": reasons_markdown,
+    "exit-codes": docref.exit_codes_markdown,
+}
+"""What a page may ask for with `<!-- podcert-reference: NAME -->`."""
 
 
 class DocsiteError(ValueError):
@@ -152,3 +171,9 @@ def setup(app: Any) -> dict[str, Any]:
     app.connect("include-read", _include_read)
     app.connect("autodoc-process-docstring", _process_docstring)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # pragma: no cover  (a generated page, without building the site)
+    import sys
+
+    print(GENERATORS[sys.argv[1]]() if len(sys.argv) > 1 else " ".join(sorted(GENERATORS)))

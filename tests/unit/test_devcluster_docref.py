@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import get_args
 
 import pytest
 
 from devcluster import docref
 from podcert.cli import SUBCOMMANDS, build_parser
-from signer import model, policy
+from signer import policy
 from signer.federation import domains
 
 
@@ -108,23 +107,6 @@ def test_every_alert_has_a_section_with_its_runbook_link(tmp_path: Path) -> None
     for rule in docref.alerts():
         assert f"## {rule['alert']}\n" in page
         assert f"[{rule['alert']}](../runbooks/{rule['alert']}.md)" in page
-
-
-def test_every_closed_reason_and_every_shim_event_is_listed() -> None:
-    page = docref.reasons_markdown()
-    for literal in (model.DenyReason, model.FailReason, model.RetryReason):
-        for reason in docref._flat(literal):
-            assert f"| `{reason}` |" in page
-    assert len(docref._flat(model.DenyReason)) == len(get_args(model.BindingReason)) + 8
-    events = docref.shim_event_reasons()
-    assert {"CertificateDenied", "CertificateExpired", "InvalidProjectedVolume"} <= set(events)
-    assert {f"| `{r}` | Warning | shim |" for r in events} <= set(page.splitlines())
-
-
-def test_a_shim_event_whose_reason_cannot_be_read_fails_the_generator(tmp_path: Path) -> None:
-    (tmp_path / "x.py").write_text("self.event(pod, 'Warning', make_reason(), 'm', now)\n")
-    with pytest.raises(ValueError, match=r"x\.py:1"):
-        docref.shim_event_reasons(tmp_path)
 
 
 def test_the_runbook_url_is_the_sites_page_of_the_alert() -> None:
