@@ -275,6 +275,7 @@ def register(subparsers: Any) -> None:
         help="spiffe_refresh_hint: how often consumers should poll the bundle (at most half "
         "of --ca-overlap-seconds, so a new root reaches them before it signs)",
     )
+    upstreamcli.add_signer_flags(p)
     connections.add_flags(p, "the webhook and the bundle endpoint")
     p.set_defaults(run=run)
     sub = p.add_subparsers(dest="signer_command", metavar="ca")
@@ -447,6 +448,8 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         )
     except policy.PolicyError as err:
         return f"invalid policy: {err}"
+    if problem := upstreamcli.signer_problem(args, pol):
+        return problem
     if pol.federation is not None:  # the bootstrap bundles are read now, so a bad one stops us
         bootstraps = poller.load_bootstraps(pol.federation, utcnow())
         if isinstance(bootstraps, str):
@@ -484,6 +487,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         startup_timeout=args.startup_timeout,
         ca_key_uri=args.ca_key_uri,
         ca_key_pin_file=args.ca_key_pin_file,
+        spire=upstreamcli.spire_endpoints(args),
     )
 
 
