@@ -151,14 +151,14 @@ class Metrics:
         self.upstream_expiry = Gauge(
             "podcert_signer_upstream_intermediate_expiry_timestamp_seconds",
             "Expiry (unix time) of the intermediate an upstream (SPIRE) signed that signs now; "
-            "absent without --upstream spire.",
+            "0 without --upstream spire.",
             registry=self.registry,
         )
         self.upstream_renew_by = Gauge(
             "podcert_signer_upstream_renew_by_timestamp_seconds",
             "When (unix time) the upstream-signed intermediate must have been renewed: its "
             "expiry less the longest leaf and the overlap. Later, new leaves are cut short "
-            "(alert on it).",
+            "(alert on it); 0 without --upstream spire.",
             registry=self.registry,
         )
         self.upstream_renewal_pending = Gauge(

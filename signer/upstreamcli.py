@@ -135,7 +135,7 @@ def add_signer_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=downstream.Endpoints.interval,
         help="--upstream spire: seconds between the leader's looks at SPIRE's bundle and at "
-        "the intermediate's renewal point (failures are retried sooner, with backoff)",
+        "the intermediate's renewal point (a failure is retried after 5 s, doubling up to 5 min)",
     )
 
 

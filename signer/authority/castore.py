@@ -213,7 +213,10 @@ class CAStore:
             data[FORMAT_KEY] = str(FORMAT).encode()
             data[spiffebundle.SEQUENCE_KEY] = str(spiffebundle.initial_sequence(now)).encode()
             if self.kube.create_secret(self.namespace, self.secret_name, data, MANAGED_LABEL):
-                log.info("created a new root and intermediate CA in Secret %s", self.ref)
+                made = (
+                    "an upstream's intermediate" if self.first_ca else "a new root and intermediate"
+                )
+                log.info("created %s CA in Secret %s", made, self.ref)
             found = self.kube.read_secret(self.namespace, self.secret_name)
             if found is None:
                 raise ApiError(404, "NotFound", f"CA Secret {self.ref} vanished after creation")

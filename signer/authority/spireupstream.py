@@ -285,9 +285,9 @@ class SpireUpstream:
 
     def run(self) -> None:
         while not self._stop.is_set():
-            if self.failures:
+            if self.failures:  # retried on its own schedule, sooner or later than `interval`
                 wait = downstream.retry_delay(self.failures, self.settings, self._rng.random())
-                self._wake.wait(min(wait.total_seconds(), self.interval))
+                self._wake.wait(wait.total_seconds())
             else:
                 self._wake.wait(self.interval)
             self._wake.clear()
