@@ -233,6 +233,21 @@ def same_set(a: Sequence[x509.Certificate], b: Sequence[x509.Certificate]) -> bo
     return {_der(c) for c in a} == {_der(c) for c in b}
 
 
+def next_step(
+    secret: Mapping[str, bytes],
+    gens: Sequence[schedule.Generation],
+    now: dt.datetime,
+    settings: schedule.Settings,
+) -> str | None:
+    """The CA's next step in words (`podcert status`): SPIRE's renewal when SPIRE signs (its
+    authorities are in the Secret), else what `offline.next_step` says."""
+    current = schedule.active(gens)
+    spire = current is not None and is_spire_signed(current, authorities_from_secret(secret))
+    if spire and isinstance(schedule.ca_schedule(gens, now, settings), schedule.Prepare):
+        return "SPIRE signs the next intermediate (`ca prepare --upstream spire` to ask now)"
+    return offline.next_step(secret, gens, now, settings)
+
+
 # --- the Secret's part ---------------------------------------------------------------------------
 
 

@@ -265,3 +265,19 @@ def test_the_secrets_keys_round_trip_and_are_carried_over() -> None:
     assert downstream.requested_from_secret({downstream.RENEW_REQUEST_KEY: b"soon"}) is None
     with pytest.raises(ca.CAError, match=downstream.AUTHORITIES_KEY):
         downstream.authorities_from_secret({downstream.AUTHORITIES_KEY: b"-----BEGIN CERT"})
+
+
+def test_status_counts_spires_authorities_as_the_cas_roots_and_names_its_renewal() -> None:
+    from signer.report import status
+
+    gen = generation("g1", lasting(NOW - dt.timedelta(hours=60), 100), "active", NOW)
+    secret = {
+        **schedule.to_secret([gen]),
+        **downstream.authorities_to_secret([SPIRE_CA, SPIRE_NEXT]),
+    }
+    view = status.authority(secret, "podcert-system/podcert-ca", NOW, schedule.Settings())
+    assert view.problem is None
+    assert set(view.roots) == {der(SPIRE_CA), der(SPIRE_NEXT)}  # what the bundles publish
+    assert view.next_step is not None and "--upstream spire" in view.next_step
+    bare = status.authority(schedule.to_secret([gen]), "x", NOW, schedule.Settings())
+    assert bare.next_step is not None and "--upstream offline" in bare.next_step
