@@ -12,8 +12,10 @@ extra is grpcio and protobuf alone.
 
 The loop (`SpireUpstream.run`, leader only) looks every `interval` and after each failure
 backs off (`downstream.retry_delay`). A failure is counted and logged, never raised: the
-signer keeps issuing from its current intermediate while it lasts. Key material never leaves
-memory: neither the SVID's key nor the intermediate's appears in a log, metric or error.
+signer keeps issuing from its current intermediate while it lasts. The next intermediate's key
+is made once and kept through failed attempts (a PKCS#11 token is not filled with orphans while
+SPIRE is away). Neither the SVID's key nor the intermediate's appears in a log, metric or error;
+the SVID's key touches the disk only for a call to the server (`new_downstream_ca`).
 """
 
 from __future__ import annotations
@@ -279,6 +281,7 @@ class SpireUpstream:
         self._wake = threading.Event()
         self.failures = 0
         self.last_error: str | None = None
+        self._next_key: keys.PrivateKey | None = None  # kept until SPIRE signs it
 
     def wake(self) -> None:
         self._wake.set()
@@ -335,18 +338,10 @@ class SpireUpstream:
         if why is None:
             return
         log.info("asking SPIRE for a new intermediate: %s", why)
-        bundle, authorities = self.fetch_intermediate(svid, now)
-        self.cas.rewrite(downstream.with_generation(bundle, authorities))
-        log.info("intermediate signed by SPIRE added: %s", describe(self.cas.generations))
-        self.observer.renewed(bundle)
-        self.observer.pending(False)
-
-    def fetch_intermediate(
-        self, svid: WorkloadSVID, now: dt.datetime
-    ) -> tuple[ca.CABundle, list[x509.Certificate]]:
-        """A new intermediate signed by SPIRE, checked, with SPIRE's authorities."""
-        return fetch_intermediate(
-            self.cas,
+        if self._next_key is None:
+            self._next_key = new_key(self.cas, now)
+        bundle, authorities = fetch_intermediate(
+            self._next_key,
             self.endpoints,
             svid,
             self.trust_domain,
@@ -354,10 +349,22 @@ class SpireUpstream:
             self.settings,
             self.preferred_ttl,
         )
+        self.cas.rewrite(downstream.with_generation(bundle, authorities))
+        self._next_key = None
+        log.info("intermediate signed by SPIRE added: %s", describe(self.cas.generations))
+        self.observer.renewed(bundle)
+        self.observer.pending(False)
+
+
+def new_key(cas: CAStore, now: dt.datetime) -> keys.PrivateKey:
+    """The next intermediate's key: made in the token when the CA keys live in one."""
+    if cas.keys is None:
+        return keys.generate("ECDSAP256")
+    return cas.keys.new_key(f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}-spire")
 
 
 def fetch_intermediate(
-    cas: CAStore,
+    key: keys.PrivateKey,
     endpoints: downstream.Endpoints,
     svid: WorkloadSVID,
     trust_domain: str,
@@ -365,9 +372,7 @@ def fetch_intermediate(
     settings: downstream.RenewalSettings,
     preferred_ttl: dt.timedelta,
 ) -> tuple[ca.CABundle, list[x509.Certificate]]:
-    """Make a key (in the token when the CA keys live in one), have SPIRE sign it, check."""
-    label = f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}-spire"
-    key = cas.keys.new_key(label) if cas.keys is not None else keys.generate("ECDSAP256")
+    """An intermediate for `key` signed by SPIRE and checked, and SPIRE's authorities."""
     csr = offline.intermediate_csr(
         key, trust_domain, f"podcert {trust_domain} intermediate {now:%Y-%m-%dT%H:%M:%SZ}"
     )
@@ -393,6 +398,8 @@ def first_ca(
     """What `CAStore.load` makes a new CA Secret from: SPIRE's intermediate and authorities
     (UpstreamUnavailable while SPIRE is away: the signer's start-up waits it out)."""
 
+    made: list[keys.PrivateKey] = []  # one key through every attempt of the start-up
+
     def make() -> tuple[ca.CABundle, dict[str, bytes]]:
         svid = fetch_svid(endpoints.agent_socket, endpoints.timeout)
         if svid.trust_domain != trust_domain:
@@ -401,8 +408,10 @@ def first_ca(
                 f"issues for {trust_domain!r}"
             )
         try:
+            now = clock()
+            made[:] = made or [new_key(cas, now)]
             bundle, authorities = fetch_intermediate(
-                cas, endpoints, svid, trust_domain, clock(), settings, preferred_ttl
+                made[0], endpoints, svid, trust_domain, now, settings, preferred_ttl
             )
         except offline.ChainError as err:
             raise downstream.UpstreamUnavailable(f"SPIRE's answer refused: {err}") from None

@@ -265,3 +265,30 @@ def test_workload_svid_names_its_trust_domain() -> None:
     assert svid.trust_domain == TD
     assert "key=" not in repr(svid)  # the SVID's private key is never shown
     assert spireupstream.server_id(TD) == f"spiffe://{TD}/spire/server"
+
+
+def test_one_key_serves_every_attempt_until_spire_signs_it(
+    spire: FakeSpire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key made in a PKCS#11 token stays there: a new one per failed attempt would fill the
+    token while SPIRE is away."""
+    clock = [NOW]
+    loop, _ = upstream(spire, clock)
+    made: list[Any] = []
+    real = spireupstream.new_key
+
+    def counting(cas: CAStore, now: dt.datetime) -> Any:
+        made.append(real(cas, now))
+        return made[-1]
+
+    monkeypatch.setattr(spireupstream, "new_key", counting)
+    spire.away = True
+    clock[0] = NOW + dt.timedelta(seconds=30)
+    loop.cas.rewrite(downstream.with_request())
+    for _ in range(3):
+        assert not loop.step()
+    spire.away = False
+    assert loop.step()
+    assert len(made) == 1
+    prepared = next(g for g in loop.cas.generations if g.state == "prepared")
+    assert prepared.bundle.intermediate.public_key() == made[0].public_key()
