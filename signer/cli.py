@@ -300,7 +300,7 @@ def register(subparsers: Any) -> None:
     ca_parser.add_argument(
         "--force",
         action="store_true",
-        help="retire even though leaves it signed may not have expired yet",
+        help="retire before its last leaf expired; prepare: a root of our own though SPIRE signs",
     )
     upstreamcli.add_flags(ca_parser)
     ca_parser.set_defaults(run=run_ca)

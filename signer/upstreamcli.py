@@ -83,6 +83,12 @@ def run(args: argparse.Namespace, cas: CAStore) -> int | None:
             f"signed, then `podcert signer ca import --id {pending.id} --chain FILE`"
         )
         return 0
+    spire_signs = bool(cas.upstream_authorities)
+    if args.action == "prepare" and args.upstream == "self" and spire_signs and not args.force:
+        raise CommandError(
+            "ca prepare: SPIRE signs this CA's intermediates; `ca prepare --upstream spire` "
+            "asks it for the next one (--force makes a root of podcert's own instead)"
+        )
     if args.action == "prepare" and args.upstream == "spire":
         cas.rewrite(downstream.with_request())
         when = cas.renewal_requested or cas.clock()

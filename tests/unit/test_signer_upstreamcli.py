@@ -209,3 +209,19 @@ def test_ca_prepare_upstream_spire_records_the_request_for_the_leader(
     assert upstreamcli.run(args, cas) == 0
     assert cas.renewal_requested == NOW
     assert "renewal requested at 2026-12-05T12:00:00Z" in capsys.readouterr().out
+
+
+def test_ca_prepare_of_a_root_of_our_own_is_refused_while_spire_signs() -> None:
+    from signer.authority import downstream
+    from tests.unit.test_signer_offline import ROOT
+
+    kube = SecretKube(None)
+    cas = CAStore(cast(SignerKube, kube), "podcert-system", "podcert-ca", lambda: NOW)
+    assert cas.load() is not None
+    plain = PARSER.parse_args(["signer", "ca", "prepare"])
+    assert upstreamcli.run(plain, cas) is None  # not SPIRE's: the schedule's own step
+    cas.rewrite(downstream.with_authorities([ROOT]))
+    with pytest.raises(CommandError, match="--upstream spire"):
+        upstreamcli.run(plain, cas)
+    forced = PARSER.parse_args(["signer", "ca", "prepare", "--force"])
+    assert upstreamcli.run(forced, cas) is None
