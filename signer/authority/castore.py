@@ -360,8 +360,9 @@ class CAStore:
         if isinstance(step, schedule.Prepare) and (
             self.upstream_prepares or (current and current.bundle.root_key is None)
         ):
-            # An upstream signs our intermediates: the next one comes from the operator
-            # (`ca prepare --upstream offline`, then `ca import`), never from a root of our own.
+            # An upstream signs our intermediates: the next one comes from SPIRE's loop, or from
+            # the operator (`ca prepare --upstream offline`, then `ca import`), never from a root
+            # of our own.
             return None
         return step
 
