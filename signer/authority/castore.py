@@ -42,8 +42,7 @@ from podcert.client.rest import JSON, ApiError
 from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
 from podcert.reconcile.reflector import Reflector
 from signer import model
-from signer.authority import ca, offline, revoke, schedule, spiffebundle, successor
-from signer.authority import ca, downstream, offline, revoke, schedule, spiffebundle
+from signer.authority import ca, downstream, offline, revoke, schedule, spiffebundle, successor
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -258,7 +257,6 @@ class CAStore:
             changed = version != self._version
             self._generations, self._version, self.error = gens, version, None
             self._revoked, self._awaiting = revoked, waiting.id if waiting else None
-            self._revoked = revoked
             self._upstream = upstream
             self._renewal_requested = downstream.requested_from_secret(data)
             self._sequence, self._issuing = sequence, issuing

@@ -210,7 +210,6 @@ def authority(
     try:
         # Keys in a token stay there: only the certificates are read.
         gens = schedule.from_secret(secret, now, unopened=True)
-        gens = schedule.from_secret(secret, now)
         upstream = downstream.authorities_from_secret(secret)  # SPIRE's, when it signs
     except authority_ca.CAError as err:
         return Authority(where, (), False, None, f"the Secret holds no usable CA: {err}")
