@@ -18,9 +18,9 @@ from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
 from podcert.serving import connections
 from signer import build, policy, revoking, upstreamcli
-from signer.authority import offline, schedule, spiffebundle, successor
+from signer.authority import castatus, offline, schedule, spiffebundle
 from signer.authority.ca import CAError
-from signer.authority.castore import CAStore, describe, status_lines
+from signer.authority.castore import CAStore, describe
 from signer.federation import endpoint, poller
 from signer.issue.controller import DEFAULT_SETTINGS, Settings, utcnow
 from signer.kube import SignerKube
@@ -407,12 +407,7 @@ def run_ca(args: argparse.Namespace) -> int:
         if gens is None:
             raise CommandError(str(cas.error))
         if args.action == "status":
-            due = cas.due() if gens[0].id != "operator" else None
-            waiting = cas.pending()
-            warning = successor.successor_due(
-                gens, waiting.id if waiting else None, utcnow(), cas.settings
-            )
-            print("\n".join(status_lines(gens, waiting, due, cas.revoked, warning)))
+            print("\n".join(castatus.report(cas, gens, utcnow())))
             return 0
         if (done := upstreamcli.run(args, cas)) is not None:
             return done

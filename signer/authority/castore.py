@@ -42,7 +42,7 @@ from podcert.client.rest import JSON, ApiError
 from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
 from podcert.reconcile.reflector import Reflector
 from signer import model
-from signer.authority import ca, downstream, offline, revoke, schedule, spiffebundle, successor
+from signer.authority import ca, downstream, offline, revoke, schedule, spiffebundle
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -490,38 +490,3 @@ def describe(generations: list[schedule.Generation]) -> str:
         f"(root {g.root.not_valid_after_utc:%Y-%m-%d})"
         for g in generations
     )
-
-
-def status_lines(
-    generations: list[schedule.Generation],
-    waiting: offline.Pending | None,
-    due: schedule.Step | None,
-    revoked: list[revoke.Revocation],
-    warning: successor.SuccessorDue | None = None,
-) -> list[str]:
-    """What `podcert signer ca status` prints: a line per generation, the one awaiting its
-    signed chain, the next step due, an upstream-signed intermediate's end approaching with no
-    successor (`signer.authority.successor`), and each revocation."""
-    lines = []
-    for g in generations:
-        until = f" trusted until {g.trusted_until:%Y-%m-%dT%H:%M:%SZ}" if g.trusted_until else ""
-        lines.append(
-            f"{g.id:24} {'preview' if g.preview else g.state:9} "
-            f"since {g.since:%Y-%m-%dT%H:%M:%SZ}  "
-            f"root until {g.root.not_valid_after_utc:%Y-%m-%d}  "
-            f"signing CA until {g.bundle.not_after:%Y-%m-%d}{until}"
-        )
-    if waiting is not None:
-        lines.append(
-            f"{waiting.id:24} {'awaiting signed chain':9} "
-            f"since {waiting.since:%Y-%m-%dT%H:%M:%SZ}  "
-            f"(CSR for spiffe://{waiting.trust_domain}; "
-            f"`ca import --id {waiting.id} --chain FILE`)"
-        )
-    lines.append(f"next step due: {type(due).__name__ if due else 'none'}")
-    if warning is not None:
-        lines.append(f"{'URGENT' if warning.urgent else 'warning'}: {warning.message()}")
-    for r in revoked:
-        where = "out of every trust bundle" if r.untrusted else "root still trusted"
-        lines.append(f"revoked: {r.id} at {r.revoked_at:%Y-%m-%dT%H:%M:%SZ} ({where})")
-    return lines
