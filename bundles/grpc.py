@@ -353,6 +353,10 @@ class Tunnel:
         self._links.add(task)
         try:
             await self._carry(reader, writer)
+        except asyncio.CancelledError:
+            # The tunnel is closing. Ending the link normally, not cancelled: on Python 3.11 the
+            # stream server's done-callback logs a cancelled connection task as an error.
+            pass
         finally:
             self._links.discard(task)
             writer.close()

@@ -137,9 +137,11 @@ def server_config(
     bundle_port: int,
     federates_with: Sequence[Federate],
     refresh_hint: str = "10s",
+    ca_ttl: str = "24h",
 ) -> str:
     """spire-server's configuration: loopback only; the bundle endpoint with https_spiffe (the
-    server's own SVID, spiffe://<trust domain>/spire/server)."""
+    server's own SVID, spiffe://<trust domain>/spire/server). `ca_ttl` is its X.509 CA's
+    lifetime (a downstream podcert signer needs several times its longest leaf)."""
     federations = "".join(
         f"""
         federates_with "{f.trust_domain}" {{
@@ -157,7 +159,7 @@ def server_config(
     trust_domain = "{trust_domain}"
     data_dir = "{folder / "server-data"}"
     log_level = "DEBUG"
-    ca_ttl = "24h"
+    ca_ttl = "{ca_ttl}"
     default_x509_svid_ttl = "1h"
     federation {{
         bundle_endpoint {{
@@ -190,7 +192,8 @@ def agent_config(
     trust_domain: str, folder: Path, socket: Path, server_port: int, bundle: Path, token: str
 ) -> str:
     """spire-agent's configuration: a join token, the server's bundle to bootstrap with, and the
-    unix workload attestor behind the Workload API socket."""
+    unix workload attestor behind the Workload API socket (with the `unix:path` selector, so
+    two programs of one user are told apart)."""
     return f"""agent {{
     data_dir = "{folder / "agent-data"}"
     log_level = "DEBUG"
@@ -210,7 +213,9 @@ plugins {{
         plugin_data {{}}
     }}
     WorkloadAttestor "unix" {{
-        plugin_data {{}}
+        plugin_data {{
+            discover_workload_path = true
+        }}
     }}
 }}
 """
@@ -262,6 +267,7 @@ class SpireDomain:
         folder: Path,
         federates_with: Sequence[Federate] = (),
         refresh_hint: str = "10s",
+        ca_ttl: str = "24h",
     ) -> SpireDomain:
         folder.mkdir(parents=True, exist_ok=True)
         domain = cls(
@@ -282,6 +288,7 @@ class SpireDomain:
                 domain.bundle_port,
                 federates_with,
                 refresh_hint,
+                ca_ttl,
             )
         )
         domain._spawn([str(spire.server), "run", "-config", str(config)], "server")
@@ -346,6 +353,10 @@ class SpireDomain:
         """How many roots SPIRE holds for another trust domain now."""
         out = self.server("bundle", "list", "-format", "pem", "-id", f"spiffe://{trust_domain}")
         return out.count("BEGIN CERTIFICATE")
+
+    def stop_server(self) -> None:
+        """Stop the server alone (the upstream away); the agent keeps serving what it has."""
+        supervise.end(self.procs[0], 15)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -17,6 +17,7 @@ piece does one job and learns of the others only through the callbacks wired her
 | `CAInjector` (+ pool)    | its configuration's caBundle, equal to the roots (leader only) |
 | `BundleServer`           | the SPIFFE bundle endpoint (optional)                         |
 | `Federator` (+ pool)     | federated trust domains' bundles, polled and published (leader) |
+| `SpireUpstream`          | SPIRE's bundle followed, its intermediate renewed (leader)     |
 | metrics server           | /metrics, /healthz, /readyz                                   |
 
 /healthz is the runtime's (every long-running thread alive) and the signer's identity's:
@@ -31,6 +32,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from podcert import __version__
 from podcert.api.versions import CTBS
@@ -44,7 +47,7 @@ from signer import metrics
 from signer.admission.cainjector import CAInjector
 from signer.auditlog import writer
 from signer.auditlog.trail import DEFAULT_CHECKPOINT_INTERVAL, AuditTrail
-from signer.authority import schedule
+from signer.authority import downstream, schedule
 from signer.authority.castore import CAStore, KeySource
 from signer.authority.rotator import Rotator, SuccessorWarning
 from signer.authority.trustbundles import Publisher
@@ -54,6 +57,9 @@ from signer.issue.controller import Controller, Settings, utcnow
 from signer.kube import SignerKube
 from signer.leader import SIGNER_NAMES_ANNOTATION, VERSION_ANNOTATION, Elector, LeaseSettings
 from signer.policy import Policy
+
+if TYPE_CHECKING:  # grpcio and protobuf are the `spire` extra's: imported only when used
+    from signer.authority.spireupstream import SpireUpstream
 
 log = logging.getLogger("podcert.signer")
 
@@ -94,6 +100,16 @@ class Config:
     startup_timeout: float = 120.0  # seconds of API trouble at start before exit 1 (0: never)
     ca_key_uri: str = ""  # a pkcs11: URI: the intermediates' keys live in that token ("": Secret)
     ca_key_pin_file: Path | None = None  # the token's PIN (else the URI's pin-source)
+    spire: downstream.Endpoints | None = None  # SPIRE signs the intermediates (--upstream spire)
+
+    @property
+    def renewal(self) -> downstream.RenewalSettings:
+        """When the SPIRE-signed intermediate is renewed: the CA schedule's settings."""
+        return downstream.RenewalSettings(
+            fraction=self.rotation.prepare_at,
+            max_leaf_lifetime=self.rotation.max_leaf_lifetime,
+            overlap=self.rotation.overlap,
+        )
 
     @property
     def trust_domain(self) -> str:
@@ -130,11 +146,23 @@ def token_keys(uri: str, pin_file: Path | None) -> KeySource | None:
         raise ConfigError(f"--ca-key-uri: {err}") from None
 
 
+def spire_module() -> ModuleType:
+    """`signer.authority.spireupstream`, whose grpcio and protobuf are the `spire` extra's;
+    ConfigError (one line) when they are not installed."""
+    try:
+        from signer.authority import spireupstream
+    except ImportError as err:
+        needs = "--upstream spire needs grpcio and protobuf (podcert[spire])"
+        raise ConfigError(f"{needs}: {err}") from None
+    return spireupstream
+
+
 def run(config: Config) -> int:
     runtime = Runtime("signer", logger=log)
     runtime.handle_signals()
     try:
         keys = token_keys(config.ca_key_uri, config.ca_key_pin_file)
+        spire = spire_module() if config.spire is not None else None
     except ConfigError as err:
         log.error("%s", err)
         return 1
@@ -148,6 +176,17 @@ def run(config: Config) -> int:
         settings=config.rotation,
         keys=keys,
     )
+    if spire is not None and config.spire is not None:
+        # A new CA Secret starts from SPIRE's intermediate, never from a root of our own.
+        cas.first_ca = spire.first_ca(
+            config.spire,
+            config.trust_domain,
+            config.renewal,
+            config.rotation.intermediate_lifetime,
+            utcnow,
+            cas,
+        )
+        cas.upstream_prepares = True
 
     @refusal_is_final
     def connect() -> str:
@@ -162,7 +201,7 @@ def run(config: Config) -> int:
         version = retry_until(
             connect,
             runtime.stopping,
-            transient=(ApiError,),
+            transient=(ApiError, downstream.UpstreamUnavailable),
             logger=log,
             give_up_after=config.startup_timeout,
         )
@@ -203,6 +242,7 @@ class Signer:
     server: health.BoundedHTTPServer | None = None
     injector: CAInjector | None = None
     federator: Federator | None = None
+    upstream: SpireUpstream | None = None
 
     def start(self) -> None:
         config, runtime, stop = self.config, self.runtime, self.runtime.stopping
@@ -238,6 +278,9 @@ class Signer:
             runtime.add_pool(self.injector.pool())
         runtime.spawn("ca-rotation", self.rotator.run)
         runtime.on_stopping(self.rotator.wake)
+        if self.upstream is not None:
+            runtime.spawn("spire-upstream", self.upstream.run)
+            runtime.on_stopping(self.upstream.wake)
         if self.audit is not None:
             runtime.spawn("audit-checkpoints", lambda: self.trail.run(stop), join=True)
         # After the workers and the checkpoint timer: a last checkpoint, then close up.
@@ -319,6 +362,8 @@ class Signer:
         if self.federator is not None:
             self.federator.resync()
         self.rotator.wake()
+        if self.upstream is not None:
+            self.upstream.wake()
 
     def stopped_leading(self) -> None:
         self.metrics.leader.set(0)
@@ -331,6 +376,8 @@ class Signer:
             self.metrics.ca_not_after.set(bundle.not_after.timestamp())
             # A (new) CA signs now: the audit certificate is re-keyed under it.
             self.trail.on_ca_change()
+            if self.upstream is not None:
+                self.metrics.observe_upstream(bundle.intermediate, self.config.renewal)
         self.publisher.resync()
         if self.injector is not None:
             self.injector.resync()
@@ -411,6 +458,22 @@ def build(config: Config, kube: SignerKube, cas: CAStore, runtime: Runtime) -> S
             local_roots=cas.trusted_roots,  # never published as another domain's
             workloads=_served_trust_domains(config),
         )
+    if config.spire is not None:
+        spire = spire_module()
+        signer.upstream = spire.SpireUpstream(
+            cas,
+            config.spire,
+            config.trust_domain,
+            config.renewal,
+            config.rotation.intermediate_lifetime,
+            leading.is_set,
+            runtime.stopping,
+            utcnow,
+            interval=config.spire.interval,
+            observer=metrics.UpstreamObserver(m),
+        )
+        if bundle is not None:
+            m.observe_upstream(bundle.intermediate, config.renewal)
     cas.on_change(signer.on_ca_change)
     return signer
 

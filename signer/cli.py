@@ -18,9 +18,9 @@ from podcert.errors import CommandError, ConfigError, one_line
 from podcert.helptext import HelpFormatter
 from podcert.serving import connections
 from signer import build, policy, revoking, upstreamcli
-from signer.authority import offline, schedule, spiffebundle, successor
+from signer.authority import castatus, offline, schedule, spiffebundle
 from signer.authority.ca import CAError
-from signer.authority.castore import CAStore, describe, status_lines
+from signer.authority.castore import CAStore, describe
 from signer.federation import endpoint, poller
 from signer.issue.controller import DEFAULT_SETTINGS, Settings, utcnow
 from signer.kube import SignerKube
@@ -275,6 +275,7 @@ def register(subparsers: Any) -> None:
         help="spiffe_refresh_hint: how often consumers should poll the bundle (at most half "
         "of --ca-overlap-seconds, so a new root reaches them before it signs)",
     )
+    upstreamcli.add_signer_flags(p)
     connections.add_flags(p, "the webhook and the bundle endpoint")
     p.set_defaults(run=run)
     sub = p.add_subparsers(dest="signer_command", metavar="ca")
@@ -299,7 +300,7 @@ def register(subparsers: Any) -> None:
     ca_parser.add_argument(
         "--force",
         action="store_true",
-        help="retire even though leaves it signed may not have expired yet",
+        help="retire before its last leaf expired; prepare: a root of our own though SPIRE signs",
     )
     upstreamcli.add_flags(ca_parser)
     ca_parser.set_defaults(run=run_ca)
@@ -406,12 +407,7 @@ def run_ca(args: argparse.Namespace) -> int:
         if gens is None:
             raise CommandError(str(cas.error))
         if args.action == "status":
-            due = cas.due() if gens[0].id != "operator" else None
-            waiting = cas.pending()
-            warning = successor.successor_due(
-                gens, waiting.id if waiting else None, utcnow(), cas.settings
-            )
-            print("\n".join(status_lines(gens, waiting, due, cas.revoked, warning)))
+            print("\n".join(castatus.report(cas, gens, utcnow())))
             return 0
         if (done := upstreamcli.run(args, cas)) is not None:
             return done
@@ -447,6 +443,8 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         )
     except policy.PolicyError as err:
         return f"invalid policy: {err}"
+    if problem := upstreamcli.signer_problem(args, pol):
+        return problem
     if pol.federation is not None:  # the bootstrap bundles are read now, so a bad one stops us
         bootstraps = poller.load_bootstraps(pol.federation, utcnow())
         if isinstance(bootstraps, str):
@@ -484,6 +482,7 @@ def config_from(args: argparse.Namespace) -> build.Config | str:
         startup_timeout=args.startup_timeout,
         ca_key_uri=args.ca_key_uri,
         ca_key_pin_file=args.ca_key_pin_file,
+        spire=upstreamcli.spire_endpoints(args),
     )
 
 

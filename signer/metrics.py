@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Literal, get_args
 
+from cryptography import x509
 from prometheus_client import (
     Counter,
     Gauge,
@@ -15,7 +16,7 @@ from prometheus_client import (
 from podcert.serving import health
 from podcert.serving.connections import Limits
 from signer import model
-from signer.authority import schedule
+from signer.authority import downstream, schedule
 
 # Why a reconcile will be retried, as `podcert_signer_retries_total` labels it: closed types like
 # the Denied reasons, so a label mistyped anywhere fails the type check (and a dashboard's
@@ -147,6 +148,30 @@ class Metrics:
             ["state"],
             registry=self.registry,
         )
+        self.upstream_expiry = Gauge(
+            "podcert_signer_upstream_intermediate_expiry_timestamp_seconds",
+            "Expiry (unix time) of the intermediate an upstream (SPIRE) signed that signs now; "
+            "0 without --upstream spire.",
+            registry=self.registry,
+        )
+        self.upstream_renew_by = Gauge(
+            "podcert_signer_upstream_renew_by_timestamp_seconds",
+            "When (unix time) the upstream-signed intermediate must have been renewed: its "
+            "expiry less the longest leaf and the overlap. Later, new leaves are cut short "
+            "(alert on it); 0 without --upstream spire.",
+            registry=self.registry,
+        )
+        self.upstream_renewal_pending = Gauge(
+            "podcert_signer_upstream_renewal_pending",
+            "1 while a new intermediate is due from the upstream (SPIRE) and not yet had.",
+            registry=self.registry,
+        )
+        self.upstream_renewal_failures = Counter(
+            "podcert_signer_upstream_renewal_failures",
+            "Attempts to reach the upstream (SPIRE's agent or server) or to use its answer "
+            "that failed; retried with backoff, issuance goes on from the current intermediate.",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "podcert_signer_leader",
             "1 while this replica leads (issues, publishes trust bundles, rotates the CA); alert "
@@ -172,6 +197,13 @@ class Metrics:
         for state, count in counts.items():
             self.ca_generations.labels(state=state).set(count)
 
+    def observe_upstream(
+        self, intermediate: x509.Certificate, settings: downstream.RenewalSettings
+    ) -> None:
+        """The upstream-signed intermediate's expiry and the time it must be renewed by."""
+        self.upstream_expiry.set(intermediate.not_valid_after_utc.timestamp())
+        self.upstream_renew_by.set(downstream.renew_by(intermediate, settings).timestamp())
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -186,3 +218,19 @@ def serve(
 ) -> health.BoundedHTTPServer:
     """Serve /metrics, /healthz and /readyz in daemon threads within `limits`."""
     return health.serve(metrics.render, port, ready, healthy, host, limits)
+
+
+class UpstreamObserver:
+    """What the SPIRE upstream's loop reports (`spireupstream.Observer`), as metrics."""
+
+    def __init__(self, m: Metrics) -> None:
+        self.m = m
+
+    def renewed(self, bundle: object) -> None:
+        del bundle  # the CA Secret's watch reports it once it signs (`observe_upstream`)
+
+    def failed(self) -> None:
+        self.m.upstream_renewal_failures.inc()
+
+    def pending(self, due: bool) -> None:
+        self.m.upstream_renewal_pending.set(1 if due else 0)

@@ -42,7 +42,7 @@ from podcert.client.rest import JSON, ApiError
 from podcert.persisted import FormatTooNew, FormatUnreadable, check_readable, format_number
 from podcert.reconcile.reflector import Reflector
 from signer import model
-from signer.authority import ca, offline, revoke, schedule, spiffebundle, successor
+from signer.authority import ca, downstream, offline, revoke, schedule, spiffebundle
 from signer.kube import SignerKube
 
 log = logging.getLogger("podcert.signer.ca")
@@ -73,8 +73,15 @@ class CAStore:
         create: bool = True,
         settings: schedule.Settings = schedule.DEFAULT_SETTINGS,
         keys: KeySource | None = None,
+        first_ca: Callable[[], tuple[ca.CABundle, dict[str, bytes]]] | None = None,
     ) -> None:
         self.kube = kube
+        # Makes the first CA when the Secret is absent (SPIRE's intermediate, and the Secret
+        # data that goes with it), instead of a root of our own.
+        self.first_ca = first_ca
+        # With an upstream that signs by itself (SPIRE), the schedule never prepares a CA: the
+        # upstream's loop adds each new generation; activating and retiring stay the schedule's.
+        self.upstream_prepares = first_ca is not None
         # The intermediates' keys are made in, and found again in, this source when given.
         self.keys = keys
         self.namespace = namespace
@@ -91,6 +98,10 @@ class CAStore:
         self._revoked: list[revoke.Revocation] = []
         # The id of a generation prepared offline, awaiting its signed chain (None: none).
         self._awaiting: str | None = None
+        # SPIRE as the upstream (`signer.authority.downstream`): its X.509 authorities, and when
+        # an operator last asked for a new intermediate.
+        self._upstream: list[x509.Certificate] = []
+        self._renewal_requested: dt.datetime | None = None
         self.error: str | None = None
         # Set while the Secret is in a format this release cannot read (cleared by one it can).
         self.too_new: FormatTooNew | None = None
@@ -128,17 +139,34 @@ class CAStore:
             return None
         return self._issuing
 
+    @property
+    def upstream_authorities(self) -> list[x509.Certificate]:
+        """SPIRE's X.509 authorities as last stored (none unless SPIRE is the upstream)."""
+        with self._lock:
+            return list(self._upstream)
+
+    @property
+    def renewal_requested(self) -> dt.datetime | None:
+        with self._lock:
+            return self._renewal_requested
+
     def trusted_roots(self) -> list[x509.Certificate]:
-        return schedule.trusted_roots(self.generations)
+        """Every generation's root, and the upstream's other authorities (SPIRE's)."""
+        with self._lock:
+            gens, upstream = self._generations, self._upstream
+        return downstream.merged_roots(schedule.trusted_roots(gens), upstream)
 
     def live_roots(self) -> list[x509.Certificate]:
         """The trusted roots but those of a CA still in preview: what the live bundles hold."""
-        return schedule.live_roots(self.generations)
+        with self._lock:
+            gens, upstream = self._generations, self._upstream
+        return downstream.merged_roots(schedule.live_roots(gens), upstream)
 
     def spiffe_bundle(self) -> tuple[list[x509.Certificate], int]:
         """The trusted roots and the SPIFFE bundle's sequence number, read together."""
         with self._lock:
-            return schedule.trusted_roots(self._generations), self._sequence
+            own = schedule.trusted_roots(self._generations)
+            return downstream.merged_roots(own, self._upstream), self._sequence
 
     def on_change(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -173,12 +201,21 @@ class CAStore:
                 self.error = f"CA Secret {self.ref} does not exist"
                 return None
             now = self.clock()
-            gens = schedule.apply([], schedule.Prepare(), now, self.settings, self._new_ca())
+            extra: dict[str, bytes] = {}
+            if self.first_ca is not None:
+                first, extra = self.first_ca()
+            else:
+                first = self._new_ca()
+            gens = schedule.apply([], schedule.Prepare(), now, self.settings, first)
             data = schedule.to_secret(gens)
+            data.update(extra)
             data[FORMAT_KEY] = str(FORMAT).encode()
             data[spiffebundle.SEQUENCE_KEY] = str(spiffebundle.initial_sequence(now)).encode()
             if self.kube.create_secret(self.namespace, self.secret_name, data, MANAGED_LABEL):
-                log.info("created a new root and intermediate CA in Secret %s", self.ref)
+                made = (
+                    "an upstream's intermediate" if self.first_ca else "a new root and intermediate"
+                )
+                log.info("created %s CA in Secret %s", made, self.ref)
             found = self.kube.read_secret(self.namespace, self.secret_name)
             if found is None:
                 raise ApiError(404, "NotFound", f"CA Secret {self.ref} vanished after creation")
@@ -199,6 +236,7 @@ class CAStore:
         try:
             gens = schedule.from_secret(data, self.clock(), self._resolve())
             revoked = revoke.from_secret(data)
+            upstream = downstream.authorities_from_secret(data)
         except ca.CAError as err:
             self.error = f"CA Secret {self.ref}: {err}"
             log.error("cannot use the CA: %s", self.error)
@@ -219,6 +257,8 @@ class CAStore:
             changed = version != self._version
             self._generations, self._version, self.error = gens, version, None
             self._revoked, self._awaiting = revoked, waiting.id if waiting else None
+            self._upstream = upstream
+            self._renewal_requested = downstream.requested_from_secret(data)
             self._sequence, self._issuing = sequence, issuing
         if changed:
             for listener in self._listeners:
@@ -291,10 +331,15 @@ class CAStore:
         now = self.clock()
         written = schedule.to_secret(after)
         written.update(offline.carried_over(data))  # a generation awaiting its chain stays
+        written.update(downstream.carried_over(data))  # and SPIRE's authorities
         written.update(revoke.to_secret(revoked))
         written[FORMAT_KEY] = str(FORMAT).encode()
+        upstream = downstream.authorities_from_secret(data)
         sequence = spiffebundle.next_sequence(
-            _sequence(data, gens), schedule.trusted_roots(gens), schedule.trusted_roots(after), now
+            _sequence(data, gens),
+            downstream.merged_roots(schedule.trusted_roots(gens), upstream),
+            downstream.merged_roots(schedule.trusted_roots(after), upstream),
+            now,
         )
         written[spiffebundle.SEQUENCE_KEY] = str(sequence).encode()
         new_version = self.kube.replace_secret(
@@ -310,9 +355,12 @@ class CAStore:
             return None
         step = schedule.ca_schedule(gens, self.clock(), self.settings)
         current = schedule.active(gens)
-        if isinstance(step, schedule.Prepare) and current and current.bundle.root_key is None:
-            # An upstream signs our intermediates: the next one comes from the operator
-            # (`ca prepare --upstream offline`, then `ca import`), never from a root of our own.
+        if isinstance(step, schedule.Prepare) and (
+            self.upstream_prepares or (current and current.bundle.root_key is None)
+        ):
+            # An upstream signs our intermediates: the next one comes from SPIRE's loop, or from
+            # the operator (`ca prepare --upstream offline`, then `ca import`), never from a root
+            # of our own.
             return None
         return step
 
@@ -375,6 +423,7 @@ class CAStore:
         after = [replace(g, id=gid) if g.bundle is bundle else g for g in after]
         written = schedule.to_secret(after)
         written.update(revoke.to_secret(revoke.from_secret(data)))  # revocations stay
+        written.update(downstream.carried_over(data))
         written[FORMAT_KEY] = str(FORMAT).encode()
         sequence = spiffebundle.next_sequence(
             _sequence(data, gens), schedule.trusted_roots(gens), schedule.trusted_roots(after), now
@@ -385,6 +434,27 @@ class CAStore:
         )
         self._adopt(written, new_version)
         log.info("generation %s imported from its upstream: %s", gid, describe(after))
+        return after
+
+    def rewrite(self, change: downstream.Change) -> list[schedule.Generation]:
+        """Write what `change` makes of the Secret's data and CA set (SPIRE's authorities, a
+        generation it signed: `signer.authority.downstream`); 409 when someone else wrote the
+        Secret first. The SPIFFE bundle's sequence follows the trusted roots."""
+        data, version, gens = self._read_for_write()
+        written, after = change(data, gens, self.clock(), self.settings)
+        written[FORMAT_KEY] = str(FORMAT).encode()
+        before = downstream.merged_roots(
+            schedule.trusted_roots(gens), downstream.authorities_from_secret(data)
+        )
+        roots = downstream.merged_roots(
+            schedule.trusted_roots(after), downstream.authorities_from_secret(written)
+        )
+        sequence = spiffebundle.next_sequence(_sequence(data, gens), before, roots, self.clock())
+        written[spiffebundle.SEQUENCE_KEY] = str(sequence).encode()
+        new_version = self.kube.replace_secret(
+            self.namespace, self.secret_name, written, version, MANAGED_LABEL
+        )
+        self._adopt(written, new_version)
         return after
 
     def _read_for_write(self) -> tuple[dict[str, bytes], str, list[schedule.Generation]]:
@@ -420,38 +490,3 @@ def describe(generations: list[schedule.Generation]) -> str:
         f"(root {g.root.not_valid_after_utc:%Y-%m-%d})"
         for g in generations
     )
-
-
-def status_lines(
-    generations: list[schedule.Generation],
-    waiting: offline.Pending | None,
-    due: schedule.Step | None,
-    revoked: list[revoke.Revocation],
-    warning: successor.SuccessorDue | None = None,
-) -> list[str]:
-    """What `podcert signer ca status` prints: a line per generation, the one awaiting its
-    signed chain, the next step due, an upstream-signed intermediate's end approaching with no
-    successor (`signer.authority.successor`), and each revocation."""
-    lines = []
-    for g in generations:
-        until = f" trusted until {g.trusted_until:%Y-%m-%dT%H:%M:%SZ}" if g.trusted_until else ""
-        lines.append(
-            f"{g.id:24} {'preview' if g.preview else g.state:9} "
-            f"since {g.since:%Y-%m-%dT%H:%M:%SZ}  "
-            f"root until {g.root.not_valid_after_utc:%Y-%m-%d}  "
-            f"signing CA until {g.bundle.not_after:%Y-%m-%d}{until}"
-        )
-    if waiting is not None:
-        lines.append(
-            f"{waiting.id:24} {'awaiting signed chain':9} "
-            f"since {waiting.since:%Y-%m-%dT%H:%M:%SZ}  "
-            f"(CSR for spiffe://{waiting.trust_domain}; "
-            f"`ca import --id {waiting.id} --chain FILE`)"
-        )
-    lines.append(f"next step due: {type(due).__name__ if due else 'none'}")
-    if warning is not None:
-        lines.append(f"{'URGENT' if warning.urgent else 'warning'}: {warning.message()}")
-    for r in revoked:
-        where = "out of every trust bundle" if r.untrusted else "root still trusted"
-        lines.append(f"revoked: {r.id} at {r.revoked_at:%Y-%m-%dT%H:%M:%SZ} ({where})")
-    return lines

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from podcert.api.requests import Condition, RequestError, parse_status
 from podcert.api.times import format_time, parse_time
 from signer.authority import ca as authority_ca
-from signer.authority import canarying, offline, schedule
+from signer.authority import canarying, downstream, schedule
 from signer.leader import (
     SIGNER_NAMES_ANNOTATION,
     VERSION_ANNOTATION,
@@ -210,6 +210,7 @@ def authority(
     try:
         # Keys in a token stay there: only the certificates are read.
         gens = schedule.from_secret(secret, now, unopened=True)
+        upstream = downstream.authorities_from_secret(secret)  # SPIRE's, when it signs
     except authority_ca.CAError as err:
         return Authority(where, (), False, None, f"the Secret holds no usable CA: {err}")
     rotates = schedule.INDEX_KEY in secret
@@ -228,10 +229,10 @@ def authority(
             for g in gens
         ),
         rotates=rotates,
-        next_step=offline.next_step(secret, gens, now, settings) if rotates else None,
+        next_step=downstream.next_step(secret, gens, now, settings) if rotates else None,
         problem=None,
-        roots=_ders(schedule.trusted_roots(gens)),
-        live=_ders(schedule.live_roots(gens)),
+        roots=_ders(downstream.merged_roots(schedule.trusted_roots(gens), upstream)),
+        live=_ders(downstream.merged_roots(schedule.live_roots(gens), upstream)),
     )
 
 

@@ -177,6 +177,8 @@ def test_the_rules_cover_the_alerts_the_readme_promises() -> None:
         "PodcertCATooShort",
         "PodcertCAExpiringWithoutSuccessor",
         "PodcertUpstreamCASuccessorDue",
+        "PodcertUpstreamRenewalFailing",
+        "PodcertUpstreamIntermediateExpiring",
         "PodcertIssueLatencyHigh",
         "PodcertProjectionsOverdue",
         "PodcertProjectionsExpired",

@@ -6,16 +6,20 @@ answer from the registry and the checks they are given."""
 
 from __future__ import annotations
 
+import datetime as dt
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import get_args
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from prometheus_client.parser import text_string_to_metric_families
 
 from podcert.serving import health
 from signer import metrics
+from signer.authority import downstream
+from tests.unit.test_signer_offline import make_ca
 
 SIGNER = "example.com/podcert"
 
@@ -38,6 +42,10 @@ EXPORTED = {
     "podcert_signer_token_errors_total": set(),
     "podcert_signer_ca_generations": {"state"},
     "podcert_signer_leader": set(),
+    "podcert_signer_upstream_intermediate_expiry_timestamp_seconds": set(),
+    "podcert_signer_upstream_renew_by_timestamp_seconds": set(),
+    "podcert_signer_upstream_renewal_pending": set(),
+    "podcert_signer_upstream_renewal_failures_total": set(),
     "podcert_signer_audit_checkpoint": set(),
 }
 
@@ -131,3 +139,26 @@ def test_the_http_face_serves_this_registry_and_answers_each_check_as_it_stands(
     assert get(f"{url}/healthz") == (200, "ok\n")
     checks.healthy = False
     assert get(f"{url}/healthz") == (503, "unhealthy\n")
+
+
+def test_the_spire_upstreams_loop_reports_through_the_metrics() -> None:
+    m = metrics.Metrics()
+    observer = metrics.UpstreamObserver(m)
+    observer.failed()
+    observer.failed()
+    observer.pending(True)
+    assert m.upstream_renewal_failures._value.get() == 2
+    assert m.upstream_renewal_pending._value.get() == 1
+    observer.pending(False)
+    assert m.upstream_renewal_pending._value.get() == 0
+    start = dt.datetime(2026, 12, 5, tzinfo=dt.UTC)
+    cert = make_ca(
+        "ours",
+        ec.generate_private_key(ec.SECP256R1()),
+        not_before=start,
+        not_after=start + dt.timedelta(days=10),
+    )
+    m.observe_upstream(cert, downstream.RenewalSettings())
+    end = (start + dt.timedelta(days=10)).timestamp()
+    assert m.upstream_expiry._value.get() == end
+    assert m.upstream_renew_by._value.get() == end - 25 * 3600  # a day's leaf, an hour's overlap

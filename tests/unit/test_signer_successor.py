@@ -12,7 +12,8 @@ from typing import cast
 import pytest
 
 from signer.authority import ca, schedule, successor
-from signer.authority.castore import CAStore, status_lines
+from signer.authority.castatus import status_lines
+from signer.authority.castore import CAStore
 from signer.authority.rotator import SuccessorWarning
 from signer.kube import SignerKube
 from signer.report import status
