@@ -89,3 +89,13 @@ def test_the_licence_is_the_apache_2_0_text_verbatim_and_the_package_says_so() -
     assert hashlib.sha256((ROOT / "LICENSE").read_bytes()).hexdigest() == APACHE_2_0_SHA256
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert (project["license"], project["license-files"]) == ("Apache-2.0", ["LICENSE"])
+
+
+def test_the_security_policy_names_the_private_channels_and_the_tested_kubernetes_minors() -> None:
+    policy = (ROOT / "SECURITY.md").read_text()
+    assert "https://github.com/podcert/podcert/security/advisories/new" in policy
+    assert "security@podcert.dev" in policy
+    assert "(docs/security.md)" in policy
+    *first, last = podcert.KUBERNETES_TESTED
+    minors = f"{', '.join(first)} and {last}"  # "1.35, 1.36 and 1.37"
+    assert f"**{minors}**" in policy, f"SECURITY.md's Kubernetes minors are not {minors}"
