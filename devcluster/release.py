@@ -273,6 +273,7 @@ def build(
     meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
     chart_version = check_chart(meta, yaml.safe_load((CHART / "values.yaml").read_text()), version)
     epoch = source_date_epoch(root)
+    out = out.resolve()  # the build hooks run in a copy of the sources
     out.mkdir(parents=True, exist_ok=True)
 
     progress(f"podcert {version}: the wheel and the sdist")
