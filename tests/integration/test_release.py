@@ -3,7 +3,8 @@
 verified by `sha256sum -c`; the wheel installed with pip into a new virtual environment from the
 runtime lock, where `podcert --version` prints the version and `import bundles` works; the sdist
 building the same wheel, byte for byte; every SBOM valid CycloneDX 1.6, the wheel's listing every
-package of locks/runtime.txt, the image's those, podcert and the Debian packages of the image,
+package of locks/runtime.txt, the image's exactly the Python packages installed in it (those,
+and podcert) and the Debian packages of the image,
 the chart's naming the image by the archive's manifest digest. test_helm_install installs the
 chart package and runs the image archive on the real node."""
 
@@ -22,13 +23,15 @@ import pytest
 import yaml
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
+from packaging.utils import canonicalize_name
 
-from devcluster import imagebuild, release
+from devcluster import imagebuild, podman, release
 from devcluster.release import Artefacts
 from podcert import __version__
 from tests.unit.test_locks import read_lock
 
 ROOT = Path(__file__).resolve().parents[2]
+SITE = "/usr/local/lib/python3.11/dist-packages"  # where the Dockerfile installs (pip --root)
 
 pytestmark = pytest.mark.timeout(900)  # the first test builds the release
 
@@ -122,6 +125,26 @@ def test_the_images_sbom_lists_the_lock_podcert_and_its_debian_packages(
     digest = release.manifest_digest(released.image)
     assert subject["purl"].startswith(f"pkg:oci/podcert@{digest}?")
     assert (subject["name"], subject["version"]) == tuple(imagebuild.IMAGE.rsplit(":", 1))
+
+
+def test_the_images_sbom_lists_exactly_the_python_packages_the_image_holds(
+    released: Artefacts,
+) -> None:
+    """What pip finds installed in the image (its /usr/local, where the Dockerfile installs the
+    lock and the wheel; Debian's own Python packages are the SBOM's Debian packages)."""
+    found = podman.run(
+        "run",
+        *imagebuild.CONFINED,
+        "--entrypoint=python",
+        imagebuild.IMAGE,
+        *("-m", "pip", "list", "--format=json", "--disable-pip-version-check"),
+        f"--path={SITE}",
+    ).stdout
+    installed = {
+        f"pkg:pypi/{canonicalize_name(p['name'])}@{p['version']}" for p in json.loads(found)
+    }
+    listed = {p for p in purls(bom(released.sboms[1])) if p.startswith("pkg:pypi/")}
+    assert listed == installed
 
 
 def test_the_image_archive_names_the_image_the_chart_deploys(released: Artefacts) -> None:
