@@ -43,7 +43,7 @@ from devcluster.supervise import Progress
 from podcert import __version__
 
 REPO = Path(__file__).resolve().parent.parent
-CHART = REPO / "charts" / "podcert"
+CHART = Path("charts") / "podcert"  # in the checkout
 # What the sdist holds beside the product's packages (setuptools adds PKG-INFO and egg-info).
 SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE")
 
@@ -184,10 +184,10 @@ def _python_dists(root: Path, out: Path, epoch: int) -> tuple[Path, Path]:
         )
 
 
-def _chart(out: Path, progress: Progress) -> Path:
+def _chart(folder: Path, out: Path, progress: Progress) -> Path:
     helm = tools.ensure_helm(progress)
     done = subprocess.run(
-        [str(helm), "package", str(CHART), f"--destination={out}"],
+        [str(helm), "package", str(folder), f"--destination={out}"],
         capture_output=True,
         text=True,
         check=False,
@@ -270,8 +270,9 @@ def build(
     """Every artefact of `version` into `out`, then SHA256SUMS over them (files of other builds
     already in `out` are left alone and not summed)."""
     changelog_heading((root / "CHANGELOG.md").read_text(), version)
-    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    chart_version = check_chart(meta, yaml.safe_load((CHART / "values.yaml").read_text()), version)
+    folder = root / CHART
+    meta = yaml.safe_load((folder / "Chart.yaml").read_text())
+    chart_version = check_chart(meta, yaml.safe_load((folder / "values.yaml").read_text()), version)
     epoch = source_date_epoch(root)
     out = out.resolve()  # the build hooks run in a copy of the sources
     out.mkdir(parents=True, exist_ok=True)
@@ -279,7 +280,7 @@ def build(
     progress(f"podcert {version}: the wheel and the sdist")
     wheel, sdist = _python_dists(root, out, epoch)
     progress(f"podcert {version}: the chart {chart_version}")
-    chart = _chart(out, progress)
+    chart = _chart(folder, out, progress)
     progress(f"podcert {version}: the image {imagebuild.IMAGE}")
     image_archive = _image(out, version, progress)
     repository, tag = imagebuild.IMAGE.rsplit(":", 1)

@@ -113,8 +113,8 @@ def test_the_build_refuses_a_version_without_its_section_before_building_anythin
 
 
 def _chart() -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-    meta = yaml.safe_load((release.CHART / "Chart.yaml").read_text())
-    values = yaml.safe_load((release.CHART / "values.yaml").read_text())
+    meta = yaml.safe_load((ROOT / release.CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / release.CHART / "values.yaml").read_text())
     return meta, values
 
 
