@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint unit integration controlplane image lock clean chart docs
+.PHONY: demo test lint unit integration controlplane image lock clean chart docs release
 
 # Exactly the locked versions, every file checked against its hash, then podcert itself with
 # nothing left to resolve (locks/README.md says what each lock holds). The editable install maps
@@ -73,6 +73,12 @@ controlplane: $(VENV)/.installed
 # and makes the base image once; later builds are cached. The test command builds it too.
 image: $(VENV)/.installed
 	$(BIN)/podcert devcluster image
+
+# The release artefacts of the version in the tree, into dist/: the wheel and the sdist, the image
+# as an OCI archive, the chart package, a CycloneDX SBOM of each and SHA256SUMS
+# (devcluster/release.py; docs/releasing.md says how a release is published).
+release: $(VENV)/.installed
+	$(BIN)/podcert devcluster release --out dist
 
 # The suite in WORKERS processes (pytest-xdist): its integration tests mostly wait on real
 # servers, so one process leaves the machine idle. A module runs whole in one worker (its fixtures

@@ -21,6 +21,7 @@ from devcluster import (
     nodes,
     nodestate,
     planestate,
+    release,
     releasebuild,
     skew,
     tools,
@@ -416,3 +417,4 @@ def register(subparsers: Any) -> None:
     d = sub.add_parser("deps", help="apt-get install what a real node needs (only what is missing)")
     d.set_defaults(run=_deps)
     imagebuild.register(sub)
+    release.register(sub)

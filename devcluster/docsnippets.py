@@ -59,6 +59,8 @@ PROGRAMS: Final = frozenset(
         "python3", "pip", "uvicorn", "go", "java", "javac", "podman", "docker",
         "spire-server", "spire-agent", "softhsm2-util", "pkcs11-tool", "openssl", "curl",
         "git", "jq", "yq", "watch", "sudo", "systemctl", "journalctl", "ctr", "crictl",
+        # publishing a release (docs/releasing.md)
+        "skopeo", "twine", "gh", "cosign",
         # the shell's own and coreutils
         "cd", "export", "unset", "echo", "printf", "cat", "ls", "grep", "sed", "awk", "head",
         "tail", "cut", "tr", "sort", "uniq", "wc", "tee", "mkdir", "cp", "mv", "rm", "ln",

@@ -23,6 +23,7 @@ MACHINE_MODULES = frozenset(
         "test_in_cluster",
         "test_real_kubelet",
         "test_real_kubelet_rotation",
+        "test_release",
         "test_skew_matrix",
         "test_soak",
         "test_upgrade_cluster",

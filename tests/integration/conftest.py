@@ -8,13 +8,14 @@ Flags are keyword arguments, spelled as in Python: `audit_log=path` is `--audit-
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
 
-from devcluster import processes
+from devcluster import processes, release
 from devcluster.testing import DevCluster
 
 
@@ -122,3 +123,15 @@ def start_shim(
 
     yield start
     _stop_all(started)
+
+
+@pytest.fixture(scope="session")
+def released(tmp_path_factory: pytest.TempPathFactory) -> release.Artefacts:
+    """The release artefacts of the tree, as `podcert devcluster release` builds them (the image
+    from podman's cache when it is built): test_release checks each as a user would use it,
+    test_helm_install installs the chart package and runs the image archive on the real node.
+    Both are machine modules, run one after another in one worker, so it is built once."""
+    if os.geteuid() != 0:
+        pytest.fail("building the release's image needs root (podman's storage)")
+    out = tmp_path_factory.mktemp("dist")
+    return release.build(out, lambda line: print(line, flush=True))

@@ -1,10 +1,13 @@
-"""The Helm chart installed for real. `helm install podcert charts/podcert` with default values
+"""The Helm chart installed for real, as a user installs a release: the chart package and the
+image archive `podcert devcluster release` builds (the `released` fixture), the archive imported
+into the real node's containerd, as `ctr images import` takes it from a release's download, and
+the pods running it by its manifest digest. `helm install podcert <package>` with default values
 is refused, naming the value to set (networkPolicy.webhookFrom: without the API server's
 addresses its fail-closed webhook is unreachable on an enforcing CNI), and leaves no release.
 With networkPolicy.enabled=false (what that message says for a CNI that enforces no
 NetworkPolicy, as the devcluster's bridge CNI enforces none), with the devcluster's admin
 kubeconfig, it runs the signer on the real node from its image as shipped (imported into the
-node's containerd, as test_in_cluster does); its 2 replicas become Ready, and the real kubelet
+node's containerd); its 2 replicas become Ready, and the real kubelet
 projects a pod's credential that the chart's signer issued. `helm test` runs the chart's test
 pod, which gets a credential the same way and checks its chain and SPIFFE ID; a second release
 is refused (one per cluster), naming the one installed. `helm upgrade` with another policy (a
@@ -24,6 +27,8 @@ import base64
 import contextlib
 import datetime as dt
 import functools
+import json
+import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,12 +37,13 @@ import pytest
 import yaml
 from cryptography import x509
 
-from devcluster import imagebuild, incluster, processes
+from devcluster import imagebuild, incluster, processes, release
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster, Kubelet, eventually
+from podcert import __version__
 from podcert.client.rest import ApiError, Rest, path_of
 from tests.integration.kubelet_helpers import CERTIFICATES
-from tests.integration.test_chart import CHART, CHECKSUM, helm, render, run
+from tests.integration.test_chart import CHECKSUM, helm, render, run
 from tests.integration.test_in_cluster import (
     NAMESPACE,
     credential_pod,
@@ -97,14 +103,6 @@ def clear(rest: Rest, docs: list[dict[str, Any]]) -> None:
     eventually(lambda: not present(rest, docs), timeout=120, interval=0.5, what="none left")
 
 
-def load_shipped_image(kubelet: Kubelet, folder: Path) -> None:
-    """The image the chart names by default (appVersion), in the node's containerd."""
-    imagebuild.build(lambda line: print(line, flush=True), examples=False)
-    archive = imagebuild.save(imagebuild.IMAGE, folder / "podcert.tar")
-    incluster.load_image(kubelet.state, archive)
-    archive.unlink()
-
-
 @contextlib.contextmanager
 def chart_node(
     devcluster: DevCluster,
@@ -135,22 +133,28 @@ def chart_node(
 
 
 @pytest.fixture(scope="module")
+def package(released: release.Artefacts) -> str:
+    """The chart package of the release (`podcert-<chart version>.tgz`)."""
+    return str(released.chart)
+
+
+@pytest.fixture(scope="module")
 def installed(
     devcluster: DevCluster,
     real_kubelet: Kubelet,
     helm: list[str],
     cluster_helm: list[str],
-    tmp_path_factory: pytest.TempPathFactory,
+    released: release.Artefacts,
+    package: str,
 ) -> Iterator[Rest]:
-    folder = tmp_path_factory.mktemp("image")
     docs = render(helm)
-    load = functools.partial(load_shipped_image, real_kubelet, folder)
+    load = functools.partial(incluster.load_image, real_kubelet.state, released.image)
     with chart_node(devcluster, real_kubelet, docs, load) as rest:
-        refused = run(cluster_helm, "install", RELEASE, str(CHART), check=False)
+        refused = run(cluster_helm, "install", RELEASE, package, check=False)
         assert refused.returncode != 0
         assert "networkPolicy.webhookFrom is not set" in refused.stderr
         assert run(cluster_helm, "status", RELEASE, check=False).returncode != 0
-        run(cluster_helm, "install", RELEASE, str(CHART), *NO_NETWORK_POLICY)
+        run(cluster_helm, "install", RELEASE, package, *NO_NETWORK_POLICY)
         try:
             yield rest
         finally:
@@ -178,7 +182,7 @@ def policy_checksum(pod: dict[str, Any]) -> str:
     return str((pod["metadata"].get("annotations") or {}).get(CHECKSUM))
 
 
-def release(cluster_helm: list[str]) -> dict[str, Any]:
+def helm_release(cluster_helm: list[str]) -> dict[str, Any]:
     status: dict[str, Any] = yaml.safe_load(
         run(cluster_helm, "status", RELEASE, "--output=json").stdout
     )
@@ -203,10 +207,24 @@ def lifetime(leaf: x509.Certificate) -> dt.timedelta:
     return leaf.not_valid_after_utc - leaf.not_valid_before_utc
 
 
-def test_helm_install_runs_two_ready_replicas_of_the_shipped_image(
-    installed: Rest, cluster_helm: list[str]
+def image_config_digest(archive: Path) -> str:
+    """The config digest of the image an OCI archive holds, by way of the manifest its index
+    names (the digest the release's SBOMs name the image by)."""
+    digest = release.manifest_digest(archive)
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
+        assert member is not None
+        manifest = json.load(member)
+    return str(manifest["config"]["digest"])
+
+
+def test_helm_install_runs_two_ready_replicas_of_the_released_image(
+    installed: Rest, cluster_helm: list[str], released: release.Artefacts
 ) -> None:
-    assert release(cluster_helm)["info"]["status"] == "deployed"
+    assert helm_release(cluster_helm)["info"]["status"] == "deployed"
+    [listed] = yaml.safe_load(run(cluster_helm, "list", "--output=json").stdout)
+    assert (listed["chart"], listed["app_version"]) == (released.chart.stem, __version__)
+    config = image_config_digest(released.image)
     pods = ready_replicas(installed)
     for pod in pods:
         spec = pod["spec"]
@@ -215,6 +233,9 @@ def test_helm_install_runs_two_ready_replicas_of_the_shipped_image(
         [container] = spec["containers"]
         assert container["image"] == imagebuild.IMAGE
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        [status] = pod["status"]["containerStatuses"]
+        # containerd names an image by its config's digest: the one the archive's manifest names.
+        assert status["imageID"] == config, "not the release's image archive"
     names = {p["metadata"]["name"] for p in pods}
     assert eventually(lambda: leader(installed) in names, timeout=60, what="a leader")
 
@@ -243,9 +264,9 @@ def test_helm_test_gets_a_credential_and_checks_its_chain_and_spiffe_id(
 
 
 def test_a_second_release_is_refused_naming_the_installed_one(
-    installed: Rest, cluster_helm: list[str]
+    installed: Rest, cluster_helm: list[str], package: str
 ) -> None:
-    done = run(cluster_helm, "install", "another", str(CHART), *NO_NETWORK_POLICY, check=False)
+    done = run(cluster_helm, "install", "another", package, *NO_NETWORK_POLICY, check=False)
     assert done.returncode != 0
     assert (
         "podcert is installed once per cluster and is already installed here (ClusterRole "
@@ -255,18 +276,22 @@ def test_a_second_release_is_refused_naming_the_installed_one(
 
 
 def test_helm_upgrade_with_another_policy_rolls_the_signer_out(
-    installed: Rest, devcluster: DevCluster, real_kubelet: Kubelet, cluster_helm: list[str]
+    installed: Rest,
+    devcluster: DevCluster,
+    real_kubelet: Kubelet,
+    cluster_helm: list[str],
+    package: str,
 ) -> None:
     before = {p["metadata"]["name"] for p in ready_replicas(installed)}
     run(
         cluster_helm,
         "upgrade",
         RELEASE,
-        str(CHART),
+        package,
         *NO_NETWORK_POLICY,
         f"--set-json=policy.maxLifetimeSeconds={SHORTER}",
     )
-    assert release(cluster_helm)["version"] == 2
+    assert helm_release(cluster_helm)["version"] == 2
     [deployment] = [
         d
         for d in yaml.safe_load_all(run(cluster_helm, "get", "manifest", RELEASE).stdout)

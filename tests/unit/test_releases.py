@@ -7,6 +7,7 @@ import hashlib
 import io
 import re
 import tarfile
+import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -77,3 +78,24 @@ def test_every_kept_release_has_its_changelog_section_and_the_tree_is_newer() ->
     for folder in RELEASES:
         assert folder.name in headings, f"CHANGELOG.md has no section for {folder.name}"
         assert Version(podcert.__version__) > Version(folder.name)
+
+
+# The digest of the Apache License 2.0 as apache.org publishes it (LICENSE-2.0.txt), the copy
+# Debian ships in /usr/share/common-licenses/Apache-2.0 and many wheels in .dist-info/licenses.
+APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+
+
+def test_the_licence_is_the_apache_2_0_text_verbatim_and_the_package_says_so() -> None:
+    assert hashlib.sha256((ROOT / "LICENSE").read_bytes()).hexdigest() == APACHE_2_0_SHA256
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert (project["license"], project["license-files"]) == ("Apache-2.0", ["LICENSE"])
+
+
+def test_the_security_policy_names_the_private_channels_and_the_tested_kubernetes_minors() -> None:
+    policy = (ROOT / "SECURITY.md").read_text()
+    assert "https://github.com/podcert/podcert/security/advisories/new" in policy
+    assert "security@podcert.dev" in policy
+    assert "(docs/security.md)" in policy
+    *first, last = podcert.KUBERNETES_TESTED
+    minors = f"{', '.join(first)} and {last}"  # "1.35, 1.36 and 1.37"
+    assert f"**{minors}**" in policy, f"SECURITY.md's Kubernetes minors are not {minors}"

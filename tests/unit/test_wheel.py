@@ -63,6 +63,8 @@ def test_the_wheel_holds_the_product_typed_and_nothing_else(built: tuple[Path, P
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {*PRODUCT, f"podcert-{__version__}.dist-info"}
+    licence = zipfile.ZipFile(wheel).read(f"podcert-{__version__}.dist-info/licenses/LICENSE")
+    assert licence == (ROOT / "LICENSE").read_bytes()
     for package in PRODUCT:
         assert f"{package}/py.typed" in names, f"{package} is not marked typed"
         assert f"{package}/__init__.py" in names
@@ -95,12 +97,13 @@ def test_the_sdist_holds_the_product_sources_and_no_development_tree(
     with tarfile.open(sdist) as archive:
         names = [m.name.split("/", 1)[1] for m in archive.getmembers() if "/" in m.name]
     tops = {name.split("/")[0] for name in names}
-    assert {*PRODUCT, "pyproject.toml", "README.md", "PKG-INFO"} <= tops
+    assert {*PRODUCT, "pyproject.toml", "README.md", "LICENSE", "PKG-INFO"} <= tops
     assert tops & set(DEVELOPMENT) == set()
     assert tops <= {
         *PRODUCT,
         "pyproject.toml",
         "README.md",
+        "LICENSE",
         "PKG-INFO",
         "setup.cfg",
         "podcert.egg-info",
