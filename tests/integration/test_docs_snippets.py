@@ -158,7 +158,8 @@ def run_page(page: Path, work: Path) -> tuple[int, str]:
             code = -1
         finally:
             for state in folder.rglob("state.json"):
-                cluster.down(state.parent)
+                if state.parent.parent.name != "nodes":  # a control plane's, not a kubelet's
+                    cluster.down(state.parent)  # its kubelets too
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(shell.pid, signal.SIGTERM)
             shell.wait(timeout=30)
