@@ -27,7 +27,7 @@ UV_COMPILE = $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --g
 
 lock: $(VENV)/.installed
 	$(UV_COMPILE) pyproject.toml --extra server --group dev -o locks/dev.txt
-	$(UV_COMPILE) pyproject.toml --extra server --extra hsm --constraint locks/dev.txt -o locks/runtime.txt
+	$(UV_COMPILE) pyproject.toml --extra server --extra hsm --extra spire --constraint locks/dev.txt -o locks/runtime.txt
 	$(UV_COMPILE) pyproject.toml --constraint locks/dev.txt -o locks/base.txt
 	$(UV_COMPILE) locks/build.in -o locks/build.txt
 

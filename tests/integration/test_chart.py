@@ -25,6 +25,7 @@ from devcluster import build, kube, tools
 from devcluster.identities import Paths
 from devcluster.testing import DevCluster
 from podcert import __version__
+from podcert.cli import build_parser
 from podcert.client.rest import ApiError, Rest
 from signer.authority import pkcs11uri
 from signer.policy import load_policy
@@ -266,6 +267,35 @@ def test_another_tokens_library_gets_its_own_env_and_volumes_and_no_softhsm(
     assert "fsGroup" not in pod["securityContext"]
     without = signer_template(render(helm))["spec"]
     assert not [a for a in without["containers"][0]["args"] if a.startswith("--ca-key")]
+
+
+def test_spire_as_the_upstream_runs_the_signer_under_spire_with_the_agents_socket(
+    helm: list[str],
+) -> None:
+    """upstream.spire.enabled: the signer's flags, which its own parser takes, name the SPIRE
+    server and a socket inside the volume mounted from the SPIFFE CSI driver (or the volume
+    given)."""
+    docs = render(helm, **{"upstream.spire.enabled": True, "upstream.spire.server": "spire:8081"})
+    pod = signer_template(docs)["spec"]
+    [container] = pod["containers"]
+    args = build_parser(every=True).parse_args(container["args"])
+    assert (args.signer_upstream, args.spire_server) == ("spire", "spire:8081")
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    socket = Path(args.spire_agent_socket)
+    assert socket.parent == Path(mounts["spire-agent-socket"]["mountPath"])
+    assert socket.name == "spire-agent.sock"
+    assert mounts["spire-agent-socket"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["spire-agent-socket"]["csi"] == {"driver": "csi.spiffe.io", "readOnly": True}
+
+    host = {"hostPath": {"path": "/run/spire/agent-sockets", "type": "Directory"}}
+    own = signer_template(
+        render(helm, **{"upstream.spire.enabled": True, "upstream.spire.socketVolume": host})
+    )["spec"]
+    assert {"name": "spire-agent-socket", **host} in own["volumes"]
+    without = signer_template(render(helm))["spec"]
+    assert not [a for a in without["containers"][0]["args"] if "spire" in a]
+    assert "spire-agent-socket" not in {v["name"] for v in without["volumes"]}
 
 
 CUSTOM: dict[str, Any] = {
@@ -697,6 +727,8 @@ def test_a_parent_charts_global_and_enabled_are_accepted(helm: list[str], value:
         pytest.param({"logLevel": "verbose"}, id="an unknown log level"),
         pytest.param({"shim.kubeconfig": "kubelet.conf"}, id="a relative kubeconfig"),
         pytest.param({"imagePullSecrets": ["regcred"]}, id="a pull secret as a bare name"),
+        pytest.param({"upstream.spire.server": "spire-server"}, id="a SPIRE server without port"),
+        pytest.param({"upstream.spire.socketName": "a/b.sock"}, id="a socket name with a slash"),
     ],
 )
 def test_the_schema_refuses_what_the_signer_would_refuse(
