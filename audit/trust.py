@@ -64,6 +64,8 @@ def judge_roots(
 ) -> tuple[Root, ...]:
     sources: dict[bytes, list[str]] = defaultdict(list)
     for source, roots in trust.sources:
+        if settings.signer_names and source.signer_name not in (None, *settings.signer_names):
+            continue  # another signer's bundle: not what this audit was asked about
         for root in roots:
             sources[root.public_bytes(serialization.Encoding.DER)].append(source.name)
     pods_holding: Counter[bytes] = Counter()

@@ -124,3 +124,27 @@ def test_an_expired_root_is_found_as_expired() -> None:
     (finding,) = findings
     assert finding.kind == "root-expiring"
     assert finding.message.startswith("expired at ")
+
+
+def test_an_audit_of_some_signers_judges_no_other_signers_bundle() -> None:
+    """`--signer-name`: a cluster holds other signers' bundles (another team's short-lived
+    SPIRE roots, say); they are neither expiring nor CA-less roots of this audit."""
+    own = ca.new_ca("own", T0)
+    other = ca.new_ca("other", T0 - dt.timedelta(days=10), root_lifetime=dt.timedelta(days=11))
+    trust = TrustIndex(
+        (
+            TrustSource("own bundle", pem(own.root), "example.com/own"),
+            TrustSource("other bundle", pem(other.root), "example.com/other"),
+        ),
+        [],
+    )
+    scoped = Settings(signer_names=frozenset({"example.com/own"}))
+    findings: list[Finding] = []
+
+    judged = judge_roots(Snapshot(ca_roots=pem(own.root)), trust, [], NOW, scoped, findings, [])
+
+    assert [r.sources for r in judged] == [("own bundle",)]
+    assert findings == []
+    # Unscoped, the other signer's root is judged: ending, and no CA given for it.
+    judge_roots(Snapshot(ca_roots=pem(own.root)), trust, [], NOW, Settings(), findings, [])
+    assert sorted(f.kind for f in findings) == ["root-expiring", "root-without-ca"]
