@@ -91,7 +91,27 @@ class GoSpiffe:
         return self.run("client", **(files.args() if files else {}), url=url, requests=3, **peer)
 
     @contextmanager
-    def serve(self, files: Files | None, **peer: str) -> Iterator[GoServer]:
+    def calling(self, url: str, **peer: str) -> Iterator[GoProcess]:
+        """A client calling `url` with a new connection (a new handshake) every 200 ms until
+        the block ends; `stop()` gives its summary. `peer` as for `client`."""
+        proc = subprocess.Popen(
+            [
+                str(self.binary),
+                "client",
+                *flags(url=url, duration="30m", interval="200ms", **peer),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        running = GoProcess(proc)
+        try:
+            yield running
+        finally:
+            running.stop()
+
+    @contextmanager
+    def serve(self, files: Files | None, **peer: str) -> Iterator[GoProcess]:
         """`peer`: client_id=... (AuthorizeID) or client_trust_domain=... (AuthorizeMemberOf);
         without files, workload_api=... (the SVID and bundles from a Workload API)."""
         proc = subprocess.Popen(
@@ -100,7 +120,7 @@ class GoSpiffe:
             stderr=subprocess.PIPE,
             text=True,
         )
-        server = GoServer(proc)
+        server = GoProcess(proc)
         try:
             assert proc.stdout is not None
             first = proc.stdout.readline()
@@ -113,7 +133,9 @@ class GoSpiffe:
 
 
 @dataclass
-class GoServer:
+class GoProcess:
+    """A go-spiffe server or long-running client; `stop()` ends it and returns its summary."""
+
     proc: subprocess.Popen[str]
     address: str = ""
     summary: dict[str, Any] | None = None

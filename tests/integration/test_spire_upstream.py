@@ -21,8 +21,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +38,7 @@ from devcluster.testing import DevCluster, eventually
 from podcert.cli import main
 from signer.authority import schedule, spireupstream
 from signer.authority.downstream import UpstreamUnavailable
-from tests.integration.conftest import StartShim, StartSigner, flags
+from tests.integration.conftest import StartShim, StartSigner
 from tests.integration.interop_helpers import (
     Files,
     GoSpiffe,
@@ -247,23 +245,8 @@ def test_mutual_tls_both_ways_through_a_spire_ca_rotation_and_an_intermediate_re
     with (
         python_server(files, tmp_path / "server.log", allow_id=SPIRE_WORKLOAD) as url,
         gospiffe.serve(None, client_id=pod_id, workload_api=spire.workload_api) as go_server,
+        gospiffe.calling(url, server_id=pod_id, workload_api=spire.workload_api) as go_client,
     ):
-        go_client = subprocess.Popen(
-            [
-                str(gospiffe.binary),
-                "client",
-                *flags(
-                    url=url,
-                    server_id=pod_id,
-                    workload_api=spire.workload_api,
-                    duration="30m",
-                    interval="200ms",
-                ),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
         py_client = processes.Process(
             args=python_client_flags(files, go_server.url, SPIRE_WORKLOAD, **client_flags),
             log=tmp_path / "client.log",
@@ -318,12 +301,10 @@ def test_mutual_tls_both_ways_through_a_spire_ca_rotation_and_an_intermediate_re
             again = python_client(files, go_server.url, SPIRE_WORKLOAD, **client_flags)
             assert again["failed"] == 0 and again["ok"] > 0, again
         finally:
-            go_client.send_signal(signal.SIGTERM)
-            go_out, go_err = go_client.communicate(timeout=30)
             py_client.stop()
-    go_summary = last_json(go_out)
+    go_summary = go_client.stop()
     py_summary = last_json(py_client.output())
-    assert go_summary is not None, go_err[-2000:]
+    assert go_summary, "the go-spiffe client printed no summary"
     assert py_summary is not None, py_client.output()[-2000:]
     assert go_summary["failed"] == 0, go_summary["errors"]
     assert py_summary["failed"] == 0, py_summary["errors"]
@@ -347,6 +328,7 @@ def test_podcert_audit_is_clean(
             f"--root={shim.root}",
             f"--audit-log={work / 'audit.jsonl'}",
             f"--namespace={ns}",
+            f"--signer-name={SIGNER}",  # the session's cluster holds other tests' signers
             "-o",
             "json",
         ]
