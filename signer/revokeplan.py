@@ -6,6 +6,9 @@ when that chain was signed by a revoked generation (`revoke.chains_to`). A pod w
 podCertificate volume for one of `signer_names` and no issued request for it at all (the API
 server deletes old requests) is stale too: nothing shows its leaf is from a good generation.
 
+A pod created after the revocation is never stale for want of a request: its first leaf came
+from a good generation.
+
 A pod is re-keyed by the shim when the requests for it were made by the shim (their
 managedFields manager is podcert's, `SHIM_MANAGER`); any other maker is a kubelet, which ignores
 the rotate-before annotation, so its pod is evicted (or, by choice, left to its next refresh).
@@ -14,12 +17,13 @@ the rotate-before annotation, so its pod is evicted (or, by choice, left to its 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from cryptography import x509
 
+from podcert.api.times import parse_time
 from signer.authority import revoke
 
 # The annotation the shim honours (`kubelet_shim.kube.ROTATE_ANNOTATION`; the signer may not
@@ -39,6 +43,7 @@ class Pod:
     node: str
     signer_names: frozenset[str]  # of its podCertificate volumes
     terminating: bool = False
+    created: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Stale:
     pod: Pod
     replacer: Replacer
     why: str
+    leaves: int = 1  # its signer names whose newest leaf chains to a revoked generation
 
 
 def stale_pods(
@@ -72,18 +78,19 @@ def stale_pods(
         if key not in newest or item.created >= newest[key].created:
             newest[key] = item
     watched = frozenset(signer_names)
+    since = min((r.revoked_at for r in revoked), default=None)
     out = []
     for pod in pods:
         if pod.terminating:
             continue
         mine = {s: i for (uid, s), i in newest.items() if uid == pod.uid}
-        why = ""
-        for signer, item in sorted(mine.items()):
-            hit = next((r for r in revoked if revoke.chains_to(item.chain, r)), None)
-            if hit is not None:
-                why = f"{signer}: its leaf was signed by revoked CA {hit.id}"
-                break
-        if not why:
+        hits = [
+            (signer, hit.id)
+            for signer, item in sorted(mine.items())
+            if (hit := next((r for r in revoked if revoke.chains_to(item.chain, r)), None))
+        ]
+        why = f"{hits[0][0]}: its leaf was signed by revoked CA {hits[0][1]}" if hits else ""
+        if not why and _before(pod, since):
             missing = sorted((pod.signer_names & watched) - mine.keys())
             if missing:
                 why = f"{missing[0]}: no issued request shows where its leaf came from"
@@ -92,8 +99,36 @@ def stale_pods(
             replacer: Replacer = (
                 "shim" if makers and all(m.startswith(SHIM_MANAGER) for m in makers) else "kubelet"
             )
-            out.append(Stale(pod, replacer, why))
+            out.append(Stale(pod, replacer, why, max(1, len(hits))))
     return sorted(out, key=lambda s: (s.pod.node, s.pod.namespace, s.pod.name))
+
+
+def _before(pod: Pod, since: dt.datetime | None) -> bool:
+    """Whether `pod` may have got a leaf before `since` (unknown creation: it may)."""
+    return since is None or pod.created is None or pod.created < since
+
+
+def unverified(
+    pods: Iterable[Pod],
+    issued: Iterable[Issued],
+    signer_names: Iterable[str],
+    since: dt.datetime,
+) -> list[Pod]:
+    """The live pods made before `since` with a podCertificate volume for one of
+    `signer_names` and no issued request for it left (the controller-manager deletes requests
+    after 15 minutes): nothing in the cluster says which generation signed their leaf."""
+    have = {(i.pod_uid, i.signer_name) for i in issued}
+    watched = frozenset(signer_names)
+    return sorted(
+        (
+            p
+            for p in pods
+            if not p.terminating
+            and _before(p, since)
+            and any((p.uid, s) not in have for s in p.signer_names & watched)
+        ),
+        key=lambda p: (p.node, p.namespace, p.name),
+    )
 
 
 def waves(stale: Sequence[Stale], size: int) -> list[list[Stale]]:
@@ -111,4 +146,54 @@ def progress_line(revoked_id: str, stale: Sequence[Stale], elapsed: dt.timedelta
     return (
         f"[{elapsed.total_seconds():6.1f}s] {len(stale)} live pod(s) still chain to {revoked_id} "
         f"({by['shim']} on shim nodes, {by['kubelet']} on kubelet nodes)"
+    )
+
+
+# --- reading the API's objects -----------------------------------------------------------------
+
+
+def pod_of(obj: Mapping[str, Any]) -> Pod:
+    """A pod as the decisions read it (a pod done running, or being deleted, is terminating)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return Pod(
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("uid", "")),
+        str(spec.get("nodeName") or ""),
+        frozenset(_signer_names(spec)),
+        terminating=bool(meta.get("deletionTimestamp"))
+        or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        created=parse_time(str(meta.get("creationTimestamp", ""))),
+    )
+
+
+def _signer_names(spec: Mapping[str, Any]) -> Iterator[str]:
+    for volume in spec.get("volumes") or []:
+        for source in ((volume or {}).get("projected") or {}).get("sources") or []:
+            name = ((source or {}).get("podCertificate") or {}).get("signerName")
+            if isinstance(name, str):
+                yield name
+
+
+def issued_of(obj: Mapping[str, Any]) -> Issued | None:
+    """An issued request with its chain and maker; None for one not issued or unreadable (no
+    evidence either way)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    pem = (obj.get("status") or {}).get("certificateChain")
+    created = parse_time(str(meta.get("creationTimestamp", "")))
+    if not isinstance(pem, str) or not pem or created is None:
+        return None
+    try:
+        chain = tuple(x509.load_pem_x509_certificates(pem.encode()))
+    except ValueError:
+        return None
+    managers: list[Any] = meta.get("managedFields") or [{}]
+    return Issued(
+        str(spec.get("podUID", "")),
+        str(spec.get("signerName", "")),
+        created,
+        chain,
+        str((managers[0] or {}).get("manager", "")),
     )

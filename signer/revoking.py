@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
-from cryptography import x509
-
-from podcert.api.times import format_micro_time, parse_time
+from podcert.api.times import format_micro_time
 from podcert.api.versions import group_version
 from podcert.client import eviction
 from podcert.client.discovery import certificates_versions
-from podcert.client.rest import JSON, ApiError, Rest, path_of
+from podcert.client.rest import ApiError, Rest, path_of
 from podcert.errors import CommandError
 from signer import revokeplan
 from signer.authority import revoke
@@ -138,54 +135,13 @@ def run(
 def _stale(
     rest: Rest, revoked: list[revoke.Revocation], signer_names: list[str]
 ) -> list[revokeplan.Stale]:
-    pods = [_pod(p) for p in rest.request("GET", path_of("v1", "pods")).get("items") or []]
+    pods = [
+        revokeplan.pod_of(p) for p in rest.request("GET", path_of("v1", "pods")).get("items") or []
+    ]
     pcr_version, _ = certificates_versions(rest)
     body = rest.request("GET", path_of(group_version(pcr_version), "podcertificaterequests"))
-    issued = [i for i in map(_issued, body.get("items") or []) if i is not None]
+    issued = [i for i in map(revokeplan.issued_of, body.get("items") or []) if i is not None]
     return revokeplan.stale_pods(pods, issued, revoked, signer_names)
-
-
-def _pod(obj: JSON) -> revokeplan.Pod:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    return revokeplan.Pod(
-        str(meta.get("namespace", "")),
-        str(meta.get("name", "")),
-        str(meta.get("uid", "")),
-        str(spec.get("nodeName") or ""),
-        frozenset(_signer_names(spec)),
-        terminating=bool(meta.get("deletionTimestamp"))
-        or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-    )
-
-
-def _signer_names(spec: JSON) -> Iterator[str]:
-    for volume in spec.get("volumes") or []:
-        for source in ((volume or {}).get("projected") or {}).get("sources") or []:
-            name = ((source or {}).get("podCertificate") or {}).get("signerName")
-            if isinstance(name, str):
-                yield name
-
-
-def _issued(obj: JSON) -> revokeplan.Issued | None:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    pem = (obj.get("status") or {}).get("certificateChain")
-    created = parse_time(str(meta.get("creationTimestamp", "")))
-    if not isinstance(pem, str) or not pem or created is None:
-        return None
-    try:
-        chain = tuple(x509.load_pem_x509_certificates(pem.encode()))
-    except ValueError:
-        return None
-    managers: list[Any] = meta.get("managedFields") or [{}]
-    return revokeplan.Issued(
-        str(spec.get("podUID", "")),
-        str(spec.get("signerName", "")),
-        created,
-        chain,
-        str((managers[0] or {}).get("manager", "")),
-    )
 
 
 def _annotate(rest: Rest, pod: revokeplan.Pod, stamp: str) -> None:

@@ -156,10 +156,11 @@ def run_status(args: argparse.Namespace) -> int:
         if problem := signer_name_problem(name, builtin_ok=True):
             raise ConfigError(f"--signer-name {name!r}: {problem}")
     rest = fetch.client(args)
+    now = _now()
     inputs = fetch.status_inputs(
-        rest, args.signer_namespace, args.lease_name, args.ca_secret, tuple(args.signer_name)
+        rest, args.signer_namespace, args.lease_name, args.ca_secret, tuple(args.signer_name), now
     )
-    status = build_status(inputs, _now(), stuck_after=args.stuck_after, window=DENIALS_WINDOW)
+    status = build_status(inputs, now, stuck_after=args.stuck_after, window=DENIALS_WINDOW)
     doc = document("Status", status.as_json())
     sys.stdout.write(render(doc, args.output, lambda: status_table(status)))
     if status.leader.problem is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final
@@ -20,6 +21,7 @@ from podcert.client import commandline
 from podcert.client.discovery import Unserved, certificates_versions
 from podcert.client.rest import JSON, ApiError, Rest, path_of
 from podcert.errors import ClusterUnreadable, CommandError, one_line
+from signer.report.revocations import followed, revoked_of
 from signer.report.status import StatusInputs
 
 SIGNER_LABEL: Final = "app.kubernetes.io/name=podcert-signer"
@@ -80,12 +82,24 @@ def deployment(rest: Rest, namespace: str) -> JSON | None:
     return items[0] if items else None
 
 
+def pods(rest: Rest) -> list[JSON] | str:
+    """Every pod (a revocation is followed), or why this identity may not list them."""
+    with reading("pods"):
+        try:
+            return list(rest.list(path_of("v1", "pods"))[0])
+        except ApiError as err:
+            if err.status in (401, 403):
+                return f"pods are not readable by this identity ({err.status} {err.reason})"
+            raise
+
+
 def status_inputs(
     rest: Rest,
     namespace: str,
     lease_name: str,
     ca_secret: str,
     signer_names: tuple[str, ...],
+    now: dt.datetime,
 ) -> StatusInputs:
     pcr_at, ctb_at = pcr_version(rest)
     with reading(f"the CA Secret {namespace}/{ca_secret}"):
@@ -118,6 +132,7 @@ def status_inputs(
         trust_bundles=bundles,
         requests=requests,
         signer_names=signer_names,
+        pods=pods(rest) if followed(revoked_of(data), now) else None,
     )
 
 

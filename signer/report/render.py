@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from podcert.api.times import format_time
 from signer.report.explain import EventView, Explanation
+from signer.report.revocations import RevocationState
 from signer.report.status import Leadership, Status
 from signer.report.versions import VersionInfo
 
@@ -100,6 +101,7 @@ def status_table(status: Status) -> str:
             else "none: an operator's CA, rotated by hand"
         )
         lines.append(f"  next step: {step}")
+    lines += _revocations(status.revocations)
     lines.append("")
     if status.trust_bundles:
         lines.append("Trust bundles:")
@@ -143,6 +145,39 @@ def status_table(status: Status) -> str:
         lines.append(f"Denials in the last {window}: none")
     lines += ["", "Healthy." if status.healthy else "NOT healthy: " + _unhealthy(status)]
     return "\n".join(lines) + "\n"
+
+
+# The pods a revocation's table names; `-o json` carries them all.
+SHOWN_PODS = 10
+
+
+def _revocations(revoked: Sequence[RevocationState]) -> list[str]:
+    """A line per followed revocation: what still holds it, then the first pods that do."""
+    lines = []
+    for r in revoked:
+        head = f"  revoked {r.id} at {_when(r.revoked_at)}: "
+        if not r.in_progress:
+            lines.append(head + "done (no live leaf chains to it, its root is in no bundle)")
+            continue
+        said = []
+        if r.pods_problem is not None:
+            said.append(f"pods unread: {r.pods_problem}")
+        elif r.stale is not None:
+            shim = sum(1 for s in r.stale if s.replacer == "shim")
+            said.append(
+                f"{len(r.stale)} live pod(s) hold its leaves ({shim} on shim nodes, "
+                f"{len(r.stale) - shim} on kubelet nodes)"
+            )
+            if r.unverified:
+                said.append(f"{len(r.unverified)} pod(s) with no request left to tell")
+        roots = ", ".join(r.bundles_with_root)
+        said.append(f"its root is still in {roots}" if roots else "its root is in no bundle")
+        lines.append(head + "; ".join(said))
+        for s in (r.stale or ())[:SHOWN_PODS]:
+            lines.append(f"    {s.pod.namespace}/{s.pod.name} on {s.pod.node} ({s.replacer})")
+        if len(r.stale or ()) > SHOWN_PODS:
+            lines.append(f"    ... and {len(r.stale or ()) - SHOWN_PODS} more (-o json lists all)")
+    return lines
 
 
 def _unhealthy(status: Status) -> str:

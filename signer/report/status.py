@@ -12,9 +12,9 @@ What it judges, and why:
 - Denials and failures are counted by reason when their condition's lastTransitionTime falls in
   the last `window` (an hour by default). The controller-manager deletes requests 15 minutes
   after creation, so older ones are gone from the cluster: the signer's metrics keep the rest.
-- Healthy means a live leader and no stuck request; anything else exits 1. A lease this
-  identity may not read leaves the leader unknown (`Leadership.problem`): the command says so
-  and exits 3, since it could not read what it judges.
+- Healthy means a live leader and no stuck request (a revocation in progress is reported by
+  `signer.report.revocations`, not judged); anything else exits 1. A lease we may not read
+  leaves the leader unknown (`Leadership.problem`): the command says so and exits 3.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from signer.leader import (
     LeaseSettings,
     honoured_duration,
 )
+from signer.report.revocations import RevocationState, revocations, revoked_of
 
 STUCK_AFTER: Final = dt.timedelta(minutes=5)
 DENIALS_WINDOW: Final = dt.timedelta(hours=1)
@@ -410,6 +411,7 @@ class StatusInputs:
     trust_bundles: Sequence[Mapping[str, Any]]
     requests: Sequence[Mapping[str, Any]]
     signer_names: tuple[str, ...] = ()  # asked for; empty: what the leader serves
+    pods: Sequence[Mapping[str, Any]] | str | None = None  # read while a revocation is followed
 
 
 @dataclass(frozen=True)
@@ -425,6 +427,7 @@ class Status:
     requests: Requests
     stuck_after: dt.timedelta
     window: dt.timedelta
+    revocations: tuple[RevocationState, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -442,6 +445,7 @@ class Status:
             "ca": self.authority.as_json(),
             "trustBundles": [t.as_json() for t in self.trust_bundles],
             "requests": self.requests.as_json(),
+            "revocations": [r.as_json() for r in self.revocations],
             "stuckAfterSeconds": int(self.stuck_after.total_seconds()),
             "windowSeconds": int(self.window.total_seconds()),
         }
@@ -475,14 +479,10 @@ def build_status(
     wanted = set(names)
     ca = authority(inputs.secret, f"{inputs.namespace}/{inputs.ca_secret}", now, settings)
     ca_roots = ca.roots if ca.problem is None else None
-    bundles = sorted(
-        (
-            trust_bundle(b, ca_roots, ca.live)
-            for b in inputs.trust_bundles
-            if _signer_of(b) in wanted
-        ),
-        key=lambda t: (t.signer_name, t.name),
-    )
+    mine = [b for b in inputs.trust_bundles if _signer_of(b) in wanted]
+    states = [trust_bundle(b, ca_roots, ca.live) for b in mine]
+    bundles = sorted(states, key=lambda t: (t.signer_name, t.name))
+    requests_of = [r for r in inputs.requests if _signer_of(r) in wanted]
     return Status(
         now=now,
         namespace=inputs.namespace,
@@ -492,9 +492,10 @@ def build_status(
         replicas=replicas(inputs.deployment),
         authority=ca,
         trust_bundles=tuple(bundles),
-        requests=requests(
-            [r for r in inputs.requests if _signer_of(r) in wanted], now, stuck_after, window
-        ),
+        requests=requests(requests_of, now, stuck_after, window),
         stuck_after=stuck_after,
         window=window,
+        revocations=revocations(
+            revoked_of(inputs.secret), mine, inputs.pods, requests_of, names, now, settings
+        ),
     )

@@ -222,7 +222,7 @@ def test_the_json_names_every_section() -> None:
     assert doc["healthy"] is False
     assert set(doc) == {
         "time", "namespace", "signerNames", "signerNamesFrom", "healthy", "leader", "replicas",
-        "ca", "trustBundles", "requests", "stuckAfterSeconds", "windowSeconds",
+        "ca", "trustBundles", "requests", "revocations", "stuckAfterSeconds", "windowSeconds",
     }  # fmt: skip
 
 

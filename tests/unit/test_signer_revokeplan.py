@@ -16,6 +16,7 @@ from tests.unit.test_signer_revoke import leaf
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SIGNER = "podcert.dev/workload"
+MINUTE = dt.timedelta(minutes=1)
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +112,25 @@ def test_a_progress_line_counts_each_kind_of_node(bundles: list[ca.CABundle]) ->
     )
     line = revokeplan.progress_line("g0", stale, dt.timedelta(seconds=3))
     assert "2 live pod(s) still chain to g0 (1 on shim nodes, 1 on kubelet nodes)" in line
+
+
+def test_a_pod_made_after_the_revocation_is_not_stale_for_want_of_a_request(
+    bundles: list[ca.CABundle],
+) -> None:
+    revoked = revoked_first(bundles)
+    later = revokeplan.Pod("ns", "b", "uid-b", "n1", frozenset({SIGNER}), created=T0 + MINUTE)
+    earlier = revokeplan.Pod("ns", "a", "uid-a", "n1", frozenset({SIGNER}), created=T0 - MINUTE)
+    stale = revokeplan.stale_pods([earlier, later], [], revoked, [SIGNER])
+    assert [s.pod.name for s in stale] == ["a"]
+    assert revokeplan.unverified([earlier, later], [], [SIGNER], T0) == [earlier]
+    assert revokeplan.unverified([earlier], [issued("a", bundles[1])], [SIGNER], T0) == []
+
+
+def test_each_of_a_pods_stale_leaves_is_counted(bundles: list[ca.CABundle]) -> None:
+    other = "podcert.dev/other"
+    both = revokeplan.Pod("ns", "a", "uid-a", "n1", frozenset({SIGNER, other}))
+    second = revokeplan.Issued(
+        "uid-a", other, T0, (leaf(bundles[0]), bundles[0].intermediate), "kubelet"
+    )
+    stale = revokeplan.stale_pods([both], [issued("a", bundles[0]), second], revoked_first(bundles))
+    assert [s.leaves for s in stale] == [2]

@@ -1,6 +1,7 @@
-"""signer.revoking: what the revoke command reads of pods and requests (the podCertificate
-volumes' signer names, a terminating pod, the chain and who made a request; an unissued or
-garbled request is no evidence)."""
+"""signer.revoking: what the revoke command (and `podcert status`) reads of pods and requests,
+through `revokeplan.pod_of` and `issued_of` (the podCertificate volumes' signer names, a
+terminating pod, the chain and who made a request; an unissued or garbled request is no
+evidence)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 
-from signer import revokeplan, revoking
+from signer import revokeplan
 from signer.authority import ca
 from tests.unit.test_signer_revoke import leaf
 
@@ -28,7 +29,7 @@ def test_a_pod_is_read_with_its_signer_names() -> None:
             ],
         },
     }
-    got = revoking._pod(obj)
+    got = revokeplan.pod_of(obj)
     assert got == revokeplan.Pod("ns", "a", "u1", "n1", frozenset({"s"}), terminating=True)
 
 
@@ -45,7 +46,7 @@ def test_an_issued_request_is_read_with_its_chain_and_maker() -> None:
         "spec": {"podUID": "u1", "signerName": "s"},
         "status": {"certificateChain": pem},
     }
-    got = revoking._issued(obj)
+    got = revokeplan.issued_of(obj)
     assert got is not None and got.manager == "kubelet" and len(got.chain) == 2
     assert got.created == T0 and got.pod_uid == "u1"
 
@@ -59,4 +60,4 @@ def test_an_issued_request_is_read_with_its_chain_and_maker() -> None:
 )
 def test_a_request_without_a_readable_chain_is_no_evidence(status: dict[str, Any]) -> None:
     obj = {"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z"}, "status": status}
-    assert revoking._issued(obj) is None
+    assert revokeplan.issued_of(obj) is None
