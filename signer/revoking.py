@@ -88,7 +88,7 @@ def run(
     rest = kube.rest
     revoked = [r for r in cas.revoked if r.id == gid]
     stale = _stale(rest, revoked, args.revoke_signer_names)
-    print(revokeplan.progress_line(gid, stale, now() - started))
+    print(revokeplan.progress_line(gid, stale, now() - started), flush=True)
     stamp = format_micro_time(now())
     for s in stale:
         if s.replacer == "shim":
@@ -99,20 +99,43 @@ def run(
     deadline = started + dt.timedelta(seconds=args.timeout)
     if not args.wait_refresh:
         for n, wave in enumerate(revokeplan.waves(stale, args.wave_size), 1):
+            refused = 0
             for s in wave:
-                eviction.evict(
-                    rest, s.pod.namespace, s.pod.name, deadline, now, sleep, args.retry_seconds
+                refused += eviction.evict(
+                    rest,
+                    s.pod.namespace,
+                    s.pod.name,
+                    deadline,
+                    now,
+                    sleep,
+                    args.retry_seconds,
+                    s.pod.uid,
                 )
-            print(f"wave {n}: evicted {', '.join(f'{s.pod.namespace}/{s.pod.name}' for s in wave)}")
+            names = ", ".join(f"{s.pod.namespace}/{s.pod.name}" for s in wave)
+            budget = (
+                f" ({refused} refusal(s) by a disruption budget, asked again)" if refused else ""
+            )
+            print(f"wave {n}: evicted {names}{budget}", flush=True)
+            _wait_gone(rest, wave, deadline, now, sleep)
     elif any(s.replacer == "kubelet" for s in stale):
-        print("pods on kubelet nodes are left to their next refresh (--wait-refresh)")
+        kubelet = sum(1 for s in stale if s.replacer == "kubelet")
+        print(
+            f"{kubelet} pod(s) on kubelet nodes are left to their next refresh (--wait-refresh): "
+            "waiting for them",
+            flush=True,
+        )
     last, asked = len(stale), now()
     while stale:
         if now() >= deadline:
             left = ", ".join(f"{s.pod.namespace}/{s.pod.name}" for s in stale[:10])
+            root = (
+                "its root already left every trust bundle (--now): their mutual TLS fails"
+                if args.now
+                else "its root stays trusted until they are replaced"
+            )
             raise CommandError(
                 f"ca revoke: {len(stale)} pod(s) still hold leaves of {gid} after "
-                f"{args.timeout:.0f}s ({left}); its root stays trusted until they are replaced"
+                f"{args.timeout:.0f}s ({left}); {root}"
             )
         sleep(1.0)
         stale = _stale(rest, revoked, args.revoke_signer_names)
@@ -124,7 +147,7 @@ def run(
                 if s.replacer == "shim":
                     _annotate(rest, s.pod, stamp)
         if len(stale) != last:
-            print(revokeplan.progress_line(gid, stale, now() - started))
+            print(revokeplan.progress_line(gid, stale, now() - started), flush=True)
             last = len(stale)
     if not args.now and any(g.id == gid for g in cas.generations):
         cas.untrust(gid)
@@ -142,6 +165,33 @@ def _stale(
     body = rest.request("GET", path_of(group_version(pcr_version), "podcertificaterequests"))
     issued = [i for i in map(revokeplan.issued_of, body.get("items") or []) if i is not None]
     return revokeplan.stale_pods(pods, issued, revoked, signer_names)
+
+
+def _wait_gone(
+    rest: Rest,
+    wave: list[revokeplan.Stale],
+    deadline: dt.datetime,
+    now: Callable[[], dt.datetime],
+    sleep: Callable[[float], None],
+) -> None:
+    """Wait until each evicted pod is deleted (or replaced by another of its name), as
+    `kubectl drain` does, before the next wave: a wave's pods are gone, not just asked to go."""
+    left = list(wave)
+    while left:
+        left = [s for s in left if _still_there(rest, s.pod)]
+        if not left or now() >= deadline:
+            return
+        sleep(0.5)
+
+
+def _still_there(rest: Rest, pod: revokeplan.Pod) -> bool:
+    try:
+        found = rest.request("GET", path_of("v1", "pods", pod.namespace, pod.name))
+    except ApiError as err:
+        if err.status == 404:
+            return False
+        raise
+    return str((found.get("metadata") or {}).get("uid", "")) == pod.uid
 
 
 def _annotate(rest: Rest, pod: revokeplan.Pod, stamp: str) -> None:

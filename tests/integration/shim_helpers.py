@@ -8,6 +8,8 @@ probe, its metrics, the files under its root, and the cluster objects its tests 
 from __future__ import annotations
 
 import base64
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,37 @@ def cleanup_identity(devcluster: DevCluster, namespace: str) -> Path:
         ],
     )
     return devcluster.service_account_kubeconfig(namespace, "podcert-shim-cleanup")
+
+
+@contextlib.contextmanager
+def running_shim(
+    devcluster: DevCluster, workdir: Path, node: str, signer_namespace: str, root: Path
+) -> Iterator[Shim]:
+    """`podcert shim` as `node` with the clean-up identity of the signer's namespace, started
+    and waited ready for the block, stopped after it (a module fixture's body)."""
+    cleanup = cleanup_identity(devcluster, signer_namespace)
+    proc = shim(devcluster, workdir, node, root=root, cleanup_kubeconfig=cleanup)
+    proc.start()
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@contextlib.contextmanager
+def published_roots(
+    devcluster: DevCluster, signer_namespace: str, bundle: str, signer_name: str
+) -> Iterator[bytes]:
+    """The signer's roots as they are now, put by hand into ClusterTrustBundle `bundle`
+    (linked to `signer_name`) for the block, deleted after it. A copy: it does not follow the
+    CA as the bundles the signer publishes do."""
+    pem = signer_roots(devcluster, signer_namespace)
+    put_trust_bundle(devcluster, bundle, pem, signer_name=signer_name)
+    try:
+        yield pem
+    finally:
+        delete_trust_bundle(devcluster, bundle)
 
 
 def signer_roots(devcluster: DevCluster, namespace: str) -> bytes:

@@ -37,14 +37,14 @@ from tests.integration.kubelet_helpers import ca, folder_source, spiffe_volume
 from tests.integration.shim_helpers import (
     Shim,
     certificate_volume,
-    cleanup_identity,
     delete_trust_bundle,
     outcome,
     pod_events,
+    published_roots,
     put_trust_bundle,
     requests_of,
+    running_shim,
     shim,
-    signer_roots,
     trust_volume,
     wait_for_event,
 )
@@ -69,26 +69,17 @@ def signer(start_signer: StartSigner, work: Path) -> processes.Signer:
 
 @pytest.fixture(scope="module")
 def roots(devcluster: DevCluster, signer: processes.Signer) -> Iterator[bytes]:
-    """The signer's roots, published as a signer-linked ClusterTrustBundle (by hand until the
-    signer publishes its own)."""
-    pem = signer_roots(devcluster, SIGNER_NAMESPACE)
-    put_trust_bundle(devcluster, ROOTS_BUNDLE, pem, signer_name=SIGNER)
-    yield pem
-    delete_trust_bundle(devcluster, ROOTS_BUNDLE)
+    """The signer's roots, also in a hand-made signer-linked ClusterTrustBundle."""
+    with published_roots(devcluster, SIGNER_NAMESPACE, ROOTS_BUNDLE, SIGNER) as pem:
+        yield pem
 
 
 @pytest.fixture(scope="module")
 def shim_a(
     devcluster: DevCluster, work: Path, signer: processes.Signer, roots: bytes
 ) -> Iterator[Shim]:
-    cleanup = cleanup_identity(devcluster, SIGNER_NAMESPACE)
-    proc = shim(devcluster, work, NODE_A, root=work / "root-a", cleanup_kubeconfig=cleanup)
-    proc.start()
-    try:
-        proc.wait_ready()
+    with running_shim(devcluster, work, NODE_A, SIGNER_NAMESPACE, work / "root-a") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture

@@ -43,8 +43,19 @@ def test_an_eviction_refused_by_a_budget_is_asked_again() -> None:
     answers = Answers(ApiError(429, "TooManyRequests", "pdb"), None)
     slept: list[float] = []
     deadline = T0 + dt.timedelta(minutes=1)
-    eviction.evict(cast(Rest, answers), "ns", "a", deadline, lambda: T0, slept.append, 5.0)
+    refused = eviction.evict(
+        cast(Rest, answers), "ns", "a", deadline, lambda: T0, slept.append, 5.0
+    )
     assert answers.paths == ["/api/v1/namespaces/ns/pods/a/eviction"] * 2 and slept == [5.0]
+    assert refused == 1
+
+
+def test_an_eviction_names_the_pods_uid_and_a_replaced_pod_counts_as_evicted() -> None:
+    body = eviction.body("ns", "a", "uid-1")
+    assert body["deleteOptions"] == {"preconditions": {"uid": "uid-1"}}
+    answers = Answers(ApiError(409, "Conflict", "uid precondition"))
+    eviction.evict(cast(Rest, answers), "ns", "a", T0, lambda: T0, lambda _: None, 5.0, "uid-1")
+    assert len(answers.paths) == 1
 
 
 def test_a_pod_already_gone_counts_as_evicted() -> None:
