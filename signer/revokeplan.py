@@ -12,6 +12,8 @@ from a good generation.
 A pod is re-keyed by the shim when the requests for it were made by the shim (their
 managedFields manager is podcert's, `SHIM_MANAGER`); any other maker is a kubelet, which ignores
 the rotate-before annotation, so its pod is evicted (or, by choice, left to its next refresh).
+As `kubectl drain`, a kubelet pod no controller owns is evicted only when forced: its eviction
+deletes it for good (`waves`, `unowned`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Pod:
     signer_names: frozenset[str]  # of its podCertificate volumes
     terminating: bool = False
     created: dt.datetime | None = None
+    controlled: bool = True  # an ownerReference with controller: true (it comes back evicted)
 
 
 @dataclass(frozen=True)
@@ -131,10 +134,16 @@ def unverified(
     )
 
 
-def waves(stale: Sequence[Stale], size: int) -> list[list[Stale]]:
+def unowned(stale: Sequence[Stale]) -> list[Stale]:
+    """The kubelet nodes' pods no controller owns: evicting one deletes it for good."""
+    return [s for s in stale if s.replacer == "kubelet" and not s.pod.controlled]
+
+
+def waves(stale: Sequence[Stale], size: int, *, force: bool = False) -> list[list[Stale]]:
     """The kubelet nodes' pods in eviction waves of at most `size` pods, node by node in order
-    (as `kubectl drain` takes one node at a time); at least one pod per wave."""
-    pods = [s for s in stale if s.replacer == "kubelet"]
+    (as `kubectl drain` takes one node at a time); at least one pod per wave. Pods no controller
+    owns are left out unless `force`."""
+    pods = [s for s in stale if s.replacer == "kubelet" and (force or s.pod.controlled)]
     size = max(1, size)
     return [pods[i : i + size] for i in range(0, len(pods), size)]
 
@@ -165,6 +174,10 @@ def pod_of(obj: Mapping[str, Any]) -> Pod:
         terminating=bool(meta.get("deletionTimestamp"))
         or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
         created=parse_time(str(meta.get("creationTimestamp", ""))),
+        controlled=any(
+            isinstance(ref, Mapping) and ref.get("controller") is True
+            for ref in meta.get("ownerReferences") or []
+        ),
     )
 
 

@@ -4,9 +4,10 @@ it signed, then take its root out of the trust bundles.
 Order: (1) with `--now`, say first that mutual TLS between pods not yet replaced fails; (2) write
 the revocation to the CA Secret (a fresh generation signs at once when GEN was signing); (3) set
 `podcert.dev/rotate-before` on every stale pod the shim serves; (4) evict the stale pods on
-kubelet nodes through the Eviction API in waves (a 429, a PodDisruptionBudget saying no, is
-retried after `--retry-seconds`), or with `--wait-refresh` leave them to their kubelet's next
-refresh; (5) poll until no live pod chains to GEN, a line per change; (6) drop GEN's root from
+kubelet nodes through the Eviction API in waves, each wave's pods gone before the next (a 429, a
+PodDisruptionBudget saying no, is retried after `--retry-seconds`; as `kubectl drain`, a pod no
+controller owns only with `--force`), or with `--wait-refresh` leave them to their kubelet's
+next refresh; (5) poll until no live pod chains to GEN, a line per change; (6) drop GEN's root from
 the bundles. On `--timeout` the root stays trusted (the schedule removes it when its last leaf
 has surely expired) and the command fails naming the pods left.
 """
@@ -98,7 +99,16 @@ def run(
         print(f"asked the shim to re-key {shim} pod(s)")
     deadline = started + dt.timedelta(seconds=args.timeout)
     if not args.wait_refresh:
-        for n, wave in enumerate(revokeplan.waves(stale, args.wave_size), 1):
+        kept = [] if args.force else revokeplan.unowned(stale)
+        if kept:
+            print(
+                f"{len(kept)} pod(s) on kubelet nodes have no controller: evicting one deletes "
+                f"it for good, so they are left to their next refresh (--force evicts them): "
+                f"{', '.join(f'{s.pod.namespace}/{s.pod.name}' for s in kept[:10])}",
+                flush=True,
+            )
+        waves = revokeplan.waves(stale, args.wave_size, force=args.force)
+        for n, wave in enumerate(waves, 1):
             refused = 0
             for s in wave:
                 refused += eviction.evict(

@@ -12,7 +12,9 @@ pod, as a real kubelet does, and writes the files; no container runs):
   root out of the bundles at once, replacements or not;
 - `--wait-refresh` evicts nothing: it waits for the kubelet's own re-key (a kubelet restart re-keys
   every pod: it stands in for the refresh, which the API puts at least 10 minutes after issue),
-  while `podcert status` shows the pods still holding the revoked generation."""
+  while `podcert status` shows the pods still holding the revoked generation;
+- as `kubectl drain`, a kubelet pod no controller owns is not evicted (it would be deleted for
+  good) without `--force`: it is left to its refresh."""
 
 from __future__ import annotations
 
@@ -220,9 +222,11 @@ class Running:
         return any(text in line for line in self.lines)
 
     def wait(self, timeout: float) -> tuple[int, str, str]:
-        _, err = self.proc.communicate(timeout=timeout)
+        """(exit code, stdout, stderr) once the command exits (stdout is the reader's)."""
+        code = self.proc.wait(timeout=timeout)
         self._reader.join(timeout=5)
-        return self.proc.returncode, "\n".join(self.lines), err
+        assert self.proc.stderr is not None
+        return code, "\n".join(self.lines), self.proc.stderr.read()
 
 
 def status_json(devcluster: DevCluster) -> dict[str, Any]:
@@ -382,3 +386,35 @@ def test_wait_refresh_evicts_nothing_and_waits_for_the_kubelets_own_rekey(
     [done] = [r for r in status_json(devcluster)["revocations"] if r["id"] == gid]
     assert not [p for p in done["pods"] if p["namespace"] == ns]
     assert done["rootUntrustedByCA"] is True
+
+
+def test_a_kubelet_pod_no_controller_owns_is_not_evicted_without_force(
+    devcluster: DevCluster, signer: processes.Signer, hollow_kubelet: Kubelet, ns: str
+) -> None:
+    deployment(devcluster, ns, hollow_kubelet.name, replicas=1)
+    bare = devcluster.pod(
+        ns,
+        "bare",
+        node=hollow_kubelet.name,
+        volumes=[kube.pod_certificate_volume(SIGNER, max_expiration_seconds=3600)],
+    )
+    eventually(lambda: all_issued(devcluster, ns, 2), timeout=90, what="2 pods issued")
+    gid = active_generation(devcluster)
+
+    run = Running(devcluster, gid, "--timeout=100")
+    try:
+        eventually(lambda: run.said("wave 1: evicted"), timeout=60, what="the first wave")
+        assert run.said("1 pod(s) on kubelet nodes have no controller")
+        hollow_kubelet.restart()  # the bare pod's refresh, as in the test above
+        code, out, err = run.wait(timeout=110)
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+    print(out, err)
+
+    assert code == 0, err
+    assert f"{ns}/bare" not in next(line for line in out.splitlines() if "wave 1" in line)
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in live_pods(devcluster, ns)}
+    assert pods["bare"] == bare.metadata.uid, "the bare pod was not evicted"
+    record = record_of(devcluster, gid)
+    assert not revoke.chains_to(newest_chains(devcluster, ns)[bare.metadata.uid], record)

@@ -134,3 +134,22 @@ def test_each_of_a_pods_stale_leaves_is_counted(bundles: list[ca.CABundle]) -> N
     )
     stale = revokeplan.stale_pods([both], [issued("a", bundles[0]), second], revoked_first(bundles))
     assert [s.leaves for s in stale] == [2]
+
+
+def test_a_kubelet_pod_no_controller_owns_is_evicted_only_when_forced(
+    bundles: list[ca.CABundle],
+) -> None:
+    bare = revokeplan.Pod("ns", "bare", "uid-bare", "n1", frozenset({SIGNER}), controlled=False)
+    stale = revokeplan.stale_pods(
+        [bare, pod("owned")],
+        [
+            issued("bare", bundles[0], manager="kubelet"),
+            issued("owned", bundles[0], manager="kubelet"),
+        ],
+        revoked_first(bundles),
+    )
+    assert [s.pod.name for s in revokeplan.unowned(stale)] == ["bare"]
+    assert [[s.pod.name for s in w] for w in revokeplan.waves(stale, 5)] == [["owned"]]
+    assert [[s.pod.name for s in w] for w in revokeplan.waves(stale, 5, force=True)] == [
+        ["bare", "owned"]
+    ]

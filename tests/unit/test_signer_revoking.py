@@ -30,7 +30,11 @@ def test_a_pod_is_read_with_its_signer_names() -> None:
         },
     }
     got = revokeplan.pod_of(obj)
-    assert got == revokeplan.Pod("ns", "a", "u1", "n1", frozenset({"s"}), terminating=True)
+    assert got == revokeplan.Pod(
+        "ns", "a", "u1", "n1", frozenset({"s"}), terminating=True, controlled=False
+    )
+    obj["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "controller": True}]
+    assert revokeplan.pod_of(obj).controlled
 
 
 def test_an_issued_request_is_read_with_its_chain_and_maker() -> None:
