@@ -7,9 +7,11 @@ the revocation to the CA Secret (a fresh generation signs at once when GEN was s
 kubelet nodes through the Eviction API in waves, each wave's pods gone before the next (a 429, a
 PodDisruptionBudget saying no, is retried after `--retry-seconds`; as `kubectl drain`, a pod no
 controller owns only with `--force`), or with `--wait-refresh` leave them to their kubelet's
-next refresh; (5) poll until no live pod chains to GEN, a line per change; (6) drop GEN's root from
-the bundles. On `--timeout` the root stays trusted (the schedule removes it when its last leaf
-has surely expired) and the command fails naming the pods left.
+next refresh; (5) poll until no live pod chains to GEN, a line per change; (6) when kubelet pods
+were refreshed in place, wait `--settle-seconds` (a kubelet writes the new files at the pod's
+next sync, after the request says it is done); (7) drop GEN's root from the bundles. On
+`--timeout` the root stays trusted (the schedule removes it when its last leaf has surely
+expired) and the command fails naming the pods left.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from signer.kube import SignerKube
 
 # How long a shim pod may stay stale before the command asks its shim again.
 REASK = dt.timedelta(seconds=10)
+# A kubelet writes a refreshed credential into a running pod's volume at the pod's next sync
+# (every minute plus jitter), after the request is issued: the requests say a pod is done before
+# its files do.
+KUBELET_SYNC = dt.timedelta(seconds=90)
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -63,6 +69,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout", type=float, default=600.0, help="revoke: give up after this many seconds"
+    )
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=KUBELET_SYNC.total_seconds(),
+        help="revoke: after the last kubelet pod refreshed in place, wait this long before "
+        "untrusting the root (a kubelet writes the new credential at the pod's next sync)",
     )
 
 
@@ -98,8 +111,10 @@ def run(
     if shim:
         print(f"asked the shim to re-key {shim} pod(s)")
     deadline = started + dt.timedelta(seconds=args.timeout)
+    in_place = [s for s in stale if s.replacer == "kubelet"] if args.wait_refresh else []
     if not args.wait_refresh:
         kept = [] if args.force else revokeplan.unowned(stale)
+        in_place = kept
         if kept:
             print(
                 f"{len(kept)} pod(s) on kubelet nodes have no controller: evicting one deletes "
@@ -160,6 +175,14 @@ def run(
             print(revokeplan.progress_line(gid, stale, now() - started), flush=True)
             last = len(stale)
     if not args.now and any(g.id == gid for g in cas.generations):
+        if in_place and args.settle_seconds > 0:
+            print(
+                f"{len(in_place)} kubelet pod(s) refreshed in place: waiting "
+                f"{args.settle_seconds:.0f}s for their kubelets to write the new credentials "
+                "(at each pod's next sync)",
+                flush=True,
+            )
+            sleep(args.settle_seconds)
         cas.untrust(gid)
         print(f"no live leaf chains to {gid}: its root left every trust bundle")
     return 0

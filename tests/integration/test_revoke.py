@@ -65,10 +65,19 @@ def shim_node(devcluster: DevCluster, work: Path, signer: processes.Signer) -> I
 
 @pytest.fixture
 def ns(devcluster: DevCluster) -> Iterator[str]:
-    """A namespace of the test's own, deleted after it (its pods then stop counting)."""
+    """A namespace of the test's own, deleted after it with its pods."""
     name = devcluster.namespace("revoke")
     yield name
-    Rest(devcluster.admin).request("DELETE", path_of("v1", "namespaces", None, name))
+    rest = Rest(devcluster.admin)
+    rest.request("DELETE", path_of("v1", "namespaces", None, name))
+    # Gone before the next test: a later revoke would otherwise evict its pods (behind a budget).
+    # At once: no kubelet confirms a shim node's pod deletion.
+    rest.request("DELETE", path_of("v1", "pods", name), query={"gracePeriodSeconds": "0"})
+    eventually(
+        lambda: rest.get(path_of("v1", "namespaces", None, name)) is None,
+        timeout=90,
+        what=f"namespace {name} deleted",
+    )
 
 
 def leaf_chain(path: Path) -> list[x509.Certificate] | None:
@@ -359,7 +368,8 @@ def test_wait_refresh_evicts_nothing_and_waits_for_the_kubelets_own_rekey(
     uids = {p["metadata"]["uid"] for p in pods}
     gid = active_generation(devcluster)
 
-    run = Running(devcluster, gid, "--wait-refresh", "--timeout=100")
+    # kubemark syncs a pod every 10 s: its kubelet writes the refreshed files within that.
+    run = Running(devcluster, gid, "--wait-refresh", "--timeout=100", "--settle-seconds=20")
     try:
         eventually(
             lambda: run.said("left to their next refresh (--wait-refresh): waiting"),
@@ -380,9 +390,14 @@ def test_wait_refresh_evicts_nothing_and_waits_for_the_kubelets_own_rekey(
 
     assert code == 0, err
     assert "wave" not in out
+    assert "2 kubelet pod(s) refreshed in place: waiting 20s" in out
     assert f"no live leaf chains to {gid}: its root left every trust bundle" in out
     assert {p["metadata"]["uid"] for p in live_pods(devcluster, ns)} == uids, "nothing evicted"
-    assert record_of(devcluster, gid).untrusted
+    record = record_of(devcluster, gid)
+    assert record.untrusted
+    for uid in uids:  # what the pods present once the root is gone: their files
+        chain = leaf_chain(hollow_kubelet.volume_dir(uid) / "credentialbundle.pem")
+        assert chain is not None and not revoke.chains_to(chain, record)
     [done] = [r for r in status_json(devcluster)["revocations"] if r["id"] == gid]
     assert not [p for p in done["pods"] if p["namespace"] == ns]
     assert done["rootUntrustedByCA"] is True
@@ -401,7 +416,7 @@ def test_a_kubelet_pod_no_controller_owns_is_not_evicted_without_force(
     eventually(lambda: all_issued(devcluster, ns, 2), timeout=90, what="2 pods issued")
     gid = active_generation(devcluster)
 
-    run = Running(devcluster, gid, "--timeout=100")
+    run = Running(devcluster, gid, "--timeout=100", "--settle-seconds=20")
     try:
         eventually(lambda: run.said("wave 1: evicted"), timeout=60, what="the first wave")
         assert run.said("1 pod(s) on kubelet nodes have no controller")
@@ -418,3 +433,5 @@ def test_a_kubelet_pod_no_controller_owns_is_not_evicted_without_force(
     assert pods["bare"] == bare.metadata.uid, "the bare pod was not evicted"
     record = record_of(devcluster, gid)
     assert not revoke.chains_to(newest_chains(devcluster, ns)[bare.metadata.uid], record)
+    chain = leaf_chain(hollow_kubelet.volume_dir(bare.metadata.uid) / "credentialbundle.pem")
+    assert chain is not None and not revoke.chains_to(chain, record)
