@@ -4,6 +4,11 @@ meanwhile.
 
     .venv/bin/python -m bench.bench_revoke [--pods 200] [--shim-nodes 2] [--hollow-nodes 2]
         [--modes evict,now,wait-refresh] [--rate 20] [--budget 5] [--json FILE]
+    flock /tmp/podcert-real-node.lock .venv/bin/python -m bench.bench_revoke --real \
+        --hollow-nodes 1 --pods 20 --modes wait-refresh    # the kubelet node is the real one
+
+With --real the kubelet node is the real kubelet on containerd + runc (node-real, one per
+machine, busybox containers), not kubemark's.
 
 One devcluster; one `podcert signer` as its ServiceAccount in podcert-system for the default
 signer name, refreshing leaves at a tenth of their life (the pods ask for 3600 s, the API's
@@ -47,7 +52,7 @@ from typing import Any
 from cryptography import x509
 
 from bench.bench_time_to_credential import devcluster
-from devcluster import kube, nodes, processes
+from devcluster import images, kube, nodes, processes
 from devcluster.identities import Paths
 from devcluster.nodestate import NodeState
 from devcluster.stack import listening, wait_for
@@ -64,6 +69,8 @@ BUNDLE, TRUST = "credentialbundle.pem", "trust-bundle.pem"
 LIFETIME = 3600
 MODES = {"evict": [], "now": ["--now"], "wait-refresh": ["--wait-refresh"]}
 TIMEOUTS = {"evict": 600, "now": 600, "wait-refresh": 1800}
+# A container that exits at once on SIGTERM (the real node's pods).
+KEEP_RUNNING = ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
 
 
 def say(text: str) -> None:
@@ -88,6 +95,7 @@ class Bench:
     server: processes.Process | None = None
     pair: tuple[str, str] = ("", "")  # the server's and the client's pod UIDs
     port: int = 0
+    real: bool = False  # the kubelet node is the real kubelet (containers run)
 
     @property
     def kubeconfig(self) -> Path:
@@ -118,8 +126,10 @@ class Bench:
             proc.wait_ready(60)
         per_hollow = (pods // 2) // max(1, hollow_nodes)
         for i in range(hollow_nodes):
-            node = f"node-hollow-{i}"
-            self.hollow[node] = nodes.start(self.root, node, hollow=True, max_pods=per_hollow + 20)
+            node = "node-real" if self.real else f"node-hollow-{i}"
+            self.hollow[node] = nodes.start(
+                self.root, node, hollow=not self.real, max_pods=per_hollow + 20
+            )
         shim_pods = pods - per_hollow * hollow_nodes
         names = list(self.shims)
         server = kube.create_pod(
@@ -170,7 +180,9 @@ class Bench:
                 "containers": [
                     {
                         "name": "app",
-                        "image": "registry.invalid/app:1",
+                        "image": images.BUSYBOX_IMAGE if self.real else "registry.invalid/app:1",
+                        "imagePullPolicy": "IfNotPresent",
+                        **({"command": KEEP_RUNNING} if self.real else {}),
                         "volumeMounts": [{"name": "identity", "mountPath": "/var/run/identity"}],
                     }
                 ],
@@ -388,15 +400,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=5, help="each Deployment's maxUnavailable")
     parser.add_argument("--wave-size", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument(
+        "--real", action="store_true", help="the kubelet node is the real kubelet (one node)"
+    )
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         parser.error(f"--modes takes modes among {', '.join(MODES)}")
     if args.shim_nodes < 2 or args.hollow_nodes < 1:
         parser.error("--shim-nodes 2 at least (the pair's two ends), --hollow-nodes 1 at least")
+    if args.real and args.hollow_nodes != 1:
+        parser.error("--real runs one kubelet node: --hollow-nodes 1")
+    if args.real and (reason := nodes.real_node_unavailable()):
+        parser.error(f"--real: {reason}")
     results = []
     with devcluster("podcert-bench-revoke-") as (root, work):
-        bench = Bench(root, work)
+        bench = Bench(root, work, real=args.real)
         try:
             bench.start(args.shim_nodes, args.hollow_nodes, args.pods, args.budget)
             for mode in modes:

@@ -139,6 +139,15 @@ def unowned(stale: Sequence[Stale]) -> list[Stale]:
     return [s for s in stale if s.replacer == "kubelet" and not s.pod.controlled]
 
 
+def in_place(stale: Sequence[Stale], *, wait_refresh: bool, force: bool) -> list[Stale]:
+    """The kubelet nodes' pods left to refresh in place (not evicted): all of them with
+    `wait_refresh`, else those no controller owns unless `force`. Their kubelets write the new
+    credential at the pod's next sync, after the request is issued."""
+    if wait_refresh:
+        return [s for s in stale if s.replacer == "kubelet"]
+    return [] if force else unowned(stale)
+
+
 def waves(stale: Sequence[Stale], size: int, *, force: bool = False) -> list[list[Stale]]:
     """The kubelet nodes' pods in eviction waves of at most `size` pods, node by node in order
     (as `kubectl drain` takes one node at a time); at least one pod per wave. Pods no controller

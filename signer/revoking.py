@@ -111,15 +111,13 @@ def run(
     if shim:
         print(f"asked the shim to re-key {shim} pod(s)")
     deadline = started + dt.timedelta(seconds=args.timeout)
-    in_place = [s for s in stale if s.replacer == "kubelet"] if args.wait_refresh else []
+    in_place = revokeplan.in_place(stale, wait_refresh=args.wait_refresh, force=args.force)
     if not args.wait_refresh:
-        kept = [] if args.force else revokeplan.unowned(stale)
-        in_place = kept
-        if kept:
+        if in_place:
             print(
-                f"{len(kept)} pod(s) on kubelet nodes have no controller: evicting one deletes "
-                f"it for good, so they are left to their next refresh (--force evicts them): "
-                f"{', '.join(f'{s.pod.namespace}/{s.pod.name}' for s in kept[:10])}",
+                f"{len(in_place)} pod(s) on kubelet nodes have no controller: evicting one "
+                f"deletes it for good, so they are left to their next refresh (--force evicts "
+                f"them): {', '.join(f'{s.pod.namespace}/{s.pod.name}' for s in in_place[:10])}",
                 flush=True,
             )
         waves = revokeplan.waves(stale, args.wave_size, force=args.force)

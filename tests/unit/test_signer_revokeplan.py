@@ -153,3 +153,26 @@ def test_a_kubelet_pod_no_controller_owns_is_evicted_only_when_forced(
     assert [[s.pod.name for s in w] for w in revokeplan.waves(stale, 5, force=True)] == [
         ["bare", "owned"]
     ]
+
+
+def test_the_pods_refreshed_in_place_are_the_kubelet_pods_not_evicted(
+    bundles: list[ca.CABundle],
+) -> None:
+    bare = revokeplan.Pod("ns", "bare", "uid-bare", "n1", frozenset({SIGNER}), controlled=False)
+    stale = revokeplan.stale_pods(
+        [bare, pod("owned"), pod("shim")],
+        [
+            issued("bare", bundles[0], manager="kubelet"),
+            issued("owned", bundles[0], manager="kubelet"),
+            issued("shim", bundles[0]),
+        ],
+        revoked_first(bundles),
+    )
+
+    def names(wait_refresh: bool, force: bool) -> list[str]:
+        chosen = revokeplan.in_place(stale, wait_refresh=wait_refresh, force=force)
+        return [s.pod.name for s in chosen]
+
+    assert names(wait_refresh=True, force=False) == ["bare", "owned"]
+    assert names(wait_refresh=False, force=False) == ["bare"]
+    assert names(wait_refresh=False, force=True) == []
