@@ -9,7 +9,8 @@ server deletes old requests) is stale too: nothing shows its leaf is from a good
 A pod created after the revocation is never stale for want of a request: its first leaf came
 from a good generation.
 
-A pod is re-keyed by the shim when the requests for it were made by the shim (their
+A pod is re-keyed by the shim when the requests for it were made by the shim (a pod with none
+left: when those of the other pods on its node were) (their
 managedFields manager is podcert's, `SHIM_MANAGER`); any other maker is a kubelet, which ignores
 the rotate-before annotation, so its pod is evicted (or, by choice, left to its next refresh).
 As `kubectl drain`, a kubelet pod no controller owns is evicted only when forced: its eviction
@@ -82,6 +83,12 @@ def stale_pods(
             newest[key] = item
     watched = frozenset(signer_names)
     since = min((r.revoked_at for r in revoked), default=None)
+    pods = list(pods)
+    node_of = {p.uid: p.node for p in pods}
+    node_makers: dict[str, set[str]] = {}
+    for (uid, _), item in newest.items():
+        if uid in node_of:
+            node_makers.setdefault(node_of[uid], set()).add(item.manager)
     out = []
     for pod in pods:
         if pod.terminating:
@@ -98,7 +105,8 @@ def stale_pods(
             if missing:
                 why = f"{missing[0]}: no issued request shows where its leaf came from"
         if why:
-            makers = {i.manager for i in mine.values()}
+            # No request left of its own: the node's other pods' makers say who serves it.
+            makers = {i.manager for i in mine.values()} or node_makers.get(pod.node, set())
             replacer: Replacer = (
                 "shim" if makers and all(m.startswith(SHIM_MANAGER) for m in makers) else "kubelet"
             )

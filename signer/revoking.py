@@ -31,6 +31,9 @@ from signer import revokeplan
 from signer.authority import revoke
 from signer.authority.castore import CAStore, describe
 from signer.kube import SignerKube
+from signer.leader import SIGNER_NAMES_ANNOTATION
+
+LEASES = "coordination.k8s.io/v1"
 
 # How long a shim pod may stay stale before the command asks its shim again.
 REASK = dt.timedelta(seconds=10)
@@ -101,7 +104,11 @@ def run(
     print(f"revoked {gid}: {describe(after)}")
     rest = kube.rest
     revoked = [r for r in cas.revoked if r.id == gid]
-    stale = _stale(rest, revoked, args.revoke_signer_names)
+    names = list(args.revoke_signer_names)
+    if not names:
+        names, said = _served(rest, cas.namespace, args.lease_name)
+        print(f"pods with no request left are judged for the signer names {said}", flush=True)
+    stale = _stale(rest, revoked, names)
     print(revokeplan.progress_line(gid, stale, now() - started), flush=True)
     stamp = format_micro_time(now())
     for s in stale:
@@ -134,11 +141,11 @@ def run(
                     args.retry_seconds,
                     s.pod.uid,
                 )
-            names = ", ".join(f"{s.pod.namespace}/{s.pod.name}" for s in wave)
+            evicted = ", ".join(f"{s.pod.namespace}/{s.pod.name}" for s in wave)
             budget = (
                 f" ({refused} refusal(s) by a disruption budget, asked again)" if refused else ""
             )
-            print(f"wave {n}: evicted {names}{budget}", flush=True)
+            print(f"wave {n}: evicted {evicted}{budget}", flush=True)
             _wait_gone(rest, wave, deadline, now, sleep)
     elif any(s.replacer == "kubelet" for s in stale):
         kubelet = sum(1 for s in stale if s.replacer == "kubelet")
@@ -161,7 +168,7 @@ def run(
                 f"{args.timeout:.0f}s ({left}); {root}"
             )
         sleep(1.0)
-        stale = _stale(rest, revoked, args.revoke_signer_names)
+        stale = _stale(rest, revoked, names)
         if now() - asked >= REASK:
             # A replica may have signed once more with the revoked CA before it read the
             # Secret's new version: ask the shim again for what is still stale.
@@ -184,6 +191,21 @@ def run(
         cas.untrust(gid)
         print(f"no live leaf chains to {gid}: its root left every trust bundle")
     return 0
+
+
+def _served(rest: Rest, namespace: str, lease_name: str) -> tuple[list[str], str]:
+    """The signer names the leader says it serves (its Lease's annotation), and how to say so;
+    none when the Lease cannot be read (then only --signer-name names them)."""
+    try:
+        lease = rest.request("GET", path_of(LEASES, "leases", namespace, lease_name))
+    except ApiError as err:
+        return (
+            [],
+            f"given by --signer-name: none (the Lease {namespace}/{lease_name}: {err.status})",
+        )
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    names = [n for n in str(annotations.get(SIGNER_NAMES_ANNOTATION) or "").split(",") if n]
+    return names, f"the leader serves: {', '.join(names) or 'none'}"
 
 
 def _stale(

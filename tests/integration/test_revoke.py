@@ -3,7 +3,8 @@ kubemark's hollow kubelet (the kubelet's own pod certificate manager: it makes a
 pod, as a real kubelet does, and writes the files; no container runs):
 
 - the revoked generation stops signing at once; every pod on the shim node holding one of its
-  leaves is re-keyed to the fresh generation, and the revoked root leaves the CA Secret and the
+  leaves is re-keyed to the fresh generation (one whose requests are gone too, judged for the
+  signer names the leader serves), and the revoked root leaves the CA Secret and the
   signer's trust bundles once none is left;
 - pods on a kubelet node (a Deployment's, so they come back) are evicted through the Eviction
   API: a PodDisruptionBudget refuses (429) and is asked again, and never more pods are down than
@@ -45,6 +46,7 @@ from tests.integration.shim_helpers import Shim, certificate_volume, running_shi
 SIGNER = "revoke.podcert.dev/test"
 SIGNER_NAMESPACE = "podcert-revoke"
 NODE = "shim-node-revoke"
+PCRS = "certificates.k8s.io/v1"
 
 
 @pytest.fixture(scope="module")
@@ -275,11 +277,20 @@ def test_revoking_the_signing_ca_rekeys_every_shim_pod_then_untrusts_its_root(
     before = [eventually(functools.partial(leaf_chain, p), timeout=10) for p in paths]
     gid = active_generation(devcluster)
     old_root = x509.load_pem_x509_certificates(ca_secret(devcluster)["ca.crt"])
+    # As the controller-manager does 15 minutes on: web-0's requests are gone.
+    rest = Rest(devcluster.admin)
+    for item in rest.request("GET", path_of(PCRS, "podcertificaterequests", ns))["items"]:
+        if item["spec"]["podUID"] == pods[0].metadata.uid:
+            rest.request(
+                "DELETE", path_of(PCRS, "podcertificaterequests", ns, item["metadata"]["name"])
+            )
 
     out = ca(devcluster, SIGNER_NAMESPACE, "revoke", gid, "--timeout=120")
     print(out)
 
     assert f"revoked {gid}" in out
+    assert f"judged for the signer names the leader serves: {SIGNER}" in out
+    assert "3 live pod(s) still chain" in out, "web-0 counts, judged by its node's other pods"
     assert f"no live leaf chains to {gid}: its root left every trust bundle" in out
     record = record_of(devcluster, gid)
     assert record.untrusted

@@ -176,3 +176,12 @@ def test_the_pods_refreshed_in_place_are_the_kubelet_pods_not_evicted(
     assert names(wait_refresh=True, force=False) == ["bare", "owned"]
     assert names(wait_refresh=False, force=False) == ["bare"]
     assert names(wait_refresh=False, force=True) == []
+
+
+def test_a_pod_with_no_request_left_is_replaced_as_its_nodes_other_pods_are(
+    bundles: list[ca.CABundle],
+) -> None:
+    pods = [pod("gone", "shim-node"), pod("renewed", "shim-node"), pod("lost", "kubelet-node")]
+    requests = [issued("renewed", bundles[1])]  # the shim made it
+    stale = revokeplan.stale_pods(pods, requests, revoked_first(bundles), [SIGNER])
+    assert [(s.pod.name, s.replacer) for s in stale] == [("lost", "kubelet"), ("gone", "shim")]
