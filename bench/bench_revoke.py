@@ -163,7 +163,7 @@ class Bench:
             self._deployment(node, per_hollow, budget)
         say(
             f"{pods} pods: {shim_pods} on {len(self.shims)} shim node(s), "
-            f"{per_hollow * hollow_nodes} on {len(self.hollow)} hollow node(s)"
+            f"{per_hollow * hollow_nodes} on {len(self.hollow)} kubelet node(s)"
         )
         wait_for(lambda: self.holding(None) == pods, 600, f"{pods} pods holding a credential")
         self._start_server()
