@@ -40,7 +40,7 @@ REASK = dt.timedelta(seconds=10)
 # A kubelet writes a refreshed credential into a running pod's volume at the pod's next sync
 # (every minute plus jitter), after the request is issued: the requests say a pod is done before
 # its files do.
-KUBELET_SYNC = dt.timedelta(seconds=90)
+KUBELET_SYNC = dt.timedelta(seconds=120)
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
