@@ -300,10 +300,8 @@ def register(subparsers: Any) -> None:
     ca_parser.add_argument(
         "--force",
         action="store_true",
-        help="retire before its last leaf expired; prepare: a root of our own though SPIRE signs",
-        help="retire even though leaves it signed may not have expired yet; revoke: also evict "
-        "pods on kubelet nodes that no controller owns (deleted for good, as `kubectl drain "
-        "--force`)",
+        help="retire before its last leaf expired; prepare: a root of our own though SPIRE "
+        "signs; revoke: evict unowned kubelet pods too (gone for good, as `kubectl drain --force`)",
     )
     upstreamcli.add_flags(ca_parser)
     ca_parser.set_defaults(run=run_ca)
