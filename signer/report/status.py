@@ -476,13 +476,12 @@ def build_status(
 ) -> Status:
     leader = leadership(inputs.lease, f"{inputs.namespace}/{inputs.lease_name}", now)
     names, names_from = signer_names(inputs, leader)
-    wanted = set(names)
     ca = authority(inputs.secret, f"{inputs.namespace}/{inputs.ca_secret}", now, settings)
     ca_roots = ca.roots if ca.problem is None else None
-    mine = [b for b in inputs.trust_bundles if _signer_of(b) in wanted]
+    mine = [b for b in inputs.trust_bundles if _signer_of(b) in names]
     states = [trust_bundle(b, ca_roots, ca.live) for b in mine]
     bundles = sorted(states, key=lambda t: (t.signer_name, t.name))
-    requests_of = [r for r in inputs.requests if _signer_of(r) in wanted]
+    requests_of = [r for r in inputs.requests if _signer_of(r) in names]
     return Status(
         now=now,
         namespace=inputs.namespace,
