@@ -34,6 +34,7 @@ from typing import Final
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from bundles.formats import signed_by
 from podcert.api import keys
 from podcert.api.times import format_time, parse_time
 from signer.authority import ca, offline, revoke, schedule
@@ -191,7 +192,7 @@ def check_answer(
     if not authorities:
         raise offline.ChainError("x509_authorities: empty (SPIRE sent no trust bundle)")
     top = chain[-1]
-    root = next((a for a in authorities if _signed_by(top, a)), None)
+    root = next((a for a in authorities if signed_by(top, a)), None)
     if root is None:
         raise offline.ChainError(
             f"ca_cert_chain[{len(chain) - 1}]: signed by none of the {len(authorities)} "
@@ -282,16 +283,6 @@ def request_to_secret(now: dt.datetime) -> dict[str, bytes]:
 def carried_over(data: Mapping[str, bytes]) -> dict[str, bytes]:
     """The SPIRE upstream's keys of a Secret, to keep through a rotation step."""
     return {k: v for k, v in data.items() if k.startswith(PREFIX)}
-
-
-def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
-    if cert.issuer != issuer.subject:
-        return False
-    try:
-        cert.verify_directly_issued_by(issuer)
-    except Exception:
-        return False
-    return True
 
 
 def _der(cert: x509.Certificate) -> bytes:
